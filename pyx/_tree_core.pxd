@@ -1,0 +1,331 @@
+# cython: language_level=3
+"""C-level core of the K-ary sum tree, shared by ``SumTree`` and ``PrioritizedReplayBuffer``.
+
+Layout
+------
+Levels are numbered from the root (level 0) to the leaves (level ``n_levels - 1``). Level ``l``
+holds ``level_size[l]`` nodes; node ``j`` of level ``l`` lives in child group ``j // K`` at
+position ``j % K``. Every group occupies ``stride`` doubles, ``stride`` being ``K`` rounded up to
+a multiple of 8 (64 bytes), and the array base is 64-byte aligned, so each group of K siblings is
+contiguous and starts on a cache-line boundary. The children of node ``j`` of level ``l`` are
+group ``j`` of level ``l + 1``. Padding entries hold 0 in ``sums`` and +inf in ``mins``.
+
+``sums`` holds every level (leaves included); ``mins`` holds the internal levels only: the minimum
+over the *non-zero* leaves below each node (+inf when there is none), so the minimum non-zero
+priority is read in O(1) at the root and maintained in O(log_K N) per update.
+
+A parent is always recomputed from its children (never updated by a delta), so the root never
+drifts from the exact sum of the leaves by more than the rounding of one summation per level.
+
+Nothing here takes a lock: callers serialise access.
+"""
+
+from libc.stdint cimport int64_t, uint64_t
+from libc.math cimport INFINITY
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void*) nogil
+
+cdef enum:
+    MAX_LEVELS = 64
+
+
+cdef struct TreeLayout:
+    int64_t capacity        # number of leaves
+    int64_t fanout          # K
+    int64_t stride          # doubles per child group (multiple of 8)
+    int shift               # log2(K) when K is a power of two, else -1 (division by shift/mask)
+    int n_levels            # levels including the leaf level (>= 2)
+    int64_t level_size[MAX_LEVELS]
+    int64_t level_offset[MAX_LEVELS]   # offset of each level in ``sums`` (doubles)
+    int64_t min_offset[MAX_LEVELS]     # offset of each internal level in ``mins``
+    int64_t stamp_offset[MAX_LEVELS]   # offset of each internal level in ``stamps``
+    double* sums
+    double* mins
+    uint64_t* stamps        # dedupe marks for batch updates
+    uint64_t stamp          # last stamp used
+
+
+cdef inline int64_t _groups(int64_t n, int64_t k) noexcept nogil:
+    return (n + k - 1) // k
+
+
+cdef inline object _aligned_empty(int64_t n, double fill):
+    """A float64 array of ``n`` items whose data starts on a 64-byte boundary, filled with ``fill``."""
+    import numpy as np
+    raw = np.empty(n + 8, dtype=np.float64)
+    shift = (-raw.ctypes.data % 64) // 8
+    arr = raw[shift:shift + n]
+    arr.fill(fill)
+    return arr
+
+
+cdef inline object tree_init(TreeLayout* t, int64_t capacity, int64_t fanout):
+    """Compute the layout for ``capacity`` leaves and allocate its arrays.
+
+    Returns the tuple of numpy arrays that own the memory; the caller keeps it alive.
+    """
+    import numpy as np
+    cdef int64_t sizes[MAX_LEVELS]
+    cdef int n = 0, level, i
+    cdef int64_t size = capacity, total = 0, total_min = 0, total_stamp = 0
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if fanout < 2 or fanout > 4096:
+        raise ValueError(f"fanout must be in [2, 4096], got {fanout}")
+    sizes[n] = size
+    n += 1
+    while True:
+        size = _groups(size, fanout)
+        sizes[n] = size
+        n += 1
+        if size == 1:
+            break
+    t.capacity = capacity
+    t.fanout = fanout
+    t.stride = ((fanout + 7) // 8) * 8
+    t.shift = -1
+    if fanout & (fanout - 1) == 0:
+        t.shift = 0
+        while (1 << t.shift) < fanout:
+            t.shift += 1
+    t.n_levels = n
+    t.stamp = 0
+    for level in range(n):
+        t.level_size[level] = sizes[n - 1 - level]
+    for level in range(n):
+        t.level_offset[level] = total
+        total += _groups(t.level_size[level], fanout) * t.stride
+        if level < n - 1:
+            t.min_offset[level] = total_min
+            total_min += _groups(t.level_size[level], fanout) * t.stride
+            t.stamp_offset[level] = total_stamp
+            total_stamp += t.level_size[level]
+    sums = _aligned_empty(total, 0.0)
+    mins = _aligned_empty(total_min, INFINITY)
+    stamps = np.zeros(total_stamp, dtype=np.uint64)
+    cdef double[::1] sv = sums
+    cdef double[::1] mv = mins
+    cdef uint64_t[::1] st = stamps
+    t.sums = &sv[0]
+    t.mins = &mv[0]
+    t.stamps = &st[0]
+    return sums, mins, stamps
+
+
+cdef inline int64_t parent_of(const TreeLayout* t, int64_t j) noexcept nogil:
+    if t.shift >= 0:
+        return j >> t.shift
+    return j // t.fanout
+
+
+cdef inline int64_t group_pos(const TreeLayout* t, int64_t j) noexcept nogil:
+    """Offset of node ``j`` within its level: group ``j // K`` times the stride, plus ``j % K``."""
+    cdef int64_t g = parent_of(t, j)
+    return g * t.stride + (j - g * t.fanout)
+
+
+cdef inline int64_t node_pos(const TreeLayout* t, int level, int64_t j) noexcept nogil:
+    """Offset in ``sums`` of node ``j`` of ``level``."""
+    return t.level_offset[level] + group_pos(t, j)
+
+
+cdef inline int64_t leaf_pos(const TreeLayout* t, int64_t i) noexcept nogil:
+    return node_pos(t, t.n_levels - 1, i)
+
+
+cdef inline double tree_total(const TreeLayout* t) noexcept nogil:
+    return t.sums[t.level_offset[0]]
+
+
+cdef inline double tree_min_nonzero(const TreeLayout* t) noexcept nogil:
+    """Smallest non-zero leaf, +inf when every leaf is zero. O(1)."""
+    return t.mins[t.min_offset[0]]
+
+
+cdef inline double tree_get(const TreeLayout* t, int64_t i) noexcept nogil:
+    return t.sums[leaf_pos(t, i)]
+
+
+cdef inline double _group_sum(const double* c, int64_t stride) noexcept nogil:
+    # Eight independent accumulators over the padded group (padding is 0): a fixed summation
+    # order, so the result is deterministic, and one the compiler can vectorise.
+    cdef double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0
+    cdef int64_t k
+    for k in range(0, stride, 8):
+        s0 += c[k]
+        s1 += c[k + 1]
+        s2 += c[k + 2]
+        s3 += c[k + 3]
+        s4 += c[k + 4]
+        s5 += c[k + 5]
+        s6 += c[k + 6]
+        s7 += c[k + 7]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+cdef inline void tree_recompute(TreeLayout* t, int level, int64_t j) noexcept nogil:
+    """Recompute the sum and the non-zero minimum of internal node ``j`` of ``level`` from its children."""
+    cdef int64_t group = j * t.stride
+    cdef const double* c = t.sums + t.level_offset[level + 1] + group
+    cdef const double* cm
+    cdef double m = INFINITY, v
+    cdef int64_t k, pos = group_pos(t, j)
+    t.sums[t.level_offset[level] + pos] = _group_sum(c, t.stride)
+    if level + 2 == t.n_levels:        # children are leaves: skip zeros
+        for k in range(t.fanout):
+            v = c[k] if c[k] > 0 else INFINITY
+            m = v if v < m else m
+    else:
+        cm = t.mins + t.min_offset[level + 1] + group
+        for k in range(t.fanout):
+            m = cm[k] if cm[k] < m else m
+    t.mins[t.min_offset[level] + pos] = m
+
+
+cdef inline void tree_set(TreeLayout* t, int64_t i, double value) noexcept nogil:
+    """Set leaf ``i`` and recompute its ancestors (single update)."""
+    cdef int level
+    t.sums[leaf_pos(t, i)] = value
+    for level in range(t.n_levels - 2, -1, -1):
+        i = parent_of(t, i)
+        tree_recompute(t, level, i)
+
+
+cdef inline void tree_set_batch(TreeLayout* t, const int64_t* idx, const double* values,
+                                int64_t n, int64_t* scratch) noexcept nogil:
+    """Set ``n`` leaves (last write wins for duplicates), then recompute each touched ancestor once.
+
+    ``scratch`` must hold ``n`` int64. Work: O(U * K) for U distinct touched nodes.
+    """
+    cdef int64_t b, m = n, p, w
+    cdef int level
+    cdef uint64_t* marks
+    if n == 1:
+        tree_set(t, idx[0], values[0])
+        return
+    for b in range(n):
+        t.sums[leaf_pos(t, idx[b])] = values[b]
+        scratch[b] = idx[b]
+    for level in range(t.n_levels - 2, -1, -1):
+        t.stamp += 1
+        marks = t.stamps + t.stamp_offset[level]
+        w = 0
+        for b in range(m):
+            p = parent_of(t, scratch[b])
+            if marks[p] != t.stamp:
+                marks[p] = t.stamp
+                tree_recompute(t, level, p)
+                scratch[w] = p
+                w += 1
+        m = w
+
+
+cdef inline void tree_rebuild(TreeLayout* t) noexcept nogil:
+    """Recompute every internal node from the leaves, bottom-up. O(N)."""
+    cdef int level
+    cdef int64_t j
+    for level in range(t.n_levels - 2, -1, -1):
+        for j in range(t.level_size[level]):
+            tree_recompute(t, level, j)
+
+
+cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double* target) noexcept nogil:
+    """One level of ``tree_find``: the child of node ``j`` of ``level`` that holds ``target[0]``
+    (a node index on ``level + 1``); ``target`` becomes relative to that child. -1 if all zero."""
+    cdef const double* c = t.sums + t.level_offset[level + 1] + j * t.stride
+    cdef double acc = 0, nxt, x = target[0]
+    cdef int64_t k = 0
+    while k < t.fanout:
+        nxt = acc + c[k]
+        if x < nxt:
+            break
+        acc = nxt
+        k += 1
+    if k == t.fanout:              # past this node's total by rounding: last non-zero child
+        k -= 1
+        while k >= 0 and c[k] <= 0:
+            k -= 1
+        if k < 0:
+            return -1
+        target[0] = c[k]           # descend along that child's last non-zero leaf
+    else:
+        target[0] = x - acc
+    return j * t.fanout + k
+
+
+cdef inline int64_t tree_find(const TreeLayout* t, double target) noexcept nogil:
+    """Leaf ``i`` such that prefix(i) <= target < prefix(i) + leaf(i).
+
+    Each level scans the K children of the current node accumulating their sums; the first child
+    whose running prefix exceeds the target is taken (it is non-zero: a zero child cannot raise
+    the prefix). A target at or past the node's total (float rounding, or target == total)
+    resolves to the last non-zero child, so a zero leaf is never returned.
+    Returns -1 only when the tree is all zeros.
+    """
+    cdef int64_t j = 0
+    cdef int level
+    if target < 0:
+        target = 0
+    for level in range(t.n_levels - 1):
+        j = _find_step(t, level, j, &target)
+        if j < 0:
+            return -1
+    return j
+
+
+cdef inline int tree_find_batch(const TreeLayout* t, double* targets, int64_t* out,
+                                int64_t n) noexcept nogil:
+    """``out[b] = tree_find(targets[b])`` for a batch, level by level: while descending for one
+    target it prefetches the next group of a target a few places ahead, so the cache misses of
+    the batch overlap. ``targets`` is overwritten. Returns -1 if the tree is all zeros, else 0."""
+    cdef int64_t b, ahead, lines, line
+    cdef int level
+    cdef int64_t AHEAD = 8
+    lines = (t.stride * 8 + 63) // 64
+    for b in range(n):
+        out[b] = 0
+        if targets[b] < 0:
+            targets[b] = 0
+    for level in range(t.n_levels - 1):
+        for b in range(n):
+            ahead = b + AHEAD
+            if ahead < n:
+                for line in range(lines):
+                    __builtin_prefetch(t.sums + t.level_offset[level + 1] + out[ahead] * t.stride + 8 * line)
+            out[b] = _find_step(t, level, out[b], &targets[b])
+            if out[b] < 0:
+                return -1
+    return 0
+
+
+cdef inline int tree_check(const TreeLayout* t) noexcept nogil:
+    """Recompute every internal node from its children and compare exactly (recomputation is
+    deterministic). Returns -1 when all match, else the level of the first mismatch."""
+    cdef int level
+    cdef int64_t j, k, group, pos
+    cdef const double* c
+    cdef const double* cm
+    cdef double m, v
+    for level in range(t.n_levels - 2, -1, -1):
+        for j in range(t.level_size[level]):
+            group = j * t.stride
+            pos = group_pos(t, j)
+            c = t.sums + t.level_offset[level + 1] + group
+            if t.sums[t.level_offset[level] + pos] != _group_sum(c, t.stride):
+                return level
+            m = INFINITY
+            if level + 2 == t.n_levels:
+                for k in range(t.fanout):
+                    v = c[k]
+                    if v > 0 and v < m:
+                        m = v
+            else:
+                cm = t.mins + t.min_offset[level + 1] + group
+                for k in range(t.fanout):
+                    if cm[k] < m:
+                        m = cm[k]
+            if t.mins[t.min_offset[level] + pos] != m:
+                return level
+    return -1

@@ -1,0 +1,37 @@
+import numpy as np
+import pytest
+
+# LunarLander-sized transition, as in the issues and the benchmark suites.
+LUNAR_FIELDS = {
+    "obs": ((8,), np.float32),
+    "act": ((), np.int64),
+    "rew": ((), np.float32),
+    "next_obs": ((8,), np.float32),
+    "done": ((), np.bool_),
+}
+
+
+def lunar_batch(n: int, start: int = 0) -> dict:
+    """A batch whose every field encodes the row's value ``start + r`` (so torn rows show)."""
+    v = np.arange(start, start + n)
+    return {
+        "obs": np.repeat(v[:, None], 8, axis=1).astype(np.float32),
+        "act": v.astype(np.int64),
+        "rew": v.astype(np.float32),
+        "next_obs": np.repeat(v[:, None] + 0.5, 8, axis=1).astype(np.float32),
+        "done": (v % 2 == 0),
+    }
+
+
+def assert_rows_consistent(batch: dict) -> None:
+    """Every sampled row is one whole transition written by ``lunar_batch``."""
+    v = batch["act"]
+    np.testing.assert_array_equal(batch["obs"], np.repeat(v[:, None], 8, axis=1).astype(np.float32))
+    np.testing.assert_array_equal(batch["rew"], v.astype(np.float32))
+    np.testing.assert_array_equal(batch["next_obs"], np.repeat(v[:, None] + 0.5, 8, axis=1).astype(np.float32))
+    np.testing.assert_array_equal(batch["done"], v % 2 == 0)
+
+
+@pytest.fixture
+def fields():
+    return dict(LUNAR_FIELDS)

@@ -1,0 +1,138 @@
+"""SumTree against a plain numpy reference."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pal_bench import DEFAULT_FANOUT, SumTree
+
+FANOUTS = [2, 3, 4, 7, 8, 16, 32, 64]
+
+
+def reference_find(leaves: np.ndarray, target: float) -> int:
+    """First i with prefix(i) <= target < prefix(i + 1), exact on integer-valued leaves."""
+    csum = np.cumsum(leaves)
+    return int(np.searchsorted(csum, target, side="right"))
+
+
+@st.composite
+def tree_program(draw):
+    capacity = draw(st.integers(1, 300))
+    fanout = draw(st.sampled_from(FANOUTS))
+    ops = []
+    for _ in range(draw(st.integers(1, 12))):
+        b = draw(st.integers(1, 40))
+        idx = draw(st.lists(st.integers(0, capacity - 1), min_size=b, max_size=b))
+        vals = draw(st.lists(st.integers(0, 50), min_size=b, max_size=b))
+        ops.append((idx, vals))
+    return capacity, fanout, ops
+
+
+@settings(max_examples=150, deadline=None)
+@given(tree_program(), st.randoms(use_true_random=False))
+def test_tree_matches_numpy_reference(program, rnd):
+    capacity, fanout, ops = program
+    tree = SumTree(capacity, fanout=fanout)
+    ref = np.zeros(capacity)
+    for idx, vals in ops:
+        tree.update(np.array(idx), np.array(vals, dtype=float))
+        for i, v in zip(idx, vals):  # last write wins
+            ref[i] = v
+        np.testing.assert_array_equal(tree.get(np.arange(capacity)), ref)
+        assert tree.total() == ref.sum()
+        nz = ref[ref > 0]
+        assert tree.min_nonzero() == (nz.min() if nz.size else math.inf)
+        if ref.sum() > 0:
+            # half-integer targets never sit on a boundary: the answer is unique and exact
+            targets = np.array([rnd.randrange(int(ref.sum())) + 0.5 for _ in range(20)])
+            found = tree.find(targets)
+            np.testing.assert_array_equal(found, [reference_find(ref, t) for t in targets])
+            # boundaries: target == total and 0 give non-zero leaves in range
+            edge = tree.find(np.array([0.0, ref.sum()]))
+            assert ref[edge[0]] > 0 and edge[0] == np.flatnonzero(ref)[0]
+            assert ref[edge[1]] > 0 and edge[1] == np.flatnonzero(ref)[-1]
+    tree.check()
+
+
+@pytest.mark.parametrize("fanout", [2, 16, 64])
+def test_no_drift_after_a_million_updates(fanout):
+    rng = np.random.default_rng(0)
+    n = 10_000
+    tree = SumTree(n, fanout=fanout)
+    for _ in range(1000):  # 1000 batches of 1000 = 1e6 random updates
+        idx = rng.integers(0, n, 1000)
+        tree.update(idx, rng.random(1000) * 10 ** rng.uniform(-6, 6, 1000))
+    leaves = tree.leaves()
+    exact = math.fsum(leaves)
+    assert abs(tree.total() - exact) <= 1e-9 * exact
+    tree.check()
+
+
+def test_float_rounding_never_returns_zero_or_out_of_range():
+    rng = np.random.default_rng(1)
+    for fanout in FANOUTS:
+        cap = 1000
+        tree = SumTree(cap, fanout=fanout)
+        vals = rng.random(cap) ** 8  # widely spread magnitudes
+        vals[rng.random(cap) < 0.5] = 0.0
+        vals[-1] = 0.0
+        tree.update(np.arange(cap), vals)
+        targets = np.concatenate([rng.random(5000) * tree.total(), [tree.total(), np.nextafter(tree.total(), 0)]])
+        found = tree.find(targets)
+        assert found.min() >= 0 and found.max() < cap
+        assert (vals[found] > 0).all()
+
+
+def test_any_capacity_layout_and_alignment():
+    for cap in [1, 2, 15, 16, 17, 255, 257, 1000]:
+        for fanout in [2, 5, 16]:
+            t = SumTree(cap, fanout=fanout)
+            t.update(np.arange(cap), np.ones(cap))
+            assert t.total() == cap
+            assert t.find(np.array([cap - 0.5]))[0] == cap - 1
+            t.check()
+
+
+def test_default_fanout_is_documented():
+    assert SumTree(10).fanout == DEFAULT_FANOUT
+    assert str(DEFAULT_FANOUT) in SumTree.__doc__
+
+
+@pytest.mark.parametrize(
+    "call, exc",
+    [
+        (lambda t: t.update([0, 10], [1.0, 1.0]), IndexError),
+        (lambda t: t.update([-1], [1.0]), IndexError),
+        (lambda t: t.update([0], [np.nan]), ValueError),
+        (lambda t: t.update([0], [np.inf]), ValueError),
+        (lambda t: t.update([0], [-1.0]), ValueError),
+        (lambda t: t.update([0, 1], [1.0]), ValueError),
+        (lambda t: t.update([[0]], [[1.0]]), ValueError),
+        (lambda t: t.update([0.5], [1.0]), TypeError),
+        (lambda t: t.get([10]), IndexError),
+        (lambda t: t.find([-1.0]), ValueError),
+        (lambda t: t.find([1e9]), ValueError),
+        (lambda t: t.find([np.nan]), ValueError),
+    ],
+)
+def test_bad_input_raises_and_changes_nothing(call, exc):
+    t = SumTree(10, fanout=4)
+    t.update(np.arange(10), np.arange(10, dtype=float))
+    before = t.leaves()
+    with pytest.raises(exc):
+        call(t)
+    np.testing.assert_array_equal(t.leaves(), before)
+    assert t.total() == 45.0
+    t.check()
+
+
+def test_constructor_validation_and_empty_find():
+    with pytest.raises(ValueError):
+        SumTree(0)
+    with pytest.raises(ValueError):
+        SumTree(10, fanout=1)
+    with pytest.raises(ValueError, match="all zero"):
+        SumTree(10).find([0.0])
