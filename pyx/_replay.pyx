@@ -477,7 +477,7 @@ cdef class _ReplayCore:
                 ids[k] = self._slot_ids[s]
         return 0
 
-    def sample(self, batch_size: int, beta: float = 0.4) -> dict:
+    def sample(self, batch_size, beta=0.4) -> dict:
         """Draw ``batch_size`` transitions, proportionally to priority^alpha (uniformly for
         ``ReplayBuffer``), with replacement.
 
