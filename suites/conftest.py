@@ -1,0 +1,94 @@
+"""Shared fixtures of the benchmark suites: profiles, the peer list, and a cache of filled buffers.
+
+Profile: ``PAL_BENCH_PROFILE=quick`` (default) or ``full``. Peers: ``PAL_BENCH_PEERS`` (comma
+separated, default: every adapter in ``pal_bench.adapters.ADAPTERS``).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+from pal_bench.adapters import ADAPTERS, available, make_adapter
+
+PROFILE = os.environ.get("PAL_BENCH_PROFILE", "quick")
+if PROFILE not in ("quick", "full"):
+    raise pytest.UsageError(f"PAL_BENCH_PROFILE must be quick or full, got {PROFILE!r}")
+PEERS = [p for p in os.environ.get("PAL_BENCH_PEERS", ",".join(ADAPTERS)).split(",") if p]
+CAPACITIES = [10**3, 10**4, 10**5, 10**6] + ([10**7] if PROFILE == "full" else [])
+BATCH = 256
+POOL = 64  # pre-generated priority arrays, cycled: no RNG inside the timed region
+
+
+def fmt_n(n: int) -> str:
+    e = int(np.log10(n))
+    return f"1e{e}" if 10**e == n else str(n)
+
+
+_cache: dict[tuple, object] = {}
+
+
+def get_adapter(peer: str, capacity: int, **kwargs):
+    """A filled adapter, reused across the benchmarks of one (peer, capacity); one at a time."""
+    why = available(peer)
+    if why:
+        pytest.skip(f"{peer}: {why}")
+    from pal_bench.adapters.registry import adapter_class
+
+    limit = adapter_class(peer).MAX_CAPACITY
+    if limit is not None and capacity > limit[0]:
+        pytest.skip(f"{peer} at N={fmt_n(capacity)}: {limit[1]}")
+    key = (peer, capacity, tuple(sorted(kwargs.items())))
+    if key not in _cache:
+        _cache.clear()
+        gc.collect()
+        _cache[key] = make_adapter(peer, capacity, **kwargs)
+    return _cache[key]
+
+
+def priority_pool(batch: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.random(batch) * 2.0 for _ in range(POOL)]
+
+
+def run_op(benchmark, adapter, op: str, batch: int, **info) -> None:
+    """Benchmark ``op`` on ``adapter`` and record what was measured in ``extra_info``."""
+    from pal_bench.adapters import lunar_batch, lunar_row
+
+    benchmark.extra_info.update(peer=adapter.name, op=op, batch=batch, capacity=adapter.capacity,
+                                profile=PROFILE, **info)
+    if op == "insert_one":
+        row = lunar_row()
+        benchmark(adapter.insert_one, row)
+    elif op == "insert_batch":
+        if not adapter.NATIVE_BATCH_INSERT:
+            benchmark.extra_info["note"] = "no native batch insert"
+            pytest.skip(f"{adapter.name} has no native batch insert")
+        data = lunar_batch(batch, seed=7)
+        benchmark(adapter.insert_batch, data)
+    elif op in ("sample", "update", "sample_update"):
+        pool = priority_pool(batch)
+        state = {"i": 0}
+        if op == "sample":
+            benchmark(adapter.sample, batch)
+            return
+        if op == "update":
+            idx = adapter.sample(batch)
+
+            def update():
+                state["i"] = (state["i"] + 1) % POOL
+                adapter.update(idx, pool[state["i"]])
+
+            benchmark(update)
+            return
+
+        def sample_update():
+            state["i"] = (state["i"] + 1) % POOL
+            adapter.update(adapter.sample(batch), pool[state["i"]])
+
+        benchmark(sample_update)
+    else:
+        raise ValueError(op)
