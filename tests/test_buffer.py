@@ -328,3 +328,9 @@ def test_batch_larger_than_capacity_keeps_the_last_rows():
     np.testing.assert_array_equal(b["act"], b["indices"])
     assert buf.update_priorities([0, 1], [5.0, 5.0]) == 0  # stale at once
     buf._check_invariants()
+
+
+def test_buffer_default_fanout_matches_tree_default():
+    from pal_bench import DEFAULT_FANOUT
+
+    assert PrioritizedReplayBuffer(10, LUNAR_FIELDS).fanout == DEFAULT_FANOUT

@@ -1,0 +1,69 @@
+"""Run the benchmark suites and write their results: ``python -m pal_bench.bench``.
+
+Runs each suite in ``suites/`` with pytest-benchmark (GC off, warm-up on), stores the raw
+pytest-benchmark JSON (machine info included) in ``results/``, then rebuilds the tidy CSV and the
+Markdown tables from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
+one per case with the percentage done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pal_bench import report
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = ["latency_vs_capacity", "latency_vs_fanout"]
+
+
+def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra: list[str]) -> int:
+    results.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PAL_BENCH_PROFILE=profile, OMP_NUM_THREADS="1")
+    if peers:
+        env["PAL_BENCH_PEERS"] = peers
+    cmd = [
+        sys.executable, "-m", "pytest", str(ROOT / "suites" / f"test_{suite}.py"), "-v", "-p", "no:cacheprovider",
+        "--benchmark-only", "--benchmark-disable-gc", "--benchmark-warmup=on",
+        "--benchmark-min-rounds=20", f"--benchmark-max-time={0.25 if profile == 'quick' else 1.0}",
+        "--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name",
+        f"--benchmark-json={results / f'{suite}.json'}", *extra,
+    ]
+    print(f"== suite {suite} ({profile} profile)", flush=True)
+    rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
+    strip_raw_timings(results / f"{suite}.json")
+    return rc
+
+
+def strip_raw_timings(path: Path) -> None:
+    """Drop the per-round timings from a pytest-benchmark JSON (tens of MB), keeping its statistics
+    and machine info: the stored file stays small enough to commit."""
+    if not path.exists():
+        return
+    data = json.loads(path.read_text())
+    for b in data["benchmarks"]:
+        b["stats"].pop("data", None)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", choices=["quick", "full"], default="quick")
+    ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
+    ap.add_argument("--peers", help="comma-separated adapters (default: all installed)")
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = ap.parse_args(argv)
+    rc = 0
+    for suite in args.suite or SUITES:
+        rc |= run_suite(suite, args.profile, args.results, args.peers, args.pytest_args)
+    report.main(["--results", str(args.results)])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
