@@ -84,7 +84,7 @@ def test_stale_updates_dropped_under_concurrency():
     """A learner updating ids that writers overwrite meanwhile never changes new occupants."""
     cap = 32
     buf = PrioritizedReplayBuffer(cap, LUNAR_FIELDS, alpha=1.0, eps=0.0, seed=0)
-    buf.add_batch(**lunar_batch(cap))
+    buf.add_batch(priorities=np.full(cap, 0.5), **lunar_batch(cap))
     stop = time.monotonic() + DURATION_S
 
     def writer():

@@ -10,22 +10,30 @@ from pal_bench.adapters.base import BufferAdapter
 ADAPTERS: dict[str, str] = {
     "pal": "pal_bench.adapters.pal:PalAdapter",
     "pal-uniform": "pal_bench.adapters.pal:PalUniformAdapter",
+    "cpprb": "pal_bench.adapters.peers:CpprbAdapter",
+    "tianshou": "pal_bench.adapters.peers:TianshouAdapter",
+    "rllib": "pal_bench.adapters.peers:RllibTimestepAdapter",
 }
+# implementations that exist for tests only and are not part of the default sweep
+TEST_ONLY: dict[str, str] = {"naive-numpy": "pal_bench.adapters.naive:NaiveNumpyAdapter"}
 
 
 def adapter_class(name: str) -> type[BufferAdapter]:
-    if name not in ADAPTERS:
+    path = ADAPTERS.get(name) or TEST_ONLY.get(name)
+    if path is None:
         raise ValueError(f"unknown buffer {name!r}; known: {sorted(ADAPTERS)}")
-    module, cls = ADAPTERS[name].split(":")
+    module, cls = path.split(":")
     return getattr(importlib.import_module(module), cls)
 
 
 def available(name: str) -> str | None:
     """None when the adapter can be used here, else why not (e.g. the peer is not installed)."""
-    try:
-        adapter_class(name)
-    except ImportError as e:
-        return f"not installed: {e}"
+    import importlib.util
+
+    needs = {"cpprb": "cpprb", "tianshou": "tianshou", "rllib": "ray"}.get(name)
+    if needs and importlib.util.find_spec(needs) is None:
+        return f"{needs} is not installed (pip install -e '.[peers]')"
+    adapter_class(name)
     return None
 
 
