@@ -7,25 +7,32 @@ PIP := $(PY) -m pip
 # torch is pinned: this exact version installs as a CPU build; a bare `torch` pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test bench figures lint install clean
+.PHONY: test bench bench-compare figures lint install clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)" "Cython>=3,<4" "numpy>=2" "setuptools>=68" wheel
-	$(PIP) install -q --no-build-isolation -e ".[test,bench]"
+	$(PIP) install -q --no-build-isolation -e ".[test,bench,peers]"
 	touch $@
 
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.regression
+
+bench-compare: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench --compare
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pal_bench tests suites
 
 bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench
+
+figures: $(VENV)/.installed
+	$(PY) -m pal_bench.report
 
 clean:
 	rm -rf build pal_bench/*.so pyx/*.c *.egg-info $(VENV)

@@ -56,12 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
     ap.add_argument("--peers", help="comma-separated adapters (default: all installed)")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--compare", action="store_true",
+                    help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
+    out = args.results / "tmp" if args.compare else args.results
     rc = 0
     for suite in args.suite or SUITES:
-        rc |= run_suite(suite, args.profile, args.results, args.peers, args.pytest_args)
-    report.main(["--results", str(args.results)])
+        rc |= run_suite(suite, args.profile, out, args.peers, args.pytest_args)
+        if args.compare and (args.results / f"{suite}.json").exists():
+            subprocess.call([sys.executable, "-m", "pytest_benchmark.cli", "compare", "--columns=median,iqr",
+                             "--sort=name", "--group-by=name", str(args.results / f"{suite}.json"),
+                             str(out / f"{suite}.json")])
+    if not args.compare:
+        report.main(["--results", str(args.results)])
     return rc
 
 

@@ -53,6 +53,24 @@ def pal_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows: peer and operation; columns: capacity; cells: peer median / PAL median."""
+    med = df.pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
+    if "pal" not in med.columns:
+        return pd.DataFrame()
+    rows = {}
+    for peer in [p for p in med.columns if p != "pal"]:
+        for op in ("insert_one", "insert_batch", "sample_update"):
+            if op not in med.index.get_level_values(0):
+                continue
+            r = (med.loc[op, peer] / med.loc[op, "pal"]).dropna()
+            if not r.empty:
+                rows[(peer, OP_LABELS[op])] = {f"N=1e{len(str(c)) - 1}": v for c, v in r.items()}
+    t = pd.DataFrame.from_dict(rows, orient="index")
+    t.index = [f"{p}: {o}" for p, o in t.index]
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", type=Path, default=ROOT / "results")
@@ -72,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cap.empty:
         md += ["### PAL PrioritizedReplayBuffer, latency vs capacity", "",
                pal_table(cap).to_markdown(floatfmt=".2f"), ""]
+        sp = speedup_table(cap)
+        if not sp.empty:
+            md += ["### Speedup of PAL over each peer (peer median / PAL median, same run)", "",
+                   sp.to_markdown(floatfmt=".1f"), ""]
     fan = tidy[tidy.suite == "latency_vs_fanout"]
     if not fan.empty:
         t = fan.pivot_table(index="fanout", columns="op", values="median_us", aggfunc="first")

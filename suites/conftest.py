@@ -38,7 +38,8 @@ def get_adapter(peer: str, capacity: int, **kwargs):
         pytest.skip(f"{peer}: {why}")
     from pal_bench.adapters.registry import adapter_class
 
-    limit = adapter_class(peer).MAX_CAPACITY
+    cls = adapter_class(peer)
+    limit = cls.QUICK_MAX_CAPACITY if PROFILE == "quick" and cls.QUICK_MAX_CAPACITY else cls.MAX_CAPACITY
     if limit is not None and capacity > limit[0]:
         pytest.skip(f"{peer} at N={fmt_n(capacity)}: {limit[1]}")
     key = (peer, capacity, tuple(sorted(kwargs.items())))

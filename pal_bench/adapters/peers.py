@@ -88,6 +88,8 @@ class RllibTimestepAdapter(BufferAdapter):
     name = "rllib"
     MAX_CAPACITY = (10**6, "RLlib's timestep buffer needs ~3.4 KB and ~70 µs per step to fill: 1e7 would "
                            "take ~34 GB and over 10 minutes")
+    QUICK_MAX_CAPACITY = (10**5, "quick profile: filling RLlib's timestep buffer to 1e6 takes over a minute and "
+                                 "~3 GB; the full profile runs it")
 
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
         super().__init__(capacity, alpha, beta)
