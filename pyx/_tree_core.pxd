@@ -232,7 +232,7 @@ cdef inline void tree_rebuild(TreeLayout* t) noexcept nogil:
 
 
 cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double* target) noexcept nogil:
-    """One level of ``tree_find``: the child of node ``j`` of ``level`` that holds ``target[0]``
+    """One level of ``tree_find_batch``: the child of node ``j`` of ``level`` that holds ``target[0]``
     (a node index on ``level + 1``); ``target`` becomes relative to that child. -1 if all zero."""
     cdef const double* c = t.sums + t.level_offset[level + 1] + j * t.stride
     cdef double acc = 0, nxt, x = target[0]
@@ -255,29 +255,10 @@ cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double
     return j * t.fanout + k
 
 
-cdef inline int64_t tree_find(const TreeLayout* t, double target) noexcept nogil:
-    """Leaf ``i`` such that prefix(i) <= target < prefix(i) + leaf(i).
-
-    Each level scans the K children of the current node accumulating their sums; the first child
-    whose running prefix exceeds the target is taken (it is non-zero: a zero child cannot raise
-    the prefix). A target at or past the node's total (float rounding, or target == total)
-    resolves to the last non-zero child, so a zero leaf is never returned.
-    Returns -1 only when the tree is all zeros.
-    """
-    cdef int64_t j = 0
-    cdef int level
-    if target < 0:
-        target = 0
-    for level in range(t.n_levels - 1):
-        j = _find_step(t, level, j, &target)
-        if j < 0:
-            return -1
-    return j
-
-
 cdef inline int tree_find_batch(const TreeLayout* t, double* targets, int64_t* out,
                                 int64_t n) noexcept nogil:
-    """``out[b] = tree_find(targets[b])`` for a batch, level by level: while descending for one
+    """For each target, the leaf i with prefix(i) <= target < prefix(i) + leaf(i) (a target at or
+    past the total gives the last non-zero leaf; zero leaves are never returned), level by level: while descending for one
     target it prefetches the next group of a target a few places ahead, so the cache misses of
     the batch overlap. ``targets`` is overwritten. Returns -1 if the tree is all zeros, else 0."""
     cdef int64_t b, ahead, lines, line

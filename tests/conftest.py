@@ -1,14 +1,7 @@
 import numpy as np
 import pytest
 
-# LunarLander-sized transition, as in the issues and the benchmark suites.
-LUNAR_FIELDS = {
-    "obs": ((8,), np.float32),
-    "act": ((), np.int64),
-    "rew": ((), np.float32),
-    "next_obs": ((8,), np.float32),
-    "done": ((), np.bool_),
-}
+from pal_bench.adapters.base import LUNAR_FIELDS  # the fields every suite and test uses
 
 
 def lunar_batch(n: int, start: int = 0) -> dict:
