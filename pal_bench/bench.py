@@ -3,7 +3,7 @@
 Runs each suite in ``suites/`` with pytest-benchmark (GC off, warm-up on), stores the raw
 pytest-benchmark JSON (machine info included) in ``results/``, then rebuilds the tidy CSV and the
 Markdown tables from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
-one per case with the percentage done.
+one per case with how many are done and left, and pytest's verbose result lines.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from pathlib import Path
 from pal_bench import report
 
 ROOT = Path(__file__).resolve().parent.parent
-SUITES = ["latency_vs_capacity", "latency_vs_fanout"]
+SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer"]
 
 
 def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra: list[str]) -> int:
     results.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PAL_BENCH_PROFILE=profile, OMP_NUM_THREADS="1")
+    skips = results / f"{suite}.skipped.tmp"
+    env = dict(os.environ, PAL_BENCH_PROFILE=profile, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
     if peers:
         env["PAL_BENCH_PEERS"] = peers
     cmd = [
@@ -35,18 +36,22 @@ def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra:
     ]
     print(f"== suite {suite} ({profile} profile)", flush=True)
     rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
-    strip_raw_timings(results / f"{suite}.json")
+    finish_json(results / f"{suite}.json", skips)
     return rc
 
 
-def strip_raw_timings(path: Path) -> None:
+def finish_json(path: Path, skips: Path) -> None:
     """Drop the per-round timings from a pytest-benchmark JSON (tens of MB), keeping its statistics
-    and machine info: the stored file stays small enough to commit."""
+    and machine info, so the stored file stays small enough to commit; add the skipped cases with
+    their reasons under ``"skipped"``."""
     if not path.exists():
         return
     data = json.loads(path.read_text())
     for b in data["benchmarks"]:
         b["stats"].pop("data", None)
+    if skips.exists():
+        data["skipped"] = json.loads(skips.read_text())
+        skips.unlink()
     path.write_text(json.dumps(data, indent=1))
 
 

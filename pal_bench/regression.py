@@ -19,21 +19,22 @@ from pal_bench.adapters import lunar_row, make_adapter
 
 CAPACITY = 10**5
 BATCH = 256
-# (peer, op) -> smallest acceptable speedup of the candidate over the peer. Measured on the
-# 2-core dev machine (results/latency.csv): tianshou ~190x (insert) / ~4x (sample+update),
-# RLlib ~60x / ~>50x; margins leave room for noise on shared machines.
+# (peer, op) -> smallest acceptable speedup of the candidate over the peer. Measured by this check
+# on the 2-core dev machine (2026-11-30): tianshou 50x (insert) / 2.6-3.3x (sample+update), RLlib
+# 56x / 160x. The margins sit well below, since shared CI machines are noisy; tianshou's
+# sample+update margin is the tight one (2x), RLlib's insert the one with most slack to give up.
 MARGINS = {
-    ("tianshou", "insert_one"): 5.0,
+    ("tianshou", "insert_one"): 10.0,
     ("tianshou", "sample_update"): 2.0,
-    ("rllib", "insert_one"): 10.0,
-    ("rllib", "sample_update"): 10.0,
+    ("rllib", "insert_one"): 20.0,
+    ("rllib", "sample_update"): 50.0,
 }
 
 
 def time_op(adapter, op: str, reps: int, pool: list[np.ndarray]) -> float:
     """Median over ``reps`` blocks of the mean time of one ``op`` call, in µs."""
     row = lunar_row()
-    inner = 200 if op == "insert_one" else 20
+    inner = 200 if op == "insert_one" else 50
     out = []
     for r in range(reps):
         t0 = time.perf_counter()

@@ -1,29 +1,47 @@
-"""Tidy CSV and Markdown tables from stored pytest-benchmark JSON: ``python -m pal_bench.report``.
+"""Tidy CSV, Markdown tables and figures from stored pytest-benchmark JSON: ``python -m pal_bench.report``.
 
-Reads only files in ``results/`` (never re-measures), so it can be re-run at any time.
+Reads only the files in ``results/`` (never re-measures), so it can be re-run at any time:
+``results/latency.csv`` (one row per suite x peer x operation x capacity x batch [x fan-out], with
+median, IQR and rounds; skipped cases as rows with their reason), ``results/latency_tables.md``,
+the figures in ``results/figures/`` (``pal_bench.figures``), and the block of README.md between
+the ``BEGIN latency table`` / ``END latency table`` markers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from pal_bench import figures as figs
+
 ROOT = Path(__file__).resolve().parent.parent
 OP_LABELS = {
     "insert_one": "insert 1",
-    "insert_batch": "add_batch 256",
-    "sample": "sample 256",
-    "update": "update 256",
-    "sample_update": "sample+update 256",
+    "insert_batch": "add_batch B",
+    "sample": "sample B",
+    "update": "update B",
+    "sample_update": "sample+update B",
 }
+SUITE_FILES = "latency_vs_*.json", "tree_vs_buffer.json"
+
+
+def op_label(op: str, batch: int | None = None) -> str:
+    label = OP_LABELS.get(op, op)
+    return label.replace(" B", f" {batch}") if batch else label
+
+
+def fmt_n(n: float) -> str:
+    n = int(n)
+    return f"1e{len(str(n)) - 1}" if str(n).strip("0") == "1" else str(n)
 
 
 def load(path: Path) -> tuple[pd.DataFrame, dict]:
-    """One row per benchmark: peer, op, capacity, batch, fanout, median/IQR/min in µs, rounds."""
+    """One row per benchmark (median/IQR/min in µs, rounds) and one per skipped case (with reason)."""
     data = json.loads(path.read_text())
     rows = []
     for b in data["benchmarks"]:
@@ -32,77 +50,164 @@ def load(path: Path) -> tuple[pd.DataFrame, dict]:
             "suite": path.stem, "name": b["name"], "peer": info["peer"], "op": info["op"],
             "capacity": info["capacity"], "batch": info["batch"], "fanout": info.get("fanout"),
             "median_us": st["median"] * 1e6, "iqr_us": st["iqr"] * 1e6, "min_us": st["min"] * 1e6,
-            "rounds": st["rounds"], "profile": info.get("profile"),
+            "rounds": st["rounds"], "profile": info.get("profile"), "status": "ok", "reason": "",
         })
-    return pd.DataFrame(rows), data["machine_info"]
+    for s in data.get("skipped", []):
+        rows.append({"suite": path.stem, "name": "", "peer": s["peer"], "op": s["op"], "capacity": s["capacity"],
+                     "batch": s["batch"], "fanout": s.get("fanout"), "profile": s.get("profile"),
+                     "status": "skipped", "reason": s["reason"]})
+    return pd.DataFrame(rows), data["machine_info"] | {"datetime": data.get("datetime", "")}
 
 
-def machine_line(machine: dict) -> str:
-    cpu = machine.get("cpu", {})
-    return (f"{cpu.get('brand_raw', machine.get('processor', '?'))}, {cpu.get('count', '?')} cores, "
-            f"Python {machine.get('python_version', '?')}")
-
-
-def pal_table(df: pd.DataFrame) -> pd.DataFrame:
-    """PAL's own latency (median µs) per operation and capacity."""
-    pal = df[df.peer == "pal"]
-    t = pal.pivot_table(index="op", columns="capacity", values="median_us", aggfunc="first")
-    t = t.reindex([op for op in OP_LABELS if op in t.index])
-    t.index = [OP_LABELS[op] for op in t.index]
-    t.columns = [f"N=1e{len(str(c)) - 1}" for c in t.columns]
-    return t
-
-
-def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows: peer and operation; columns: capacity; cells: peer median / PAL median."""
-    med = df.pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
-    if "pal" not in med.columns:
-        return pd.DataFrame()
-    rows = {}
-    for peer in [p for p in med.columns if p != "pal"]:
-        for op in ("insert_one", "insert_batch", "sample_update"):
-            if op not in med.index.get_level_values(0):
-                continue
-            r = (med.loc[op, peer] / med.loc[op, "pal"]).dropna()
-            if not r.empty:
-                rows[(peer, OP_LABELS[op])] = {f"N=1e{len(str(c)) - 1}": v for c, v in r.items()}
-    t = pd.DataFrame.from_dict(rows, orient="index")
-    t.index = [f"{p}: {o}" for p, o in t.index]
-    return t
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--results", type=Path, default=ROOT / "results")
-    args = ap.parse_args(argv)
-    files = sorted(args.results.glob("latency_*.json"))
+def load_all(results: Path) -> tuple[pd.DataFrame, dict]:
+    files = sorted({f for pattern in SUITE_FILES for f in results.glob(pattern)})
     if not files:
-        print(f"no results in {args.results}: run `make bench` first", file=sys.stderr)
-        return 1
+        raise FileNotFoundError(f"no results in {results}: run `make bench` first")
     frames, machine = [], {}
     for f in files:
         df, machine = load(f)
         frames.append(df)
-    tidy = pd.concat(frames, ignore_index=True)
-    tidy.to_csv(args.results / "latency.csv", index=False, float_format="%.4f")
-    md = [f"Median latency in µs, full buffer, LunarLander fields; machine: {machine_line(machine)}.", ""]
+    return pd.concat(frames, ignore_index=True), machine
+
+
+def machine_line(machine: dict) -> str:
+    cpu = machine.get("cpu", {})
+    when = machine.get("datetime", "")[:10]
+    return (f"{cpu.get('brand_raw', machine.get('processor', '?'))}, {cpu.get('count', '?')} cores, "
+            f"Python {machine.get('python_version', '?')}" + (f", {when}" if when else ""))
+
+
+def ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df.status == "ok"]
+
+
+def pal_table(df: pd.DataFrame) -> pd.DataFrame:
+    """PAL's own latency (median µs) per operation and capacity."""
+    t = ok(df[df.peer == "pal"]).pivot_table(index="op", columns="capacity", values="median_us", aggfunc="first")
+    t = t.reindex([op for op in OP_LABELS if op in t.index])
+    t.index = [op_label(op, int(df.batch.iloc[0])) for op in t.index]
+    t.columns = [f"N={fmt_n(c)}" for c in t.columns]
+    return t
+
+
+def speedup_table(df: pd.DataFrame, ops=("insert_one", "insert_batch", "sample_update")) -> pd.DataFrame:
+    """Rows: peer and operation; columns: capacity; cells: peer median / PAL median, or why not run."""
+    med = ok(df).pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
+    if "pal" not in med.columns:
+        return pd.DataFrame()
+    skipped = df[df.status == "skipped"].set_index(["peer", "op", "capacity"]).reason
+    caps = sorted(df.capacity.unique())
+    batch = int(df.batch.iloc[0])
+    rows = {}
+    for peer in sorted(p for p in df.peer.unique() if p != "pal"):
+        for op in ops:
+            cells = {}
+            for c in caps:
+                if (op, c) in med.index and peer in med.columns and pd.notna(med.loc[(op, c), peer]):
+                    cells[f"N={fmt_n(c)}"] = f"{med.loc[(op, c), peer] / med.loc[(op, c), 'pal']:.1f}"
+                elif (peer, op, c) in skipped.index:
+                    why = skipped.loc[(peer, op, c)]
+                    why = why.iloc[0] if isinstance(why, pd.Series) else why
+                    cells[f"N={fmt_n(c)}"] = "no batch insert" if "batch insert" in why else "skipped"
+            if any(v != "" for v in cells.values()) and cells:
+                rows[f"{peer}: {op_label(op, batch)}"] = cells
+    return pd.DataFrame.from_dict(rows, orient="index").fillna("")
+
+
+def batch_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Median sample+update latency (µs) per peer and batch size."""
+    su = ok(df[df.op == "sample_update"])
+    t = su.pivot_table(index="peer", columns="batch", values="median_us", aggfunc="first")
+    t.columns = [f"B={b}" for b in t.columns]
+    return t
+
+
+def skipped_table(df: pd.DataFrame) -> pd.DataFrame:
+    s = df[df.status == "skipped"]
+    if s.empty:
+        return s
+    g = s.groupby(["peer", "reason"]).agg(cases=("op", "size"), suites=("suite", lambda x: ", ".join(sorted(set(x)))))
+    return g.reset_index()[["peer", "cases", "suites", "reason"]]
+
+
+def tables_markdown(tidy: pd.DataFrame, machine: dict) -> str:
+    md = [f"Median latency in µs, full buffer, LunarLander fields (obs 8 x float32, action, reward, next obs, "
+          f"done), alpha 0.6, beta 0.4. Machine: {machine_line(machine)}.", ""]
     cap = tidy[tidy.suite == "latency_vs_capacity"]
-    if not cap.empty:
-        md += ["### PAL PrioritizedReplayBuffer, latency vs capacity", "",
+    if not ok(cap).empty:
+        md += ["### PAL PrioritizedReplayBuffer, latency vs capacity (batch 256)", "",
                pal_table(cap).to_markdown(floatfmt=".2f"), ""]
         sp = speedup_table(cap)
         if not sp.empty:
             md += ["### Speedup of PAL over each peer (peer median / PAL median, same run)", "",
-                   sp.to_markdown(floatfmt=".1f"), ""]
-    fan = tidy[tidy.suite == "latency_vs_fanout"]
+                   sp.to_markdown(), ""]
+    bat = tidy[tidy.suite == "latency_vs_batch"]
+    if not ok(bat).empty:
+        n = fmt_n(bat.capacity.min())
+        md += [f"### sample+update latency vs batch size at N={n} (µs)", "",
+               batch_table(bat[bat.capacity == bat.capacity.min()]).to_markdown(floatfmt=".1f"), ""]
+    fan = ok(tidy[tidy.suite == "latency_vs_fanout"])
     if not fan.empty:
-        t = fan.pivot_table(index="fanout", columns="op", values="median_us", aggfunc="first")
-        t = t[[op for op in OP_LABELS if op in t.columns]].rename(columns=OP_LABELS)
-        n = int(fan.capacity.max())
-        md += [f"### PAL fan-out sweep at N=1e{len(str(n)) - 1}", "", t.to_markdown(floatfmt=".2f"), ""]
-    text = "\n".join(md)
+        n = fan.capacity.max()
+        t = fan[fan.capacity == n].pivot_table(index="fanout", columns="op", values="median_us", aggfunc="first")
+        t = t[[op for op in OP_LABELS if op in t.columns]]
+        t.columns = [op_label(op, 256) for op in t.columns]
+        md += [f"### PAL fan-out sweep at N={fmt_n(n)} (µs)", "", t.to_markdown(floatfmt=".2f"), ""]
+    tree = ok(tidy[tidy.suite == "tree_vs_buffer"])
+    if not tree.empty:
+        t = tree.pivot_table(index=["op", "peer"], columns="capacity", values="median_us", aggfunc="first")
+        t.columns = [f"N={fmt_n(c)}" for c in t.columns]
+        t.index = [f"{op_label(op, 256)}: {peer}" for op, peer in t.index]
+        md += ["### The tree alone (pal-tree) vs the full buffer (pal) vs no tree (pal-uniform), µs", "",
+               t.to_markdown(floatfmt=".2f"), ""]
+    sk = skipped_table(tidy)
+    if not sk.empty:
+        md += ["### Cases not run, and why", "", sk.to_markdown(index=False), ""]
+    return "\n".join(md)
+
+
+README_BLOCK = re.compile(r"(<!-- BEGIN latency table[^\n]*-->\n).*?(<!-- END latency table -->)", re.S)
+
+
+def update_readme(readme: Path, tables: str, figures: list[str]) -> bool:
+    """Replace README's block between the latency-table markers; False when the markers are missing."""
+    if not readme.exists():
+        return False
+    text = readme.read_text()
+    if not README_BLOCK.search(text):
+        return False
+    figs = "\n".join(f"![{Path(f).stem}]({f})" for f in figures)
+    body = ("Made by `make bench` (quick profile; `make figures` redraws from the stored files). "
+            "`results/latency.csv` holds the tidy rows, `results/*.json` the pytest-benchmark files with "
+            "machine info.\n\n" + figs + "\n\n" + tables.strip() + "\n")
+    readme.write_text(README_BLOCK.sub(lambda m: m.group(1) + body + m.group(2), text))
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="README to update ('' for none)")
+    ap.add_argument("--no-figures", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        tidy, machine = load_all(args.results)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 1
+    tidy.to_csv(args.results / "latency.csv", index=False, float_format="%.4f")
+    text = tables_markdown(tidy, machine)
     (args.results / "latency_tables.md").write_text(text)
+    figures: list[Path] = []
+    if not args.no_figures:
+        figures = figs.draw_all(tidy, args.results / "figures", machine_line(machine))
     print(text)
+    for f in figures:
+        print(f"figure: {f}")
+    if str(args.readme) and args.readme.name:
+        shown = [str(f.relative_to(args.readme.parent)) for f in figures if f.stem in figs.README_FIGURES]
+        if update_readme(args.readme, text, shown):
+            print(f"updated {args.readme}")
     return 0
 
 

@@ -456,7 +456,7 @@ cdef class _ReplayCore:
                 return 1
             min_p[0] = tree_min_nonzero(&self._tree)
             for q in range(n_pending):
-                prio[q] = rng_uniform(&self._rng) * total
+                prio[q] = (q + rng_uniform(&self._rng)) * (total / n_pending)
             if tree_find_batch(&self._tree, prio, found, n_pending) < 0:
                 return 1
             # second pass: these loads are independent, so their cache misses overlap
@@ -480,6 +480,11 @@ cdef class _ReplayCore:
     def sample(self, batch_size, beta=0.4) -> dict:
         """Draw ``batch_size`` transitions, proportionally to priority^alpha (uniformly for
         ``ReplayBuffer``), with replacement.
+
+        Prioritized draws are stratified (Schaul et al. 2016, appendix B.2.1): the priority total is
+        split into ``batch_size`` equal segments and one target is drawn uniformly in each, so each
+        transition's expected count is exactly ``batch_size * P(i)`` with less variance than i.i.d.
+        draws; the batch comes out ordered by slot, which lets the tree descent reuse cache lines.
 
         Returns ``{field: array[B, *shape], "indices": int64[B] transition ids, "weights":
         float64[B]}``. Weights are w(i) = (N P(i))^-beta / max_j w(j), where the max is taken at the
@@ -517,7 +522,7 @@ cdef class _ReplayCore:
             free(dst); free(slots); free(pending); free(prio); free(found)
             raise MemoryError()
         cdef int64_t q, k, n_pending = B, n_next
-        cdef double min_p = 1.0, b = beta
+        cdef double min_p = 1.0
         cdef int zero = 0
         cdef int64_t rb
         for q in range(B):
@@ -532,7 +537,7 @@ cdef class _ReplayCore:
                 if self._prioritized:
                     for q in range(n_pending):
                         k = pending[q]
-                        w[k] = pow(min_p / prio[k], b)
+                        w[k] = min_p / prio[k]
                 for f in range(self._n_fields):
                     rb = self._row_bytes[f]
                     for q in range(n_pending):
@@ -553,6 +558,8 @@ cdef class _ReplayCore:
         free(dst); free(slots); free(pending); free(prio); free(found)
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
+        if self._prioritized:
+            np.power(w_arr, beta, out=w_arr)   # numpy's SIMD pow: 4x faster than a loop of libm pow
         out["indices"] = ids_arr
         out["weights"] = w_arr
         return out
@@ -573,6 +580,10 @@ cdef class _ReplayCore:
             raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
         if n == 0:
             return 0
+        # stored values (p + eps)^alpha with numpy's SIMD pow (NaN/negatives are rejected below)
+        with np.errstate(all="ignore"):
+            stored = np.power(raw + self._eps, self._alpha) if self._prioritized else raw
+        cdef const double* sv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>stored)
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         cdef const double* rv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>raw)
         cdef int64_t* slots = <int64_t*>malloc(n * sizeof(int64_t))
@@ -593,7 +604,7 @@ cdef class _ReplayCore:
                 if not (r >= 0 and r < INFINITY):      # false for NaN, inf, negatives
                     bad_value = b
                     break
-                values[b] = pow(r + self._eps, self._alpha) if self._prioritized else 1.0
+                values[b] = sv[b] if self._prioritized else 1.0
             if bad_index < 0 and bad_value < 0:
                 PyThread_acquire_lock(self._mutex, WAIT_LOCK)
                 for b in range(n):

@@ -231,27 +231,58 @@ cdef inline void tree_rebuild(TreeLayout* t) noexcept nogil:
             tree_recompute(t, level, j)
 
 
+cdef inline int64_t _last_nonzero_child(const double* c, int64_t k, double* target) noexcept nogil:
+    """Rounding fallback of ``_find_step``: the last non-zero child at or before ``k`` (-1 if none);
+    ``target`` becomes that child's value (descend along its last non-zero leaf)."""
+    cdef int64_t i = k
+    while i >= 0 and c[i] <= 0:
+        i -= 1
+    if i < 0:
+        return -1
+    target[0] = c[i]
+    return i
+
+
 cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double* target) noexcept nogil:
     """One level of ``tree_find_batch``: the child of node ``j`` of ``level`` that holds ``target[0]``
-    (a node index on ``level + 1``); ``target`` becomes relative to that child. -1 if all zero."""
+    (a node index on ``level + 1``); ``target`` becomes relative to that child. -1 if all zero.
+
+    Branch-free: the children are summed in quads (the group is zero-padded to a multiple of 8), the
+    quad is the count of running quad sums <= target, then the child within the quad the same way;
+    the loads and adds of different targets overlap instead of waiting on mispredicted branches.
+    """
     cdef const double* c = t.sums + t.level_offset[level + 1] + j * t.stride
-    cdef double acc = 0, nxt, x = target[0]
-    cdef int64_t k = 0
-    while k < t.fanout:
-        nxt = acc + c[k]
-        if x < nxt:
-            break
-        acc = nxt
-        k += 1
-    if k == t.fanout:              # past this node's total by rounding: last non-zero child
-        k -= 1
-        while k >= 0 and c[k] <= 0:
-            k -= 1
+    cdef const double* cq
+    cdef double x = target[0], run = 0, below = 0, q, p1, p2, p3
+    cdef double before[4]
+    cdef int64_t i, nq = (t.fanout + 3) >> 2, quad = 0, k
+    cdef bint take
+    for i in range(nq):
+        cq = c + 4 * i
+        q = (cq[0] + cq[1]) + (cq[2] + cq[3])
+        run = run + q
+        take = x >= run
+        quad += take
+        below = below + (q if take else 0.0)
+    if quad == nq:                 # past this node's total by rounding: last non-zero child
+        k = _last_nonzero_child(c, t.fanout - 1, target)
+        return -1 if k < 0 else j * t.fanout + k
+    x = x - below
+    cq = c + 4 * quad
+    p1 = cq[0]
+    p2 = p1 + cq[1]
+    p3 = p2 + cq[2]
+    k = <int64_t>(x >= p1) + <int64_t>(x >= p2) + <int64_t>(x >= p3)
+    before[0] = 0
+    before[1] = p1
+    before[2] = p2
+    before[3] = p3
+    target[0] = x - before[k]
+    k += 4 * quad
+    if c[k] <= 0:                  # rounding left the target on a zero child
+        k = _last_nonzero_child(c, k, target)
         if k < 0:
             return -1
-        target[0] = c[k]           # descend along that child's last non-zero leaf
-    else:
-        target[0] = x - acc
     return j * t.fanout + k
 
 

@@ -5,7 +5,7 @@ Ids read ``test_latency_vs_capacity[<op>-N=<capacity>-<peer>]``.
 """
 
 import pytest
-from conftest import BATCH, CAPACITIES, PEERS, fmt_n, get_adapter, run_op
+from conftest import BATCH, CAPACITIES, PEERS, fmt_n, run_case
 
 OPS = ["insert_one", "insert_batch", "sample", "update", "sample_update"]
 CASES = [pytest.param(op, n, peer, id=f"{op}-N={fmt_n(n)}-{peer}")
@@ -14,4 +14,4 @@ CASES = [pytest.param(op, n, peer, id=f"{op}-N={fmt_n(n)}-{peer}")
 
 @pytest.mark.parametrize("op, capacity, peer", CASES)
 def test_latency_vs_capacity(benchmark, op, capacity, peer):
-    run_op(benchmark, get_adapter(peer, capacity), op, BATCH)
+    run_case(benchmark, peer, op, capacity, BATCH)

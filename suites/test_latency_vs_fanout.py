@@ -5,7 +5,7 @@ Ids read ``test_latency_vs_fanout[<op>-N=<capacity>-K=<fanout>]``.
 """
 
 import pytest
-from conftest import BATCH, PROFILE, fmt_n, get_adapter, run_op
+from conftest import BATCH, PROFILE, fmt_n, run_case
 
 FANOUTS = [2, 4, 8, 16, 32, 64]
 SIZES = [10**6] if PROFILE == "quick" else [10**5, 10**6]
@@ -15,4 +15,4 @@ CASES = [pytest.param(op, n, k, id=f"{op}-N={fmt_n(n)}-K={k}") for n in SIZES fo
 
 @pytest.mark.parametrize("op, capacity, fanout", CASES)
 def test_latency_vs_fanout(benchmark, op, capacity, fanout):
-    run_op(benchmark, get_adapter("pal", capacity, fanout=fanout), op, BATCH, fanout=fanout)
+    run_case(benchmark, "pal", op, capacity, BATCH, fanout=fanout)

@@ -13,13 +13,16 @@ ADAPTERS: dict[str, str] = {
     "cpprb": "pal_bench.adapters.peers:CpprbAdapter",
     "tianshou": "pal_bench.adapters.peers:TianshouAdapter",
     "rllib": "pal_bench.adapters.peers:RllibTimestepAdapter",
+    "rllib-episode": "pal_bench.adapters.rllib_episode:RllibEpisodeAdapter",
 }
 # implementations that exist for tests only and are not part of the default sweep
 TEST_ONLY: dict[str, str] = {"naive-numpy": "pal_bench.adapters.naive:NaiveNumpyAdapter"}
+# parts of PAL's buffer measured on their own (suites/test_tree_vs_buffer.py), not buffers
+COMPONENTS: dict[str, str] = {"pal-tree": "pal_bench.adapters.pal:PalTreeAdapter"}
 
 
 def adapter_class(name: str) -> type[BufferAdapter]:
-    path = ADAPTERS.get(name) or TEST_ONLY.get(name)
+    path = ADAPTERS.get(name) or TEST_ONLY.get(name) or COMPONENTS.get(name)
     if path is None:
         raise ValueError(f"unknown buffer {name!r}; known: {sorted(ADAPTERS)}")
     module, cls = path.split(":")
@@ -30,7 +33,7 @@ def available(name: str) -> str | None:
     """None when the adapter can be used here, else why not (e.g. the peer is not installed)."""
     import importlib.util
 
-    needs = {"cpprb": "cpprb", "tianshou": "tianshou", "rllib": "ray"}.get(name)
+    needs = {"cpprb": "cpprb", "tianshou": "tianshou", "rllib": "ray", "rllib-episode": "ray"}.get(name)
     if needs and importlib.util.find_spec(needs) is None:
         return f"{needs} is not installed (pip install -e '.[peers]')"
     adapter_class(name)
