@@ -25,7 +25,8 @@ from _tree_core cimport (
 cnp.import_array()
 
 # Chosen by measurement (suites/test_latency_vs_fanout.py on a 2-core x86-64, capacity 1e6,
-# batch 256): K = 16 gave the lowest sample + update latency (81 µs); K = 8 and 32 were within 10%.
+# batch 256): K = 8, 16 and 32 are within noise of each other (sample + update 67-81 µs across
+# runs), K = 2 and 64 about twice as slow; 16 keeps the tree shallowest of the three.
 DEFAULT_FANOUT = 16
 
 

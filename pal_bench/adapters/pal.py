@@ -45,9 +45,10 @@ class PalUniformAdapter(PalAdapter):
 class PalTreeAdapter(BufferAdapter):
     """``pal_bench.SumTree`` alone (default fan-out): the tree's share of the buffer's cost.
 
-    ``sample`` is ``find`` on B prefix-sum targets (fractions drawn in advance and cycled from a
-    pool, as the priorities are, times the current total: one numpy multiply), with no weights and
-    no gather; ``update`` writes B leaf values. A tree stores no transitions, so it has no insert.
+    ``sample`` is ``find`` on B prefix-sum targets (stratified fractions drawn in advance and cycled
+    from a pool, as the priorities are, times the current total: one numpy multiply), with no
+    weights and no gather, but with ``SumTree.find``'s Python-level validation of the targets;
+    ``update`` writes B leaf values. A tree stores no transitions, so it has no insert.
     """
 
     name = "pal-tree"
@@ -72,7 +73,9 @@ class PalTreeAdapter(BufferAdapter):
         pool = self._targets.get(batch_size)
         if pool is None:
             rng = np.random.default_rng(batch_size)
-            pool = self._targets[batch_size] = [rng.random(batch_size) for _ in range(self.POOL)]
+            # stratified, sorted fractions, as the buffer draws them
+            pool = self._targets[batch_size] = [(np.arange(batch_size) + rng.random(batch_size)) / batch_size
+                                                for _ in range(self.POOL)]
         self._i = (self._i + 1) % self.POOL
         return self.tree.find(pool[self._i] * self.tree.total())
 
