@@ -55,6 +55,23 @@ def finish_json(path: Path, skips: Path) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
+def compare(stored: Path, new: Path) -> None:
+    """pytest-benchmark's own comparison (per case, grouped by name), then one line per case with
+    the change of its median."""
+    subprocess.call([sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare",
+                     "--columns=median,iqr", "--sort=name", "--group-by=name", str(stored), str(new)])
+    old, _ = report.load(stored)
+    cur, _ = report.load(new)
+    both = old[old.status == "ok"].merge(cur[cur.status == "ok"], on="name", suffixes=("_stored", "_new"))
+    if both.empty:
+        print(f"no case of {new.name} is in the stored results")
+        return
+    both["change_%"] = (both.median_us_new / both.median_us_stored - 1) * 100
+    print(f"\n== {stored.stem}: median change per case (new vs stored; + is slower)")
+    print(both[["name", "median_us_stored", "median_us_new", "change_%"]].to_string(
+        index=False, float_format=lambda v: f"{v:.2f}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", choices=["quick", "full"], default="quick")
@@ -70,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for suite in args.suite or SUITES:
         rc |= run_suite(suite, args.profile, out, args.peers, args.pytest_args)
         if args.compare and (args.results / f"{suite}.json").exists():
-            subprocess.call([sys.executable, "-m", "pytest_benchmark.cli", "compare", "--columns=median,iqr",
-                             "--sort=name", "--group-by=name", str(args.results / f"{suite}.json"),
-                             str(out / f"{suite}.json")])
+            compare(args.results / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:
         report.main(["--results", str(args.results)])
     return rc
