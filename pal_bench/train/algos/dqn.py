@@ -1,0 +1,66 @@
+"""DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016) with n-step returns (Ape-X).
+
+    y = R^(n) + gamma^k * (1 - done) * Q_target(s', a*)
+        a* = argmax_a Q_target(s', a)   (DQN)
+        a* = argmax_a Q_online(s', a)   (Double DQN: select online, evaluate target)
+    loss = mean_i w_i * huber(Q(s_i, a_i) - y_i),   new priority_i = |Q(s_i, a_i) - y_i|
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pal_bench.train.nets import mlp
+
+DEFAULT_ENV = "CartPole-v1"
+DEFAULTS = dict(lr=1e-3, batch_size=128, n_step=3, target_update=250, updates_per_step=0.25, hidden=(256, 256))
+ENV_DEFAULTS = {
+    "CartPole-v1": dict(steps=50_000, learning_starts=1_000, eps_fraction=0.2, hidden=(128, 128), lr=1e-3,
+                        target_update=200, eval_interval=5_000),
+    "LunarLander-v3": dict(steps=300_000, learning_starts=10_000, buffer_capacity=200_000, eps_fraction=0.15,
+                           lr=5e-4, target_update=250, eval_interval=20_000),
+}
+GROUPS = {"q": ["q"]}
+TARGETS = ["q"]
+
+
+def networks(obs_dim: int, action_space, cfg) -> nn.ModuleDict:
+    return nn.ModuleDict({"q": mlp(obs_dim, int(action_space.n), cfg.hidden)})
+
+
+def act(nets: nn.ModuleDict, obs: np.ndarray, explore: float, generator: np.random.Generator) -> np.ndarray:
+    """Epsilon-greedy actions (int64[B]) for observations [B, obs_dim]."""
+    with torch.no_grad():
+        greedy = nets["q"](torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+    if explore > 0:
+        n_act = nets["q"][-1].out_features
+        rand = generator.random(len(obs)) < explore
+        greedy = np.where(rand, generator.integers(0, n_act, len(obs)), greedy)
+    return greedy.astype(np.int64)
+
+
+def td_target(nets, targets, batch, double: bool) -> torch.Tensor:
+    with torch.no_grad():
+        q_next = targets["q"](batch["next_obs"])
+        if double:
+            a_star = nets["q"](batch["next_obs"]).argmax(-1, keepdim=True)
+        else:
+            a_star = q_next.argmax(-1, keepdim=True)
+        bootstrap = q_next.gather(-1, a_star).squeeze(-1)
+        return batch["rew"] + batch["disc"] * (1.0 - batch["done"]) * bootstrap
+
+
+def losses(nets, targets, batch, cfg, update: int):
+    y = td_target(nets, targets, batch, double=cfg.algo == "ddqn")
+    q = nets["q"](batch["obs"]).gather(-1, batch["act"].long().unsqueeze(-1)).squeeze(-1)
+    td = q - y
+    loss = (batch["weights"] * F.smooth_l1_loss(q, y, reduction="none")).mean()
+    return {"q": loss}, td.detach().abs()
+
+
+def update_targets(nets, targets, cfg, step: int) -> None:
+    if step % cfg.target_update == 0:
+        targets.load_state_dict(nets.state_dict())

@@ -1,0 +1,244 @@
+"""Training configuration: one dataclass, per-algorithm defaults, TOML/YAML files, CLI overrides.
+
+Resolution order: dataclass defaults < the algorithm's ``DEFAULTS`` (and its per-env table) < a
+config file < ``--set key=value`` / explicit CLI flags. ``validate`` checks everything before any
+thread starts and names the offending field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac")
+CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs. Counts are transitions (env steps summed over all envs) unless noted."""
+
+    algo: str = "dqn"
+    env: str = "CartPole-v1"
+    env_kwargs: dict = field(default_factory=dict)     # e.g. {"continuous": true} for LunarLander-v3
+    name: str = ""                                     # run directory name (default: algo-env-actors-learners)
+    out_dir: str = "results/runs"
+    seed: int = 0
+
+    # parallelism
+    actors: int = 1
+    envs_per_actor: int = 1
+    learners: int = 1
+    aggregation: str = "sync"                          # "sync": average one gradient per learner; "async"
+    max_staleness: int = 4                             # async: drop a gradient older than this many versions
+    env_backend: str = "sync"                          # "sync" (in-thread) or "async" (subprocesses)
+    pin_cores: bool = False                            # pin each worker thread to a core (round robin)
+    deterministic: bool | None = None                  # lockstep actor/learner; None: on for 1 actor + 1 learner
+
+    # budget and rate control
+    steps: int = 50_000                                # total env transitions
+    learning_starts: int = 1_000
+    updates_per_step: float = 0.25                     # learner updates (batches) per collected transition
+    rate_slack: int = 0                                # transitions actors may run ahead (0: auto)
+
+    # replay
+    buffer_capacity: int = 100_000
+    prioritized: bool = True
+    alpha: float = 0.6
+    beta: float = 0.4
+    beta_final: float = 1.0                            # beta annealed linearly to this over the run
+    batch_size: int = 128
+    actor_priorities: bool = False                     # Ape-X: actors compute initial priorities
+
+    # learning
+    gamma: float = 0.99
+    n_step: int = 1
+    lr: float = 1e-3
+    critic_lr: float = 1e-3                            # actor-critic algorithms
+    hidden: tuple = (256, 256)
+    grad_clip: float = 10.0
+    target_update: int = 250                           # DQN family: hard copy every N parameter-server steps
+    tau: float = 0.005                                 # actor-critic algorithms: Polyak averaging
+    eps_start: float = 1.0                             # DQN family: epsilon-greedy schedule
+    eps_end: float = 0.05
+    eps_fraction: float = 0.3                          # of `steps` over which epsilon decays
+    exploration_noise: float = 0.1                     # DDPG/TD3 Gaussian noise (action scale)
+    policy_noise: float = 0.2                          # TD3 target smoothing
+    noise_clip: float = 0.5
+    policy_delay: int = 2                              # TD3
+    sac_alpha: float = 0.2                             # SAC initial entropy coefficient
+    autotune: bool = True                              # SAC: learn the entropy coefficient
+
+    # evaluation, logging, checkpoints
+    eval_interval: int = 5_000                         # transitions between evaluations
+    eval_episodes: int = 5
+    checkpoint_interval: int = 0                       # transitions between checkpoints (0: only at the end)
+    progress: bool = True
+
+    def run_name(self) -> str:
+        return self.name or f"{self.algo}-{self.env}-a{self.actors}-l{self.learners}-s{self.seed}"
+
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.run_name()
+
+    @property
+    def lockstep(self) -> bool:
+        if self.deterministic is None:
+            return self.actors == 1 and self.learners == 1 and self.aggregation == "sync"
+        return self.deterministic
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+
+FIELD_TYPES = {f.name: f.type for f in fields(TrainConfig)}
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the field."""
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert a value (from a file or a ``key=value`` string) to the field's type."""
+    if name not in FIELD_TYPES:
+        raise ConfigError(f"unknown config field {name!r}; known: {', '.join(sorted(FIELD_TYPES))}")
+    default = getattr(TrainConfig(), name)
+    try:
+        if isinstance(value, str) and not isinstance(default, str):
+            import yaml
+
+            value = yaml.safe_load(value)
+        if name == "hidden":
+            value = tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+        elif name == "deterministic":
+            value = None if value is None else bool(value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise TypeError
+        elif isinstance(default, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError
+        elif isinstance(default, float):
+            value = float(value)
+        elif isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise TypeError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected {type(default).__name__}, got {value!r}") from None
+    return value
+
+
+def load_file(path: str | os.PathLike) -> dict:
+    """Read a TOML (.toml) or YAML (.yaml/.yml) file into a dict of fields."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.suffix == ".toml":
+        import tomllib
+
+        data = tomllib.loads(path.read_text())
+    elif path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(path.read_text()) or {}
+    else:
+        raise ConfigError(f"config file {path}: expected .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a table of fields")
+    return data
+
+
+def parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def make_config(algo: str | None = None, env: str | None = None, file: str | None = None,
+                **overrides) -> TrainConfig:
+    """Build a config: defaults, then the algorithm's defaults (per env too), then ``file``, then ``overrides``."""
+    layers: list[dict] = []
+    data = load_file(file) if file else {}
+    algo = overrides.get("algo") or algo or data.get("algo") or "dqn"
+    env = overrides.get("env") or env or data.get("env") or None
+    if algo not in ALGOS:
+        raise ConfigError(f"algo: unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+    from pal_bench.train.algos import module_for
+
+    mod = module_for(algo)
+    env = env or mod.DEFAULT_ENV
+    layers.append(dict(mod.DEFAULTS))
+    layers.append(dict(mod.ENV_DEFAULTS.get(env, {})))
+    layers.append(data)
+    layers.append({k: v for k, v in overrides.items() if v is not None})
+    cfg = TrainConfig(algo=algo, env=env)
+    for layer in layers:
+        for k, v in layer.items():
+            setattr(cfg, k, _coerce(k, v))
+    cfg.algo, cfg.env = algo, env
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ``ConfigError`` naming the field, before anything is built."""
+    if cfg.algo not in ALGOS:
+        raise ConfigError(f"algo: unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGOS)}")
+    for name in ("actors", "envs_per_actor", "learners", "steps", "buffer_capacity", "batch_size", "n_step",
+                 "eval_episodes", "target_update", "policy_delay"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in ("learning_starts", "eval_interval", "checkpoint_interval", "max_staleness", "rate_slack", "seed"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.updates_per_step > 0:
+        raise ConfigError(f"updates_per_step must be > 0, got {cfg.updates_per_step}")
+    if cfg.learning_starts > cfg.buffer_capacity:
+        raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be <= buffer_capacity "
+                          f"({cfg.buffer_capacity})")
+    if cfg.learning_starts < cfg.batch_size:
+        raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
+    if cfg.aggregation not in ("sync", "async"):
+        raise ConfigError(f"aggregation must be 'sync' or 'async', got {cfg.aggregation!r}")
+    if cfg.env_backend not in ("sync", "async"):
+        raise ConfigError(f"env_backend must be 'sync' or 'async', got {cfg.env_backend!r}")
+    for name in ("gamma", "alpha", "beta", "beta_final", "tau", "eps_start", "eps_end", "eps_fraction"):
+        v = getattr(cfg, name)
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{name} must be in [0, 1], got {v}")
+    for name in ("lr", "critic_lr"):
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):
+        raise ConfigError("deterministic: lockstep runs need actors = 1 and learners = 1")
+    # the environment exists and suits the algorithm
+    import gymnasium as gym
+
+    try:
+        env = gym.make(cfg.env, **cfg.env_kwargs)
+    except gym.error.Error as e:
+        raise ConfigError(f"env: cannot make {cfg.env!r} ({e})") from None
+    except TypeError as e:
+        raise ConfigError(f"env_kwargs: {cfg.env!r} rejects {cfg.env_kwargs} ({e})") from None
+    try:
+        discrete = isinstance(env.action_space, gym.spaces.Discrete)
+        if cfg.algo in CONTINUOUS_ALGOS and discrete:
+            raise ConfigError(f"algo: {cfg.algo} needs a continuous action space, {cfg.env} has "
+                              f"{env.action_space} (LunarLander-v3 takes env_kwargs={{continuous = true}})")
+        if cfg.algo not in CONTINUOUS_ALGOS and not discrete:
+            raise ConfigError(f"algo: {cfg.algo} needs a discrete action space, {cfg.env} has {env.action_space}")
+        if len(env.observation_space.shape or ()) != 1:
+            raise ConfigError(f"env: {cfg.env} has observations of shape {env.observation_space.shape}; "
+                              "the MLP algorithms take flat vectors")
+    finally:
+        env.close()
