@@ -23,6 +23,7 @@ ENV_DEFAULTS = {
     "LunarLander-v3": dict(steps=300_000, learning_starts=10_000, buffer_capacity=200_000, eps_fraction=0.15,
                            lr=5e-4, target_update=250, eval_interval=20_000),
 }
+CONTINUOUS = False
 GROUPS = {"q": ["q"]}
 TARGETS = ["q"]
 

@@ -1,0 +1,112 @@
+"""The parameter server: aggregates learners' gradients, applies the optimizers, owns the target
+networks and publishes immutable, versioned weight snapshots (readers swap a reference, no lock).
+
+``sync``: one gradient from every active learner per version, averaged, then one step (a learner
+that has finished leaves the round, so the last, partial round is still applied). ``async``: every gradient is applied as it arrives unless it
+was computed on weights more than ``max_staleness`` versions old (then it is dropped and counted).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    online: dict       # state_dict of the online networks (tensors owned by the snapshot)
+    target: dict
+
+
+def _clone(state: dict) -> dict:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+class ParameterServer:
+    def __init__(self, algo, nets: torch.nn.ModuleDict, targets: torch.nn.ModuleDict, cfg, n_learners: int):
+        self.algo, self.nets, self.targets, self.cfg = algo, nets, targets, cfg
+        self.n_learners = n_learners
+        self.params = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        self.optimizers = {g: torch.optim.Adam(ps, lr=cfg.critic_lr if g == "critic" else cfg.lr)
+                           for g, ps in self.params.items()}
+        self.inbox: queue.Queue = queue.Queue()
+        self.version = 0
+        self.snapshot = Snapshot(0, _clone(nets.state_dict()), _clone(targets.state_dict()))
+        self.dropped_stale = 0
+        self.applied = 0
+        self.active = n_learners
+        self.changed = threading.Condition()
+        self.times = {"aggregate_s": 0.0, "publish_s": 0.0}
+
+    def submit(self, learner: int, base_version: int, grads: dict) -> None:
+        """``grads``: group -> list of tensors aligned with ``self.params[group]``."""
+        self.inbox.put((learner, base_version, grads))
+
+    def serve(self, stop: threading.Event) -> None:
+        pending: dict[int, tuple[int, dict]] = {}
+        while not stop.is_set():
+            try:
+                learner, base, grads = self.inbox.get(timeout=0.05)
+            except queue.Empty:
+                if pending and len(pending) >= self.active:   # learners left: apply the partial round
+                    self._step([g for _, g in pending.values()])
+                    pending.clear()
+                continue
+            if self.cfg.aggregation == "async":
+                if self.version - base > self.cfg.max_staleness:
+                    self.dropped_stale += 1
+                    continue
+                self._step([grads])
+            else:
+                pending[learner] = (base, grads)
+                if len(pending) >= self.active:
+                    self._step([g for _, g in pending.values()])
+                    pending.clear()
+
+    def _step(self, grad_list: list[dict]) -> None:
+        t0 = time.perf_counter()
+        groups = set().union(*(g.keys() for g in grad_list))
+        for group in groups:
+            contributions = [g[group] for g in grad_list if group in g]
+            for i, p in enumerate(self.params[group]):
+                p.grad = torch.stack([c[i] for c in contributions]).mean(0)
+            if self.cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.params[group], self.cfg.grad_clip)
+            self.optimizers[group].step()
+            self.optimizers[group].zero_grad(set_to_none=True)
+        self.version += 1
+        self.applied += len(grad_list)
+        self.algo.update_targets(self.nets, self.targets, self.cfg, self.version)
+        t1 = time.perf_counter()
+        self.snapshot = Snapshot(self.version, _clone(self.nets.state_dict()), _clone(self.targets.state_dict()))
+        with self.changed:
+            self.changed.notify_all()
+        self.times["aggregate_s"] += t1 - t0
+        self.times["publish_s"] += time.perf_counter() - t1
+
+    def learner_left(self) -> None:
+        with self.changed:
+            self.active -= 1
+
+    def wait_version(self, after: int, stop: threading.Event) -> None:
+        """Block (bounded waits) until a version newer than ``after`` is published, or stop."""
+        with self.changed:
+            while self.version <= after and not stop.is_set():
+                self.changed.wait(0.05)
+
+    def state_dict(self) -> dict:
+        return {"version": self.version, "online": self.nets.state_dict(), "target": self.targets.state_dict(),
+                "optimizers": {g: o.state_dict() for g, o in self.optimizers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.nets.load_state_dict(state["online"])
+        self.targets.load_state_dict(state["target"])
+        for g, o in self.optimizers.items():
+            o.load_state_dict(state["optimizers"][g])
+        self.version = state["version"]
+        self.snapshot = Snapshot(self.version, _clone(self.nets.state_dict()), _clone(self.targets.state_dict()))

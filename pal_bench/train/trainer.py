@@ -1,0 +1,374 @@
+"""``Trainer(config).run()``: actor threads, learner threads and a parameter-server thread in one
+process around PAL's replay buffer, with evaluation, logging, checkpoints and clean shutdown.
+
+Every thread runs through ``_spawn``: an exception in any worker is recorded with its traceback and
+sets the stop event, every loop waits in bounded steps on that event, and ``run`` joins every
+thread before it returns or raises (``WorkerError``, carrying the worker's traceback). Ctrl-C in
+the main thread stops the workers, writes a final checkpoint and re-raises ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import random
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
+from pal_bench.train.algos import module_for
+from pal_bench.train.config import TrainConfig, validate
+from pal_bench.train.param_server import ParameterServer
+from pal_bench.train.rate import RateController
+from pal_bench.train.workers import actor_loop, learner_loop
+
+JOIN_TIMEOUT_S = 10.0
+
+
+class WorkerError(RuntimeError):
+    """A worker thread raised; the message holds its name and traceback."""
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, resume: bool = False):
+        validate(cfg)
+        self.cfg = cfg
+        self.algo = module_for(cfg.algo)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        probe = gym.make(cfg.env, **cfg.env_kwargs)
+        self.obs_dim = int(np.prod(probe.observation_space.shape))
+        self.action_space = probe.action_space
+        probe.close()
+        self.act_dim = 1 if not self.algo.CONTINUOUS else int(np.prod(self.action_space.shape))
+        nets = self.algo.networks(self.obs_dim, self.action_space, cfg)
+        targets = copy.deepcopy(nets)
+        self.ps = ParameterServer(self.algo, nets, targets, cfg, cfg.learners)
+        act_field = ((), np.int64) if not self.algo.CONTINUOUS else ((self.act_dim,), np.float32)
+        fields = {"obs": ((self.obs_dim,), np.float32), "act": act_field, "rew": ((), np.float32),
+                  "next_obs": ((self.obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
+        if cfg.prioritized:
+            self.buffer = PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed)
+        else:
+            self.buffer = ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed)
+        slack = cfg.rate_slack or max(math.ceil(2 * cfg.learners / cfg.updates_per_step),
+                                      4 * cfg.actors * cfg.envs_per_actor)
+        self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, slack, cfg.lockstep)
+        self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
+        self.stop = threading.Event()
+        self.actors_finished = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.errors: list[tuple[str, BaseException, str]] = []
+        self.timers: dict = {}
+        self._lock = threading.Lock()
+        self.episodes: list[tuple[int, float, int, float]] = []   # (env steps, return, length, wall s)
+        self.evals: list[dict] = []
+        self.update_count = 0
+        self.td_sum = 0.0
+        self.resumed_steps = 0
+        self.t0 = time.perf_counter()
+        self.wall_offset = 0.0
+        self.run_dir = cfg.run_dir()
+        self._closed = False
+        if resume:
+            self.load_checkpoint()
+
+    # ------------------------------------------------------------------ helpers used by workers
+
+    def make_vector_env(self, actor_id: int):
+        kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        mode = "async" if self.cfg.env_backend == "async" else "sync"
+        return gym.make_vec(self.cfg.env, num_envs=self.cfg.envs_per_actor, vectorization_mode=mode,
+                            vector_kwargs=kwargs, **self.cfg.env_kwargs)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Actions in [-1, 1] (continuous) rescaled to the environment's bounds."""
+        if not self.algo.CONTINUOUS:
+            return actions
+        low, high = self.action_space.low, self.action_space.high
+        return low + (actions + 1.0) * 0.5 * (high - low)
+
+    def explore(self, t: int):
+        cfg = self.cfg
+        if cfg.algo in ("dqn", "ddqn"):
+            frac = min(1.0, t / max(1.0, cfg.eps_fraction * cfg.steps))
+            return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+        if cfg.algo == "sac":
+            return True
+        return cfg.exploration_noise
+
+    def beta(self, update: int) -> float:
+        frac = min(1.0, update / max(1, self.rate.max_updates))
+        return self.cfg.beta + frac * (self.cfg.beta_final - self.cfg.beta)
+
+    def to_tensors(self, sample: dict) -> dict:
+        return {k: torch.as_tensor(v) for k, v in sample.items() if k != "indices"} | {
+            "weights": torch.as_tensor(sample["weights"], dtype=torch.float32)}
+
+    def actor_priorities(self, nets, targets, batch: dict) -> np.ndarray:
+        """Ape-X: initial priorities |TD| computed by the actor with its own copy of the weights."""
+        b = {k: torch.as_tensor(v) for k, v in batch.items()}
+        b["done"] = b["done"].float()
+        b["rew"] = b["rew"].float()
+        b["disc"] = b["disc"].float()
+        b["weights"] = torch.ones(len(batch["rew"]))
+        with torch.no_grad():
+            _, td = self.algo.losses(nets, targets, b, self.cfg, 1)
+        return td.numpy().astype(np.float64)
+
+    def record_episode(self, ret: float, length: int) -> None:
+        with self._lock:
+            self.episodes.append((self.rate.steps, ret, length, self.wall()))
+
+    def next_update_index(self) -> int:
+        with self._lock:
+            self.update_count += 1
+            return self.update_count
+
+    def record_update(self, td: torch.Tensor) -> None:
+        with self._lock:
+            self.td_sum += float(td.mean())
+
+    def wall(self) -> float:
+        return self.wall_offset + time.perf_counter() - self.t0
+
+    # ------------------------------------------------------------------ threads
+
+    def _spawn(self, name: str, fn, *args) -> None:
+        def body():
+            try:
+                fn(*args)
+            except BaseException as e:   # noqa: BLE001 - every worker error must reach the caller
+                with self._lock:
+                    self.errors.append((name, e, traceback.format_exc()))
+                self.stop.set()
+                self.rate.wake()
+
+        t = threading.Thread(target=body, name=f"pal-{name}", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _actors(self, i: int) -> None:
+        try:
+            actor_loop(self, i, self.stop)
+        finally:
+            with self._lock:
+                self._actors_left -= 1
+                if self._actors_left == 0:
+                    self.actors_finished.set()
+            self.rate.wake()
+
+    def run(self) -> dict:
+        """Train to ``cfg.steps`` transitions; returns the summary (also written to summary.json)."""
+        if self._closed:
+            raise RuntimeError("this Trainer is closed")
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        self.t0 = time.perf_counter()
+        self._actors_left = cfg.actors
+        learners: list[threading.Thread] = []
+        progress = self._progress_bar()
+        next_eval = (len(self.evals) and self.evals[-1]["env_steps"] + cfg.eval_interval) or cfg.eval_interval
+        next_ckpt = self.rate.steps + cfg.checkpoint_interval if cfg.checkpoint_interval else None
+        interrupted = False
+        try:
+            self._spawn("parameter-server", self.ps.serve, self.stop)
+            for i in range(cfg.learners):
+                self._spawn(f"learner{i}", learner_loop, self, i, self.stop)
+            learners = self.threads[-cfg.learners:]
+            for i in range(cfg.actors):
+                self._spawn(f"actor{i}", self._actors, i)
+            while not self.stop.is_set():
+                self.stop.wait(0.2)
+                self._update_progress(progress)
+                if cfg.eval_interval and self.rate.steps >= next_eval:
+                    self.evaluate()
+                    next_eval += cfg.eval_interval
+                if next_ckpt is not None and self.rate.steps >= next_ckpt:
+                    if self.rate.pause(self.stop):
+                        self.save_checkpoint()
+                    self.rate.resume()
+                    next_ckpt += cfg.checkpoint_interval
+                if self.actors_finished.is_set() and not any(t.is_alive() for t in learners):
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            self.stop.set()
+            self.rate.wake()
+            self._join()
+            if progress is not None:
+                progress.close()
+            if not self.errors:
+                if not interrupted:
+                    self.evaluate()
+                self.save_checkpoint()
+                self._write_logs()
+        return self.summary()
+
+    def _join(self) -> None:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self.threads if t.is_alive()]
+        self.threads = [t for t in self.threads if t.is_alive()]
+        if self.errors:
+            name, exc, tb = self.errors[0]
+            more = f" (and {len(self.errors) - 1} more worker errors)" if len(self.errors) > 1 else ""
+            raise WorkerError(f"worker {name} failed{more}:\n{tb}") from exc
+        if alive:
+            raise WorkerError(f"threads still running {JOIN_TIMEOUT_S} s after stop: {alive}")
+
+    def close(self) -> None:
+        """Stop and join every thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop.set()
+        self.rate.wake()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ evaluation, logs
+
+    def evaluate(self) -> dict:
+        """Mean return of ``eval_episodes`` greedy episodes with the latest published weights."""
+        cfg = self.cfg
+        snap = self.ps.snapshot
+        nets = self.algo.networks(self.obs_dim, self.action_space, cfg)
+        nets.load_state_dict(snap.online)
+        env = gym.make(cfg.env, **cfg.env_kwargs)
+        rng = np.random.default_rng(0)
+        returns = []
+        try:
+            for k in range(cfg.eval_episodes):
+                obs, _ = env.reset(seed=10_000 + cfg.seed * 1000 + k)
+                done, total = False, 0.0
+                while not done:
+                    explore = False if cfg.algo == "sac" else 0.0
+                    a = self.algo.act(nets, obs[None].astype(np.float32), explore, rng)[0]
+                    obs, r, term, trunc, _ = env.step(self.env_actions(a))
+                    total += float(r)
+                    done = term or trunc
+                returns.append(total)
+        finally:
+            env.close()
+        row = {"env_steps": self.rate.steps, "updates": self.rate.done, "version": snap.version,
+               "wall_s": round(self.wall(), 3), "mean_return": float(np.mean(returns)),
+               "std_return": float(np.std(returns))}
+        self.evals.append(row)
+        return row
+
+    def _write_config(self) -> None:
+        import yaml
+
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+
+    def _write_logs(self) -> None:
+        with open(self.run_dir / "eval.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["env_steps", "updates", "version", "wall_s", "mean_return", "std_return"])
+            w.writeheader()
+            w.writerows(self.evals)
+        with open(self.run_dir / "episodes.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["env_steps", "return", "length", "wall_s"])
+            w.writerows(self.episodes)
+        (self.run_dir / "summary.json").write_text(json.dumps(self.summary(), indent=1))
+        try:
+            from pal_bench.train.plots import learning_curve
+
+            learning_curve(self.run_dir)
+        except ImportError:
+            pass
+
+    def summary(self) -> dict:
+        recent = [r for _, r, _, _ in self.episodes[-20:]]
+        wall = self.wall()
+        return {
+            "algo": self.cfg.algo, "env": self.cfg.env, "actors": self.cfg.actors, "learners": self.cfg.learners,
+            "aggregation": self.cfg.aggregation, "env_steps": self.rate.steps, "updates": self.rate.done,
+            "ps_steps": self.ps.version, "dropped_stale_gradients": self.ps.dropped_stale,
+            "episodes": len(self.episodes), "wall_s": round(wall, 3),
+            "env_steps_per_s": round(self.rate.steps / max(wall, 1e-9), 1),
+            "updates_per_s": round(self.rate.done / max(wall, 1e-9), 1),
+            "updates_per_step": (self.rate.done / max(1, self.rate.steps - self.cfg.learning_starts)),
+            "mean_return_last20": float(np.mean(recent)) if recent else None,
+            "final_eval_return": self.evals[-1]["mean_return"] if self.evals else None,
+            "eval": self.evals, "run_dir": str(self.run_dir),
+            "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()},
+            "rate_wait_s": self.rate.wait_s,
+        }
+
+    def _progress_bar(self):
+        if not self.cfg.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.steps, initial=self.rate.steps, unit="step", dynamic_ncols=True,
+                    desc=f"{self.cfg.algo} {self.cfg.env}")
+
+    def _update_progress(self, bar) -> None:
+        if bar is None:
+            return
+        bar.update(self.rate.steps - bar.n)
+        wall = max(self.wall(), 1e-9)
+        recent = [r for _, r, _, _ in self.episodes[-20:]]
+        bar.set_postfix(episodes=len(self.episodes), ret=f"{np.mean(recent):.1f}" if recent else "-",
+                        steps_s=f"{self.rate.steps / wall:.0f}", upd_s=f"{self.rate.done / wall:.0f}", refresh=False)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        """Weights, optimizers, targets, counters, RNG states (checkpoint.pt) and the buffer (buffer.pal)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "ps": self.ps.state_dict(), "steps": self.rate.steps, "updates": self.rate.done,
+            "update_count": self.update_count, "episodes": self.episodes, "evals": self.evals,
+            "wall_s": self.wall(), "actor_rngs": [r.bit_generator.state for r in self.actor_rngs],
+            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+            "config": self.cfg.to_dict(),
+        }
+        tmp = self.run_dir / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        self.buffer.save(self.run_dir / "buffer.pal.tmp")
+        (self.run_dir / "buffer.pal.tmp").replace(self.run_dir / "buffer.pal")
+        tmp.replace(self.run_dir / "checkpoint.pt")
+        return self.run_dir / "checkpoint.pt"
+
+    def load_checkpoint(self) -> None:
+        path = self.run_dir / "checkpoint.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"no checkpoint to resume from at {path}")
+        state = torch.load(path, weights_only=False)
+        self.ps.load_state_dict(state["ps"])
+        self.rate.restore(state["steps"], state["updates"])
+        self.update_count = state["update_count"]
+        self.episodes = [tuple(e) for e in state["episodes"]]
+        self.evals = state["evals"]
+        self.wall_offset = state["wall_s"]
+        for r, s in zip(self.actor_rngs, state["actor_rngs"]):
+            r.bit_generator.state = s
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        cls = PrioritizedReplayBuffer if self.cfg.prioritized else ReplayBuffer
+        self.buffer = cls.load(self.run_dir / "buffer.pal")
+        self.resumed_steps = state["steps"]

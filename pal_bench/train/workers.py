@@ -1,0 +1,177 @@
+"""The actor and learner loops (one thread each) and the n-step transition builder.
+
+Both loops read weights from the parameter server's latest immutable snapshot (a reference read,
+no lock), keep their own copy of the networks, and stop when the rate controller says the budget
+is spent or when the shared stop event is set.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+
+class NStep:
+    """Per-env n-step accumulator: emits (obs, act, R, next_obs, done, disc) with
+    R = sum_k gamma^k r_k over up to n steps, disc = gamma^steps, done = terminated inside the window."""
+
+    def __init__(self, n: int, gamma: float):
+        self.n, self.gamma = n, gamma
+        self.window: deque = deque()
+
+    def push(self, obs, act, rew: float, next_obs, terminated: bool, truncated: bool) -> list[tuple]:
+        self.window.append((obs, act, rew))
+        out = []
+        if terminated or truncated:
+            while self.window:
+                out.append(self._emit(next_obs, terminated))
+                self.window.popleft()
+        elif len(self.window) == self.n:
+            out.append(self._emit(next_obs, False))
+            self.window.popleft()
+        return out
+
+    def _emit(self, next_obs, done: bool) -> tuple:
+        ret, disc = 0.0, 1.0
+        for _, _, r in self.window:
+            ret += disc * r
+            disc *= self.gamma
+        obs, act, _ = self.window[0]
+        return obs, act, ret, next_obs, done, disc
+
+
+def pin(core: int | None) -> None:
+    """Pin the calling thread to ``core`` (Linux: pid 0 is the calling thread)."""
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[core % len(cores)]})
+
+
+class PhaseTimer:
+    """Accumulated seconds per phase of one worker (always on; a perf_counter pair per phase)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._t
+        self._t = now
+
+
+def load_snapshot(nets, targets, snap) -> None:
+    nets.load_state_dict(snap.online)
+    if targets is not None:
+        targets.load_state_dict(snap.target)
+
+
+def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
+    """Step ``envs_per_actor`` environments with the latest weights and insert n-step transitions."""
+    cfg, algo = tr.cfg, tr.algo
+    torch.set_num_threads(1)
+    pin(actor_id if cfg.pin_cores else None)
+    timer = tr.timers[f"actor{actor_id}"] = PhaseTimer()
+    envs = tr.make_vector_env(actor_id)
+    rng = tr.actor_rngs[actor_id]
+    try:
+        nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
+        targets = algo.networks(tr.obs_dim, tr.action_space, cfg) if cfg.actor_priorities else None
+        version = -1
+        E = cfg.envs_per_actor
+        seeds = [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)]
+        obs, _ = envs.reset(seed=seeds)
+        builders = [NStep(cfg.n_step, cfg.gamma) for _ in range(E)]
+        ep_ret, ep_len = np.zeros(E), np.zeros(E, dtype=np.int64)
+        timer.lap("setup")
+        while tr.rate.acquire_steps(E, stop):
+            timer.lap("rate_wait")
+            snap = tr.ps.snapshot
+            if snap.version != version:
+                load_snapshot(nets, targets, snap)
+                version = snap.version
+            timer.lap("weights_pull")
+            t = tr.rate.reserved
+            if algo.CONTINUOUS and t <= cfg.learning_starts:
+                actions = rng.uniform(-1, 1, (E, tr.act_dim)).astype(np.float32)
+            else:
+                actions = algo.act(nets, obs, tr.explore(t), rng)
+            timer.lap("inference")
+            next_obs, rew, term, trunc, info = envs.step(tr.env_actions(actions))
+            timer.lap("env_step")
+            real_next = next_obs.copy()
+            if "final_obs" in info:
+                for i in np.flatnonzero(term | trunc):
+                    real_next[i] = info["final_obs"][i]
+            rows = []
+            for i in range(E):
+                rows += builders[i].push(obs[i], actions[i], float(rew[i]), real_next[i], bool(term[i]), bool(trunc[i]))
+            ep_ret += rew
+            ep_len += 1
+            for i in np.flatnonzero(term | trunc):
+                tr.record_episode(float(ep_ret[i]), int(ep_len[i]))
+                ep_ret[i], ep_len[i] = 0.0, 0
+            obs = next_obs
+            if rows:
+                batch = {k: np.stack([r[j] for r in rows]) for j, k in
+                         enumerate(("obs", "act", "rew", "next_obs", "done", "disc"))}
+                priorities = tr.actor_priorities(nets, targets, batch) if targets is not None else None
+                timer.lap("inference")
+                tr.buffer.add_batch(priorities=priorities, **batch)
+                timer.lap("buffer_insert")
+            tr.rate.steps_done(E)
+    finally:
+        envs.close()
+
+
+def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
+    """Sample, compute the loss and gradients on a local copy of the networks, send the gradients to
+    the parameter server and write |TD| back as priorities."""
+    cfg, algo = tr.cfg, tr.algo
+    torch.set_num_threads(1)
+    pin(cfg.actors + learner_id if cfg.pin_cores else None)
+    timer = tr.timers[f"learner{learner_id}"] = PhaseTimer()
+    nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
+    targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
+    groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+    version = -1
+    timer.lap("setup")
+    try:
+        _learn(tr, learner_id, stop, nets, targets, groups, timer)
+    finally:
+        tr.ps.learner_left()
+
+
+def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
+    cfg, algo = tr.cfg, tr.algo
+    version = -1
+    while tr.rate.acquire_update(stop, tr.actors_finished):
+        timer.lap("rate_wait")
+        snap = tr.ps.snapshot
+        if snap.version != version:
+            load_snapshot(nets, targets, snap)
+            version = snap.version
+        timer.lap("weights_pull")
+        update = tr.next_update_index()
+        sample = tr.buffer.sample(cfg.batch_size, beta=tr.beta(update))
+        timer.lap("sample")
+        batch = tr.to_tensors(sample)
+        losses, td = algo.losses(nets, targets, batch, cfg, update)
+        grads = {}
+        for g, loss in losses.items():
+            grads[g] = [x.detach() for x in torch.autograd.grad(loss, groups[g], allow_unused=False)]
+        timer.lap("forward_backward")
+        if cfg.prioritized:
+            tr.buffer.update_priorities(sample["indices"], td.numpy().astype(np.float64))
+        timer.lap("priority_update")
+        tr.ps.submit(learner_id, snap.version, grads)
+        if cfg.aggregation == "sync":
+            tr.ps.wait_version(snap.version, stop)
+        timer.lap("aggregation_wait")
+        tr.record_update(td)
+        tr.rate.update_done()
