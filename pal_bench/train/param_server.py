@@ -2,8 +2,9 @@
 networks and publishes immutable, versioned weight snapshots (readers swap a reference, no lock).
 
 ``sync``: one gradient from every active learner per version, averaged, then one step (a learner
-that has finished leaves the round, so the last, partial round is still applied). ``async``: every gradient is applied as it arrives unless it
-was computed on weights more than ``max_staleness`` versions old (then it is dropped and counted).
+that has finished leaves the round, so the last, partial round is still applied). ``async``: every
+gradient is applied as it arrives unless it was computed on weights more than ``max_staleness``
+versions old (then it is dropped and counted).
 """
 
 from __future__ import annotations

@@ -36,6 +36,14 @@ class NStep:
             self.window.popleft()
         return out
 
+    def flush(self, next_obs) -> list[tuple]:
+        """At the end of a run: emit what is pending as shorter windows that bootstrap from ``next_obs``."""
+        out = []
+        while self.window:
+            out.append(self._emit(next_obs, False))
+            self.window.popleft()
+        return out
+
     def _emit(self, next_obs, done: bool) -> tuple:
         ret, disc = 0.0, 1.0
         for _, _, r in self.window:
@@ -117,16 +125,22 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
                 tr.record_episode(float(ep_ret[i]), int(ep_len[i]))
                 ep_ret[i], ep_len[i] = 0.0, 0
             obs = next_obs
-            if rows:
-                batch = {k: np.stack([r[j] for r in rows]) for j, k in
-                         enumerate(("obs", "act", "rew", "next_obs", "done", "disc"))}
-                priorities = tr.actor_priorities(nets, targets, batch) if targets is not None else None
-                timer.lap("inference")
-                tr.buffer.add_batch(priorities=priorities, **batch)
-                timer.lap("buffer_insert")
+            _insert(tr, rows, nets, targets, timer)
             tr.rate.steps_done(E)
+        if not stop.is_set():   # the budget is spent: pending n-step windows bootstrap from the last obs
+            _insert(tr, [row for i, b in enumerate(builders) for row in b.flush(obs[i])], nets, targets, timer)
     finally:
         envs.close()
+
+
+def _insert(tr, rows: list[tuple], nets, targets, timer: PhaseTimer) -> None:
+    if not rows:
+        return
+    batch = {k: np.stack([r[j] for r in rows]) for j, k in enumerate(("obs", "act", "rew", "next_obs", "done", "disc"))}
+    priorities = tr.actor_priorities(nets, targets, batch) if targets is not None else None
+    timer.lap("inference")
+    tr.buffer.add_batch(priorities=priorities, **batch)
+    timer.lap("buffer_insert")
 
 
 def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
@@ -139,7 +153,6 @@ def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
     nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
     targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
     groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
-    version = -1
     timer.lap("setup")
     try:
         _learn(tr, learner_id, stop, nets, targets, groups, timer)

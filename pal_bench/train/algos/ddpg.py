@@ -30,7 +30,8 @@ TARGETS = ["q", "pi"]
 
 def networks(obs_dim: int, action_space, cfg) -> nn.ModuleDict:
     act_dim = int(np.prod(action_space.shape))
-    return nn.ModuleDict({"pi": mlp(obs_dim, act_dim, cfg.hidden, nn.Tanh()), "q": QCritic(obs_dim, act_dim, cfg.hidden)})
+    return nn.ModuleDict({"pi": mlp(obs_dim, act_dim, cfg.hidden, nn.Tanh()),
+                          "q": QCritic(obs_dim, act_dim, cfg.hidden)})
 
 
 def act(nets: nn.ModuleDict, obs: np.ndarray, explore: float, generator: np.random.Generator) -> np.ndarray:

@@ -1,0 +1,159 @@
+"""The parallel trainer: learning, rate control, reproducibility, faults, bad configs, resume."""
+
+import itertools
+import os
+import signal
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from pal_bench.train import ConfigError, Trainer, WorkerError, make_config
+from pal_bench.train.algos import dqn
+
+FAST = dict(hidden=(64, 64), eval_interval=0, eval_episodes=2, progress=False)
+
+
+def pal_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("pal-")]
+
+
+def cfg_for(tmp_path, algo="dqn", env="CartPole-v1", **kw):
+    return make_config(algo, env, out_dir=str(tmp_path), **(FAST | kw))
+
+
+@pytest.mark.parametrize("aggregation", ["sync", "async"])
+def test_dqn_cartpole_2_actors_2_learners_learns(tmp_path, aggregation):
+    cfg = cfg_for(tmp_path, actors=2, learners=2, steps=30_000, aggregation=aggregation, eval_interval=5_000,
+                  hidden=(128, 128), seed=1)
+    with Trainer(cfg) as tr:
+        s = tr.run()
+    best = max(e["mean_return"] for e in s["eval"])
+    assert best >= 150, s["eval"]
+    assert s["env_steps"] == 30_000 and s["updates"] > 6_000
+    assert (tmp_path / cfg.run_name() / "eval.csv").exists()
+    assert (tmp_path / cfg.run_name() / "learning_curve.png").exists()
+    assert pal_threads() == []
+
+
+@pytest.mark.parametrize("algo", ["ddpg", "td3", "sac"])
+def test_continuous_algorithms_smoke(tmp_path, algo):
+    cfg = cfg_for(tmp_path, algo=algo, env="Pendulum-v1", actors=1, learners=2, deterministic=False,
+                  steps=1_200, learning_starts=600, batch_size=64, eval_interval=1_200)
+    with Trainer(cfg) as tr:
+        s = tr.run()
+    assert s["env_steps"] == 1_200 and s["updates"] > 0
+    assert np.isfinite(s["final_eval_return"])
+    assert pal_threads() == []
+
+
+@pytest.mark.parametrize("actors, learners", [(1, 1), (4, 1), (1, 4)])
+def test_rate_control_holds_updates_per_step(tmp_path, actors, learners):
+    cfg = cfg_for(tmp_path, actors=actors, learners=learners, steps=6_000, learning_starts=500,
+                  batch_size=32, updates_per_step=0.25, deterministic=False)
+    with Trainer(cfg) as tr:
+        s = tr.run()
+    measured = s["updates"] / (s["env_steps"] - cfg.learning_starts)
+    assert measured == pytest.approx(0.25, rel=0.10), s
+
+
+def test_one_actor_one_learner_is_reproducible(tmp_path):
+    def run(name):
+        cfg = cfg_for(tmp_path, steps=3_000, learning_starts=500, batch_size=32, seed=3, name=name)
+        with Trainer(cfg) as tr:
+            tr.run()
+            return [r for _, r, _, _ in tr.episodes], {k: v.clone() for k, v in tr.ps.nets.state_dict().items()}
+
+    eps_a, w_a = run("a")
+    eps_b, w_b = run("b")
+    assert eps_a == eps_b
+    assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+
+
+_steps = itertools.count()
+
+
+class ExplodingCartPole(gym.Wrapper):
+    """CartPole whose 400th step, counted over every instance, raises: exactly one actor hits it."""
+
+    def step(self, action):
+        if next(_steps) == 400:
+            raise RuntimeError("environment exploded")
+        return super().step(action)
+
+
+gym.register("PalTest/ExplodingCartPole-v0", entry_point=lambda **kw: ExplodingCartPole(gym.make("CartPole-v1")))
+
+
+def test_env_error_in_one_actor_stops_everything_and_surfaces(tmp_path):
+    cfg = cfg_for(tmp_path, env="PalTest/ExplodingCartPole-v0", actors=2, learners=2, steps=50_000,
+                  learning_starts=200, batch_size=32)
+    with pytest.raises(WorkerError, match="(?s)actor.*environment exploded"):
+        with Trainer(cfg) as tr:
+            tr.run()
+    assert pal_threads() == []
+
+
+def test_learner_error_stops_everything_and_surfaces(tmp_path, monkeypatch):
+    real = dqn.losses
+
+    def failing(nets, targets, batch, cfg, update):
+        if update == 20:
+            raise ValueError("learner blew up")
+        return real(nets, targets, batch, cfg, update)
+
+    monkeypatch.setattr(dqn, "losses", failing)
+    cfg = cfg_for(tmp_path, actors=2, learners=2, steps=50_000, learning_starts=200, batch_size=32)
+    with pytest.raises(WorkerError, match="(?s)learner.*learner blew up"):
+        with Trainer(cfg) as tr:
+            tr.run()
+    assert pal_threads() == []
+
+
+def test_ctrl_c_stops_cleanly_and_checkpoints(tmp_path):
+    cfg = cfg_for(tmp_path, actors=2, learners=1, steps=10**6, learning_starts=200, batch_size=32)
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    with Trainer(cfg) as tr:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            tr.run()
+    timer.cancel()
+    assert pal_threads() == []
+    assert (tmp_path / cfg.run_name() / "checkpoint.pt").exists()
+    assert (tmp_path / cfg.run_name() / "buffer.pal").exists()
+
+
+def test_checkpoint_and_resume_continue_the_run(tmp_path):
+    cfg = cfg_for(tmp_path, steps=2_000, learning_starts=500, batch_size=32, name="r")
+    with Trainer(cfg) as tr:
+        first = tr.run()
+    cfg2 = cfg_for(tmp_path, steps=3_000, learning_starts=500, batch_size=32, name="r")
+    with Trainer(cfg2, resume=True) as tr:
+        assert tr.rate.steps == 2_000 and len(tr.buffer) == 2_000
+        assert all(torch.equal(v, first_v) for v, first_v in
+                   zip(tr.ps.nets.state_dict().values(), torch.load(tmp_path / "r" / "checkpoint.pt",
+                                                                     weights_only=False)["ps"]["online"].values()))
+        s = tr.run()
+    assert s["env_steps"] == 3_000
+    assert s["updates"] == pytest.approx(0.25 * 2_500, abs=2)
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(algo="nope"), "algo"),
+    (dict(env="NoSuchEnv-v0"), "env"),
+    (dict(algo="sac", env="CartPole-v1"), "algo"),
+    (dict(actors=0), "actors"),
+    (dict(learners=-1), "learners"),
+    (dict(learning_starts=20_000, buffer_capacity=10_000), "learning_starts"),
+    (dict(updates_per_step=0), "updates_per_step"),
+    (dict(bogus=1), "bogus"),
+])
+def test_bad_configs_fail_before_any_thread(tmp_path, kw, field):
+    before = threading.active_count()
+    with pytest.raises(ConfigError, match=field):
+        algo = kw.pop("algo", "dqn")
+        env = kw.pop("env", "CartPole-v1")
+        Trainer(make_config(algo, env, out_dir=str(tmp_path), **kw))
+    assert threading.active_count() == before
