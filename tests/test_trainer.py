@@ -33,6 +33,7 @@ def test_dqn_cartpole_2_actors_2_learners_learns(tmp_path, aggregation):
     best = max(e["mean_return"] for e in s["eval"])
     assert best >= 150, s["eval"]
     assert s["env_steps"] == 30_000 and s["updates"] > 6_000
+    assert s["dropped_stale_gradients"] < 0.05 * s["updates"]
     assert (tmp_path / cfg.run_name() / "eval.csv").exists()
     assert (tmp_path / cfg.run_name() / "learning_curve.png").exists()
     assert pal_threads() == []
@@ -128,7 +129,7 @@ def test_ctrl_c_stops_cleanly_and_checkpoints(tmp_path):
 def test_checkpoint_and_resume_continue_the_run(tmp_path):
     cfg = cfg_for(tmp_path, steps=2_000, learning_starts=500, batch_size=32, name="r")
     with Trainer(cfg) as tr:
-        first = tr.run()
+        tr.run()
     cfg2 = cfg_for(tmp_path, steps=3_000, learning_starts=500, batch_size=32, name="r")
     with Trainer(cfg2, resume=True) as tr:
         assert tr.rate.steps == 2_000 and len(tr.buffer) == 2_000

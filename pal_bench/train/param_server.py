@@ -42,6 +42,7 @@ class ParameterServer:
         self.applied = 0
         self.active = n_learners
         self.changed = threading.Condition()
+        self.handled = [0] * n_learners     # gradients of each learner applied or dropped
         self.times = {"aggregate_s": 0.0, "publish_s": 0.0}
 
     def submit(self, learner: int, base_version: int, grads: dict) -> None:
@@ -56,17 +57,22 @@ class ParameterServer:
             except queue.Empty:
                 if pending and len(pending) >= self.active:   # learners left: apply the partial round
                     self._step([g for _, g in pending.values()])
+                    for lid in pending:
+                        self._handled(lid)
                     pending.clear()
                 continue
             if self.cfg.aggregation == "async":
                 if self.version - base > self.cfg.max_staleness:
                     self.dropped_stale += 1
-                    continue
-                self._step([grads])
+                else:
+                    self._step([grads])
+                self._handled(learner)
             else:
                 pending[learner] = (base, grads)
                 if len(pending) >= self.active:
                     self._step([g for _, g in pending.values()])
+                    for lid in pending:
+                        self._handled(lid)
                     pending.clear()
 
     def _step(self, grad_list: list[dict]) -> None:
@@ -89,6 +95,18 @@ class ParameterServer:
             self.changed.notify_all()
         self.times["aggregate_s"] += t1 - t0
         self.times["publish_s"] += time.perf_counter() - t1
+
+    def _handled(self, learner: int) -> None:
+        with self.changed:
+            self.handled[learner] += 1
+            self.changed.notify_all()
+
+    def wait_handled(self, learner: int, count: int, stop: threading.Event) -> None:
+        """Block (bounded waits) until ``count`` gradients of ``learner`` were applied or dropped: async
+        learners keep at most one gradient in flight, so the inbox cannot grow stale."""
+        with self.changed:
+            while self.handled[learner] < count and not stop.is_set():
+                self.changed.wait(0.05)
 
     def learner_left(self) -> None:
         with self.changed:

@@ -162,7 +162,7 @@ def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
 
 def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
     cfg, algo = tr.cfg, tr.algo
-    version = -1
+    version, submitted = -1, 0
     while tr.rate.acquire_update(stop, tr.actors_finished):
         timer.lap("rate_wait")
         snap = tr.ps.snapshot
@@ -182,7 +182,10 @@ def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
         if cfg.prioritized:
             tr.buffer.update_priorities(sample["indices"], td.numpy().astype(np.float64))
         timer.lap("priority_update")
+        if cfg.aggregation == "async":
+            tr.ps.wait_handled(learner_id, submitted, stop)
         tr.ps.submit(learner_id, snap.version, grads)
+        submitted += 1
         if cfg.aggregation == "sync":
             tr.ps.wait_version(snap.version, stop)
         timer.lap("aggregation_wait")
