@@ -86,12 +86,14 @@ class ParameterServer:
                 torch.nn.utils.clip_grad_norm_(self.params[group], self.cfg.grad_clip)
             self.optimizers[group].step()
             self.optimizers[group].zero_grad(set_to_none=True)
-        self.version += 1
+        version = self.version + 1
         self.applied += len(grad_list)
-        self.algo.update_targets(self.nets, self.targets, self.cfg, self.version)
+        self.algo.update_targets(self.nets, self.targets, self.cfg, version)
         t1 = time.perf_counter()
-        self.snapshot = Snapshot(self.version, _clone(self.nets.state_dict()), _clone(self.targets.state_dict()))
+        # publish: the snapshot first, then the version number that waiters look at
+        self.snapshot = Snapshot(version, _clone(self.nets.state_dict()), _clone(self.targets.state_dict()))
         with self.changed:
+            self.version = version
             self.changed.notify_all()
         self.times["aggregate_s"] += t1 - t0
         self.times["publish_s"] += time.perf_counter() - t1

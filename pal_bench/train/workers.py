@@ -125,9 +125,11 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
                 tr.record_episode(float(ep_ret[i]), int(ep_len[i]))
                 ep_ret[i], ep_len[i] = 0.0, 0
             obs = next_obs
+            if tr.rate.reserved >= cfg.steps:   # the budget is spent: flush before counting the last step
+                rows += [row for i, b in enumerate(builders) for row in b.flush(obs[i])]
             _insert(tr, rows, nets, targets, timer)
             tr.rate.steps_done(E)
-        if not stop.is_set():   # the budget is spent: pending n-step windows bootstrap from the last obs
+        if not stop.is_set():   # another actor took the last steps: pending windows bootstrap from the last obs
             _insert(tr, [row for i, b in enumerate(builders) for row in b.flush(obs[i])], nets, targets, timer)
     finally:
         envs.close()
