@@ -1,0 +1,86 @@
+"""The trainer's reference runs: ``python -m pal_bench.train.sweep [--only NAME ...]``.
+
+Each preset is one ``pal-bench train`` run (printed as its command line) writing into
+``results/runs/<name>/``; afterwards ``results/training.md`` and ``results/training.csv`` summarise
+every run found there (final and best evaluation return, env steps/s, updates/s, wall time), read
+from the runs' own ``summary.json`` files, never re-measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "results" / "runs"
+
+# name -> (algo, env, extra `pal-bench train` arguments); targets from the issue: LunarLander-v3
+# solved at 200, Pendulum-v1 at -250
+PRESETS: dict[str, tuple[str, str, list[str]]] = {}
+for _algo in ("ddpg", "td3", "sac"):
+    for _a, _l in ((1, 1), (2, 2)):
+        PRESETS[f"{_algo}-pendulum-a{_a}l{_l}"] = (_algo, "Pendulum-v1", ["--actors", str(_a), "--learners", str(_l),
+                                                                           "--steps", "15000"])
+for _algo in ("dqn", "ddqn"):
+    for _a, _l in ((1, 1), (2, 2)):
+        PRESETS[f"{_algo}-lunarlander-a{_a}l{_l}"] = (_algo, "LunarLander-v3", ["--actors", str(_a), "--learners", str(_l)])
+TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0}
+
+
+def command(name: str) -> list[str]:
+    algo, env, extra = PRESETS[name]
+    return ["pal-bench", "train", "--algo", algo, "--env", env, *extra, "--name", name,
+            "--set", "deterministic=false", "--set", "progress=false"]
+
+
+def summarise(runs: Path = RUNS) -> pd.DataFrame:
+    rows = []
+    for f in sorted(runs.glob("*/summary.json")):
+        s = json.loads(f.read_text())
+        evals = [e["mean_return"] for e in s.get("eval", [])]
+        target = TARGETS.get(s["env"])
+        best = max(evals) if evals else None
+        rows.append({
+            "run": f.parent.name, "algo": s["algo"], "env": s["env"], "actors": s["actors"], "learners": s["learners"],
+            "env_steps": s["env_steps"], "updates": s["updates"], "wall_s": s["wall_s"],
+            "env_steps_per_s": s["env_steps_per_s"], "updates_per_s": s["updates_per_s"],
+            "final_eval_return": s.get("final_eval_return"), "best_eval_return": best, "target": target,
+            "reached": None if target is None or best is None else bool(best >= target),
+        })
+    return pd.DataFrame(rows)
+
+
+def write_tables(df: pd.DataFrame, out: Path = ROOT / "results") -> str:
+    df.to_csv(out / "training.csv", index=False)
+    cmds = "\n".join(f"    {shlex.join(command(r))}" for r in df.run if r in PRESETS)
+    text = ("Evaluation return (mean of `eval_episodes` greedy episodes) of the trainer's reference runs, "
+            "from `results/runs/<run>/summary.json`; made by `python -m pal_bench.train.sweep`:\n\n" + cmds
+            + "\n\n" + df.drop(columns=["target"]).to_markdown(index=False, floatfmt=".1f") + "\n")
+    (out / "training.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", choices=sorted(PRESETS), help="presets to run (default: all)")
+    ap.add_argument("--report", action="store_true", help="only rebuild the tables from stored runs")
+    args = ap.parse_args(argv)
+    if not args.report:
+        from pal_bench.cli import main as cli
+
+        for name in args.only or PRESETS:
+            print("$", shlex.join(command(name)), flush=True)
+            rc = cli(command(name)[1:] + ["--out-dir", str(RUNS)])
+            if rc:
+                return rc
+    print(write_tables(summarise()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
