@@ -28,7 +28,8 @@ for _algo in ("ddpg", "td3", "sac"):
                                                                            "--steps", "15000"])
 for _algo in ("dqn", "ddqn"):
     for _a, _l in ((1, 1), (2, 2)):
-        PRESETS[f"{_algo}-lunarlander-a{_a}l{_l}"] = (_algo, "LunarLander-v3", ["--actors", str(_a), "--learners", str(_l)])
+        PRESETS[f"{_algo}-lunarlander-a{_a}l{_l}"] = (_algo, "LunarLander-v3",
+                                                       ["--actors", str(_a), "--learners", str(_l)])
 TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0}
 
 
