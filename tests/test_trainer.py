@@ -158,3 +158,31 @@ def test_bad_configs_fail_before_any_thread(tmp_path, kw, field):
         env = kw.pop("env", "CartPole-v1")
         Trainer(make_config(algo, env, out_dir=str(tmp_path), **kw))
     assert threading.active_count() == before
+
+
+def test_async_env_backend_and_several_envs_per_actor(tmp_path):
+    cfg = cfg_for(tmp_path, actors=1, learners=1, envs_per_actor=2, env_backend="async", steps=1_000,
+                  learning_starts=200, batch_size=32, deterministic=False)
+    with Trainer(cfg) as tr:
+        s = tr.run()
+    assert s["env_steps"] == 1_000 and s["updates"] > 0
+    assert pal_threads() == []
+
+
+def test_pin_sets_the_calling_threads_affinity_only():
+    from pal_bench.train.workers import pin
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity on this platform")
+    before = os.sched_getaffinity(0)
+    seen = {}
+
+    def body():
+        pin(1)
+        seen["inside"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert len(seen["inside"]) == 1 and seen["inside"] <= before
+    assert os.sched_getaffinity(0) == before
