@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import random
+import sys
 import threading
 import time
 import traceback
@@ -275,7 +276,19 @@ class Trainer:
                "wall_s": round(self.wall(), 3), "mean_return": float(np.mean(returns)),
                "std_return": float(np.std(returns))}
         self.evals.append(row)
+        self._write_eval_csv()
+        if not cfg.progress:
+            print(f"[{cfg.run_name()}] eval at {row['env_steps']} steps, {row['wall_s']:.0f} s: "
+                  f"return {row['mean_return']:.1f} ± {row['std_return']:.1f}", file=sys.stderr, flush=True)
         return row
+
+    def _write_eval_csv(self) -> None:
+        """Rewritten after every evaluation, so a long run can be watched (and survives a crash)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "eval.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["env_steps", "updates", "version", "wall_s", "mean_return", "std_return"])
+            w.writeheader()
+            w.writerows(self.evals)
 
     def _write_config(self) -> None:
         import yaml
@@ -283,10 +296,7 @@ class Trainer:
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
 
     def _write_logs(self) -> None:
-        with open(self.run_dir / "eval.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["env_steps", "updates", "version", "wall_s", "mean_return", "std_return"])
-            w.writeheader()
-            w.writerows(self.evals)
+        self._write_eval_csv()
         with open(self.run_dir / "episodes.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["env_steps", "return", "length", "wall_s"])
