@@ -1,0 +1,80 @@
+"""Design-space exploration: how many cores go to actors and how many to learners.
+
+The PAL paper's allocation problem. Given the data-collection throughput f_a(x) (transitions/s
+with x actor cores) and the data-consumption throughput f_l(x) (learner updates/s with x learner
+cores), and the configured ratio r of updates per collected transition, a split (x_a, x_l) with
+x_a + x_l <= M trains at
+
+    T(x_a, x_l) = min(f_a(x_a), f_l(x_l) / r)   transitions/s   (and r * T updates/s),
+
+because rate control holds the ratio by slowing whichever side is ahead. ``solve`` searches all
+O(M^2) pairs exhaustively and returns the split with the highest T (ties: fewer cores, then more
+balanced f_l / (r f_a)), the full table, and the frontier (the best split for each core budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Allocation:
+    actors: int
+    learners: int
+    transitions_per_s: float
+    updates_per_s: float
+    bottleneck: str          # "actors" or "learners" (the side that sets the pace)
+
+    def command(self, algo: str, env: str, ratio: float) -> str:
+        return (f"pal-bench train --algo {algo} --env {env} --actors {self.actors} --learners {self.learners} "
+                f"--set updates_per_step={ratio:g}")
+
+
+def _curve(f: Mapping[int, float] | list[float], name: str) -> dict[int, float]:
+    curve = dict(enumerate(f, start=1)) if isinstance(f, (list, tuple)) else dict(f)
+    if not curve:
+        raise ValueError(f"{name} is empty")
+    for x, v in curve.items():
+        if int(x) != x or x < 1:
+            raise ValueError(f"{name}: core counts must be integers >= 1, got {x!r}")
+        if not v >= 0:
+            raise ValueError(f"{name}({x}) = {v!r}: throughputs must be finite and >= 0")
+    return {int(x): float(v) for x, v in curve.items()}
+
+
+def table(f_a, f_l, ratio: float, max_cores: int) -> pd.DataFrame:
+    """Every split (x_a, x_l) with x_a + x_l <= max_cores that both curves cover."""
+    if not ratio > 0:
+        raise ValueError(f"ratio must be > 0, got {ratio}")
+    if max_cores < 2:
+        raise ValueError(f"max_cores must be >= 2 (one actor and one learner core), got {max_cores}")
+    fa, fl = _curve(f_a, "f_a"), _curve(f_l, "f_l")
+    rows = []
+    for xa, va in fa.items():
+        for xl, vl in fl.items():
+            if xa + xl > max_cores:
+                continue
+            t = min(va, vl / ratio)
+            rows.append({"actors": xa, "learners": xl, "cores": xa + xl, "f_a": va, "f_l": vl,
+                         "transitions_per_s": t, "updates_per_s": ratio * t,
+                         "balance": (vl / ratio) / va if va > 0 else float("inf"),
+                         "bottleneck": "actors" if va <= vl / ratio else "learners"})
+    if not rows:
+        raise ValueError(f"no split with at most {max_cores} cores is covered by both curves")
+    return pd.DataFrame(rows)
+
+
+def solve(f_a, f_l, ratio: float, max_cores: int) -> tuple[Allocation, pd.DataFrame, pd.DataFrame]:
+    """(best split, all splits, frontier: best split per total core count)."""
+    t = table(f_a, f_l, ratio, max_cores)
+    t["imbalance"] = (t.balance.clip(lower=1e-12).apply(lambda b: max(b, 1 / b)))
+    ranked = t.sort_values(["transitions_per_s", "cores", "imbalance"], ascending=[False, True, True])
+    best = ranked.iloc[0]
+    frontier = (t.sort_values(["cores", "transitions_per_s", "imbalance"], ascending=[True, False, True])
+                .groupby("cores", as_index=False).first())
+    alloc = Allocation(int(best.actors), int(best.learners), float(best.transitions_per_s),
+                       float(best.updates_per_s), str(best.bottleneck))
+    return alloc, t.drop(columns="imbalance"), frontier.drop(columns="imbalance")

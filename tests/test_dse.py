@@ -1,0 +1,45 @@
+"""The core-split solver on synthetic curves with known answers."""
+
+import math
+
+import pytest
+
+from pal_bench.dse import solve, table
+
+
+def test_linear_curves_on_56_cores_balance_the_two_sides():
+    # f_a = 1000 x transitions/s, f_l = 100 x updates/s, 0.25 updates per transition:
+    # learners supply 400 x transitions/s, so the balance is 1000 x_a = 400 x_l -> (16, 40)
+    best, t, frontier = solve([1000.0 * x for x in range(1, 56)], [100.0 * x for x in range(1, 56)], 0.25, 56)
+    assert (best.actors, best.learners) == (16, 40)
+    assert best.transitions_per_s == 16_000 and best.updates_per_s == 4_000
+    assert len(t) == sum(1 for a in range(1, 56) for b in range(1, 56) if a + b <= 56)   # exhaustive
+    assert frontier.cores.tolist() == list(range(2, 57))
+    assert frontier.transitions_per_s.is_monotonic_increasing
+
+
+def test_saturating_curves_pick_the_fewest_cores_at_the_plateau():
+    f_a = {x: min(1000.0 * x, 3000.0) for x in range(1, 57)}   # saturates at 3 actor cores
+    f_l = {x: min(100.0 * x, 500.0) for x in range(1, 57)}     # learners could feed 5000/s at 0.1
+    best, _, _ = solve(f_a, f_l, 0.1, 56)
+    assert (best.actors, best.learners, best.transitions_per_s) == (3, 3, 3000.0)
+    assert best.bottleneck == "actors"
+
+
+def test_two_cores_leave_one_split_and_the_command_uses_it():
+    best, t, _ = solve({1: 800.0, 2: 1500.0}, {1: 90.0, 2: 170.0}, 0.25, 2)
+    assert len(t) == 1 and (best.actors, best.learners) == (1, 1)
+    assert best.transitions_per_s == 360.0 and best.bottleneck == "learners"
+    assert "--actors 1 --learners 1" in best.command("dqn", "CartPole-v1", 0.25)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (([1.0], [1.0], 0.0, 4), "ratio"),
+    (([1.0], [-1.0], 0.25, 4), "f_l"),
+    (([math.nan], [1.0], 0.25, 4), "f_a"),
+    (([1.0], [1.0], 0.25, 1), "max_cores"),
+    (({3: 1.0}, {3: 1.0}, 0.25, 4), "no split"),
+])
+def test_bad_inputs_are_clear_errors(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        table(*args)
