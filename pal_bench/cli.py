@@ -30,6 +30,9 @@ def _train(args) -> int:
     keys = ("env_steps", "updates", "episodes", "wall_s", "env_steps_per_s", "updates_per_s",
             "mean_return_last20", "final_eval_return", "run_dir")
     print(json.dumps({k: summary[k] for k in keys}, indent=1))
+    from pal_bench import profile
+
+    profile.main(summary["run_dir"])
     return 0
 
 
@@ -52,9 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out-dir")
     t.add_argument("--resume", action="store_true", help="continue the run in <out-dir>/<name> from its checkpoint")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config field (repeatable)")
+    p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")
+    p.add_argument("run", help="a run directory, e.g. results/runs/<name>")
     args = ap.parse_args(argv)
     if args.command == "train":
         return _train(args)
+    if args.command == "profile":
+        from pal_bench import profile
+
+        try:
+            return profile.main(args.run)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"pal-bench profile: {e}", file=sys.stderr)
+            return 2
     return 1
 
 

@@ -323,9 +323,15 @@ class Trainer:
             "mean_return_last20": float(np.mean(recent)) if recent else None,
             "final_eval_return": self.evals[-1]["mean_return"] if self.evals else None,
             "eval": self.evals, "run_dir": str(self.run_dir),
-            "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()},
+            "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()}
+            | {"parameter-server": self._ps_phases(wall)},
             "rate_wait_s": self.rate.wait_s,
         }
+
+    def _ps_phases(self, wall: float) -> dict:
+        busy = self.ps.times["aggregate_s"] + self.ps.times["publish_s"]
+        return {"aggregate": round(self.ps.times["aggregate_s"], 4), "publish": round(self.ps.times["publish_s"], 4),
+                "idle": round(max(0.0, wall - busy), 4)}
 
     def _progress_bar(self):
         if not self.cfg.progress:
