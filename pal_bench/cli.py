@@ -36,6 +36,35 @@ def _train(args) -> int:
     return 0
 
 
+def _dse(args) -> int:
+    import pandas as pd
+
+    from pal_bench import dse, scaling
+    from pal_bench.train import make_config
+
+    cfg = make_config(args.algo, args.env)
+    ratio = args.ratio or cfg.updates_per_step
+    m = args.max_cores or scaling.usable_cores()
+    if args.curves:
+        curves = pd.read_csv(args.curves)
+    else:
+        curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
+    f_a = dict(zip(curves[curves.curve == "f_a"].threads, curves[curves.curve == "f_a"].throughput))
+    f_l = dict(zip(curves[curves.curve == "f_l"].threads, curves[curves.curve == "f_l"].throughput))
+    try:
+        best, table, frontier = dse.solve(f_a, f_l, ratio, m)
+    except ValueError as e:
+        print(f"pal-bench dse: {e}", file=sys.stderr)
+        return 2
+    ranked = table.sort_values("transitions_per_s", ascending=False)
+    print(ranked.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(f"\nchosen split for M={m}, {ratio:g} updates per transition: {best.actors} actor(s) + {best.learners} "
+          f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
+          f"(limited by the {best.bottleneck})")
+    print(best.command(args.algo, args.env, ratio))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench", description="PAL-Bench: replay buffers and parallel RL, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -55,11 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out-dir")
     t.add_argument("--resume", action="store_true", help="continue the run in <out-dir>/<name> from its checkpoint")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config field (repeatable)")
+    d = sub.add_parser("dse", help="choose how many cores go to actors and to learners")
+    d.add_argument("--algo", default="dqn")
+    d.add_argument("--env", default="CartPole-v1")
+    d.add_argument("--ratio", type=float, help="updates per transition (default: the algorithm's config)")
+    d.add_argument("--max-cores", type=int, help="core budget M (default: usable cores)")
+    d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv); default: measure them now")
+    d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
+    d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
     p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")
     p.add_argument("run", help="a run directory, e.g. results/runs/<name>")
     args = ap.parse_args(argv)
     if args.command == "train":
         return _train(args)
+    if args.command == "dse":
+        return _dse(args)
     if args.command == "profile":
         from pal_bench import profile
 

@@ -43,3 +43,17 @@ def test_two_cores_leave_one_split_and_the_command_uses_it():
 def test_bad_inputs_are_clear_errors(args, msg):
     with pytest.raises(ValueError, match=msg):
         table(*args)
+
+
+def test_dse_command_on_stored_curves(tmp_path, capsys):
+    import pandas as pd
+
+    from pal_bench.cli import main
+
+    rows = [{"curve": "f_a", "threads": x, "throughput": 1000.0 * x} for x in (1, 2, 3)]
+    rows += [{"curve": "f_l", "threads": x, "throughput": 100.0 * x} for x in (1, 2, 3)]
+    pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
+    assert main(["dse", "--curves", str(tmp_path / "scaling.csv"), "--max-cores", "4", "--ratio", "0.25"]) == 0
+    out = capsys.readouterr().out
+    # f_l / r = 400 x: (1, 3) gives min(1000, 1200) = 1000 transitions/s, the best of the 4-core splits
+    assert "1 actor(s) + 3 learner(s)" in out and "--actors 1 --learners 3" in out

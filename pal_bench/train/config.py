@@ -74,7 +74,7 @@ class TrainConfig:
 
     # evaluation, logging, checkpoints
     eval_interval: int = 5_000                         # transitions between evaluations
-    eval_episodes: int = 5
+    eval_episodes: int = 5                             # 0: no evaluation (throughput measurements)
     checkpoint_interval: int = 0                       # transitions between checkpoints (0: only at the end)
     progress: bool = True
 
@@ -195,10 +195,11 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.algo not in ALGOS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGOS)}")
     for name in ("actors", "envs_per_actor", "learners", "steps", "buffer_capacity", "batch_size", "n_step",
-                 "eval_episodes", "target_update", "policy_delay"):
+                 "target_update", "policy_delay"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("learning_starts", "eval_interval", "checkpoint_interval", "max_staleness", "rate_slack", "seed"):
+    for name in ("learning_starts", "eval_interval", "eval_episodes", "checkpoint_interval", "max_staleness",
+                 "rate_slack", "seed"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.updates_per_step > 0:

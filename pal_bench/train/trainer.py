@@ -78,6 +78,7 @@ class Trainer:
         self.resumed_steps = 0
         self.t0 = time.perf_counter()
         self.wall_offset = 0.0
+        self.train_wall_s: float | None = None          # wall time when the workers had stopped
         self.run_dir = cfg.run_dir()
         self._closed = False
         if resume:
@@ -192,7 +193,7 @@ class Trainer:
             while not self.stop.is_set():
                 self.stop.wait(0.2)
                 self._update_progress(progress)
-                if cfg.eval_interval and self.rate.steps >= next_eval:
+                if cfg.eval_interval and cfg.eval_episodes and self.rate.steps >= next_eval:
                     self.evaluate()
                     next_eval += cfg.eval_interval
                 if next_ckpt is not None and self.rate.steps >= next_ckpt:
@@ -209,10 +210,11 @@ class Trainer:
             self.stop.set()
             self.rate.wake()
             self._join()
+            self.train_wall_s = self.wall()
             if progress is not None:
                 progress.close()
             if not self.errors:
-                if not interrupted:
+                if not interrupted and cfg.eval_episodes:
                     self.evaluate()
                 self.save_checkpoint()
                 self._write_logs()
@@ -311,7 +313,7 @@ class Trainer:
 
     def summary(self) -> dict:
         recent = [r for _, r, _, _ in self.episodes[-20:]]
-        wall = self.wall()
+        wall = self.train_wall_s if self.train_wall_s is not None else self.wall()
         return {
             "algo": self.cfg.algo, "env": self.cfg.env, "actors": self.cfg.actors, "learners": self.cfg.learners,
             "aggregation": self.cfg.aggregation, "env_steps": self.rate.steps, "updates": self.rate.done,
