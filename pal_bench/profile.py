@@ -62,10 +62,23 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def lock_line(run_dir: str | Path) -> str | None:
+    """The buffer mutex's contention: is the buffer (wait >> 0) or the GIL the bottleneck?"""
+    s = json.loads((Path(run_dir) / "summary.json").read_text()).get("buffer_lock")
+    if not s:
+        return None
+    share = s["contended"] / max(1, s["acquisitions"])
+    return (f"buffer lock: {s['acquisitions']} acquisitions, {share:.1%} contended, waited {s['wait_s']:.3f} s, "
+            f"held {s['hold_s']:.3f} s in total")
+
+
 def main(run_dir: str) -> int:
     df = phases(run_dir)
     t = role_table(df)
     t["share"] = (t.share * 100).round(1)
     print(t.rename(columns={"share": "share_%"}).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    line = lock_line(run_dir)
+    if line:
+        print(line)
     print(f"figure: {draw(df, Path(run_dir) / 'profile.png')}")
     return 0

@@ -40,6 +40,7 @@ from libc.math cimport INFINITY, NAN, pow
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from _rng cimport Rng, rng_seed, rng_uniform
 from _tree_core cimport (
@@ -86,11 +87,10 @@ cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
         memcpy(dst, src, n)
 
 
-cdef inline void _lock_gil(PyThread_type_lock m):
-    """Acquire ``m`` while holding the GIL: try without blocking, else wait with the GIL released."""
-    if not PyThread_acquire_lock(m, NOWAIT_LOCK):
-        with nogil:
-            PyThread_acquire_lock(m, WAIT_LOCK)
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 def _normalise_fields(fields) -> dict:
@@ -141,6 +141,44 @@ cdef class _ReplayCore:
     cdef dict _specs
     cdef dict _storage
     cdef object _slot_ids_arr
+    # lock statistics (updated under the lock): acquisitions, how many had to wait, ns waited/held
+    cdef int64_t _lock_count, _lock_contended, _lock_wait_ns, _lock_hold_ns, _lock_t0
+
+    cdef void _acquire(self) noexcept nogil:
+        """Take the mutex (GIL not held); time the wait only when it is contended."""
+        cdef int64_t t0
+        if not PyThread_acquire_lock(self._mutex, NOWAIT_LOCK):
+            t0 = _now_ns()
+            PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+            self._lock_wait_ns += _now_ns() - t0
+            self._lock_contended += 1
+        self._lock_count += 1
+        self._lock_t0 = _now_ns()
+
+    cdef void _acquire_gil(self):
+        """Take the mutex while holding the GIL: try without blocking, else wait with the GIL released."""
+        cdef int64_t t0
+        if not PyThread_acquire_lock(self._mutex, NOWAIT_LOCK):
+            with nogil:
+                t0 = _now_ns()
+                PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+                self._lock_wait_ns += _now_ns() - t0
+            self._lock_contended += 1
+        self._lock_count += 1
+        self._lock_t0 = _now_ns()
+
+    cdef void _release(self) noexcept nogil:
+        self._lock_hold_ns += _now_ns() - self._lock_t0
+        PyThread_release_lock(self._mutex)
+
+    def lock_stats(self) -> dict:
+        """Contention on the buffer's mutex since creation: ``acquisitions``, ``contended`` (had to
+        wait), ``wait_s`` (total time spent waiting) and ``hold_s`` (total time held)."""
+        self._acquire_gil()
+        out = {"acquisitions": self._lock_count, "contended": self._lock_contended,
+               "wait_s": self._lock_wait_ns * 1e-9, "hold_s": self._lock_hold_ns * 1e-9}
+        self._release()
+        return out
 
     def __cinit__(self, *args, **kwargs):
         self._mutex = PyThread_allocate_lock()
@@ -304,12 +342,12 @@ cdef class _ReplayCore:
                 keep.append(arr)
                 src[f] = <const char*>cnp.PyArray_DATA(arr)
         # validated: everything from here on succeeds
-        _lock_gil(self._mutex)
+        self._acquire_gil()
         while self._reserve(1, &tid, &n_new):
-            PyThread_release_lock(self._mutex)
+            self._release()
             with nogil:
                 sched_yield()
-            _lock_gil(self._mutex)
+            self._acquire_gil()
         slot = tid % self.capacity
         for f in range(n):
             _copy(self._data[f] + slot * self._row_bytes[f], src[f], self._row_bytes[f])
@@ -317,7 +355,7 @@ cdef class _ReplayCore:
         self._size += n_new
         if self._prioritized:
             tree_set(&self._tree, slot, self._stored_priority(self._max_priority))
-        PyThread_release_lock(self._mutex)
+        self._release()
         return tid
 
     cdef const char* _scalar_fast(self, int f, v, char* out):
@@ -408,13 +446,13 @@ cdef class _ReplayCore:
             for r in range(m):
                 values[r] = sv[r]
         with nogil:
-            PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+            self._acquire()
             while self._reserve(B, &first, &n_new):
-                PyThread_release_lock(self._mutex)
+                self._release()
                 sched_yield()
-                PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+                self._acquire()
             self._inflight += 1
-            PyThread_release_lock(self._mutex)
+            self._release()
             # copy the kept rows as at most two contiguous chunks per field (the ring may wrap)
             s0 = (first + skip) % self.capacity
             chunk = self.capacity - s0 if m > self.capacity - s0 else m
@@ -426,7 +464,7 @@ cdef class _ReplayCore:
                            (m - chunk) * self._row_bytes[f])
             for r in range(m):
                 slots[r] = (s0 + r) % self.capacity
-            PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+            self._acquire()
             for r in range(m):
                 self._slot_ids[slots[r]] = first + skip + r
             self._size += n_new
@@ -438,7 +476,7 @@ cdef class _ReplayCore:
                     self._max_priority = raw_max
                 tree_set_batch(&self._tree, slots, values, m, scratch)
             self._inflight -= 1
-            PyThread_release_lock(self._mutex)
+            self._release()
         free(src); free(slots); free(scratch); free(values)
         return np.arange(first, first + B, dtype=np.int64)
 
@@ -529,9 +567,9 @@ cdef class _ReplayCore:
             pending[q] = q
         with nogil:
             while n_pending > 0:
-                PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+                self._acquire()
                 zero = self._draw(n_pending, pending, slots, ids, prio, found, &min_p)
-                PyThread_release_lock(self._mutex)
+                self._release()
                 if zero:
                     break
                 if self._prioritized:
@@ -544,14 +582,14 @@ cdef class _ReplayCore:
                         k = pending[q]
                         _copy(<char*>dst[f] + k * rb, self._data[f] + slots[k] * rb, rb)
                 # seqlock check: keep rows whose slot still holds the id it had when drawn
-                PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+                self._acquire()
                 n_next = 0
                 for q in range(n_pending):
                     k = pending[q]
                     if ids[k] < 0 or self._slot_ids[slots[k]] != ids[k]:
                         pending[n_next] = k
                         n_next += 1
-                PyThread_release_lock(self._mutex)
+                self._release()
                 n_pending = n_next
                 if n_pending:
                     sched_yield()
@@ -606,7 +644,7 @@ cdef class _ReplayCore:
                     break
                 values[b] = sv[b] if self._prioritized else 1.0
             if bad_index < 0 and bad_value < 0:
-                PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+                self._acquire()
                 for b in range(n):
                     s = iv[b] % self.capacity
                     if self._slot_ids[s] == iv[b]:
@@ -619,7 +657,7 @@ cdef class _ReplayCore:
                     tree_set_batch(&self._tree, slots, values, applied, scratch)
                     if raw_max > self._max_priority:
                         self._max_priority = raw_max
-                PyThread_release_lock(self._mutex)
+                self._release()
         free(slots); free(scratch); free(values)
         if bad_index >= 0:
             raise IndexError(f"indices[{bad_index}] = {iv[bad_index]} out of range: valid transition "
@@ -641,7 +679,7 @@ cdef class _ReplayCore:
         cdef double* ov = <double*>cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef int64_t b, s
         with nogil:
-            PyThread_acquire_lock(self._mutex, WAIT_LOCK)
+            self._acquire()
             for b in range(n):
                 s = iv[b] % self.capacity
                 if self._slot_ids[s] != iv[b]:
@@ -650,19 +688,19 @@ cdef class _ReplayCore:
                     ov[b] = tree_get(&self._tree, s)
                 else:
                     ov[b] = 1.0
-            PyThread_release_lock(self._mutex)
+            self._release()
         return out
 
     # ------------------------------------------------------------------ persistence
 
     cdef _lock_quiescent(self):
         """Take the lock at a moment when no ``add_batch`` is between reserve and commit."""
-        _lock_gil(self._mutex)
+        self._acquire_gil()
         while self._inflight:
-            PyThread_release_lock(self._mutex)
+            self._release()
             with nogil:
                 sched_yield()
-            _lock_gil(self._mutex)
+            self._acquire_gil()
 
     cdef dict _meta(self):
         return {
@@ -696,7 +734,7 @@ cdef class _ReplayCore:
             with open(path, "wb") as fh:
                 np.savez(fh, **arrays)
         finally:
-            PyThread_release_lock(self._mutex)
+            self._release()
 
     @classmethod
     def load(cls, path):
@@ -775,7 +813,7 @@ cdef class _ReplayCore:
                 exact = math.fsum(leaves)
                 assert abs(tree_total(&self._tree) - exact) <= 1e-9 * max(exact, 1e-300), "total drifted"
         finally:
-            PyThread_release_lock(self._mutex)
+            self._release()
 
 
 cdef object _as_index_array(indices):

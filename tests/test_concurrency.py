@@ -110,3 +110,30 @@ def test_stale_updates_dropped_under_concurrency():
     pr = buf.get_priorities(live)
     assert ((pr == 0.5) | (pr == 2.0 * live + 1)).all()
     assert sum(applied) > 0 and sum(applied) < 16 * len(applied)  # some applied, some dropped
+
+
+def test_lock_stats_count_waits_and_holds():
+    import threading
+
+    import numpy as np
+
+    from pal_bench import PrioritizedReplayBuffer
+
+    buf = PrioritizedReplayBuffer(1000, {"x": ((4,), np.float32)}, seed=0)
+    assert buf.lock_stats() == {"acquisitions": 0, "contended": 0, "wait_s": 0.0, "hold_s": 0.0}
+    buf.add_batch(x=np.zeros((500, 4), np.float32))
+
+    def sampler():
+        for _ in range(300):
+            b = buf.sample(32)
+            buf.update_priorities(b["indices"], np.ones(32))
+
+    threads = [threading.Thread(target=sampler) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = buf.lock_stats()
+    assert s["acquisitions"] >= 1 + 3 * 300 * 3        # add_batch (reserve, commit) + sample (2) + update (1)
+    assert 0 <= s["contended"] <= s["acquisitions"]
+    assert s["hold_s"] > 0 and s["wait_s"] >= 0

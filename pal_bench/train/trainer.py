@@ -328,6 +328,7 @@ class Trainer:
             "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()}
             | {"parameter-server": self._ps_phases(wall)},
             "rate_wait_s": self.rate.wait_s,
+            "buffer_lock": self.buffer.lock_stats(),
         }
 
     def _ps_phases(self, wall: float) -> dict:
