@@ -173,12 +173,10 @@ cdef class _ReplayCore:
 
     def lock_stats(self) -> dict:
         """Contention on the buffer's mutex since creation: ``acquisitions``, ``contended`` (had to
-        wait), ``wait_s`` (total time spent waiting) and ``hold_s`` (total time held)."""
-        self._acquire_gil()
-        out = {"acquisitions": self._lock_count, "contended": self._lock_contended,
-               "wait_s": self._lock_wait_ns * 1e-9, "hold_s": self._lock_hold_ns * 1e-9}
-        self._release()
-        return out
+        wait), ``wait_s`` (total time spent waiting) and ``hold_s`` (total time held). Read without
+        taking the lock (so reading does not count), hence a snapshot that may lag by one section."""
+        return {"acquisitions": self._lock_count, "contended": self._lock_contended,
+                "wait_s": self._lock_wait_ns * 1e-9, "hold_s": self._lock_hold_ns * 1e-9}
 
     def __cinit__(self, *args, **kwargs):
         self._mutex = PyThread_allocate_lock()
