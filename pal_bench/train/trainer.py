@@ -214,7 +214,8 @@ class Trainer:
             if progress is not None:
                 progress.close()
             if not self.errors:
-                if not interrupted and cfg.eval_episodes:
+                evaluated_here = bool(self.evals) and self.evals[-1]["env_steps"] == self.rate.steps
+                if not interrupted and cfg.eval_episodes and not evaluated_here:
                     self.evaluate()
                 self.save_checkpoint()
                 self._write_logs()
