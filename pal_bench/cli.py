@@ -62,7 +62,28 @@ def _dse(args) -> int:
           f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
           f"(limited by the {best.bottleneck})")
     print(best.command(args.algo, args.env, ratio))
-    return 0
+    if args.validate:
+        from pathlib import Path
+
+        splits = list(zip(table.actors, table.learners))
+        measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr))
+        v = table.merge(measured, on=["actors", "learners"])
+        v["predicted_rank"] = v.transitions_per_s.rank(ascending=False, method="min").astype(int)
+        v["chosen"] = (v.actors == best.actors) & (v.learners == best.learners)
+        top = v.measured_transitions_per_s.max()
+        got = float(v[v.chosen].measured_transitions_per_s.iloc[0])
+        verdict = "best measured" if got >= top else f"{got / top:.0%} of the best measured"
+        out = Path("results")
+        out.mkdir(exist_ok=True)
+        v.to_csv(out / "dse_validation.csv", index=False, float_format="%.2f")
+        cols = ["actors", "learners", "transitions_per_s", "measured_transitions_per_s", "measured_updates_per_s",
+                "chosen"]
+        text = (f"`pal-bench dse --algo {args.algo} --env {args.env} --max-cores {m} --validate {args.validate}`"
+                f" ({scaling.usable_cores()} usable cores): the chosen split is {verdict}.\n\n"
+                + v[cols].rename(columns={"transitions_per_s": "predicted_transitions_per_s"})
+                .to_markdown(index=False, floatfmt=".0f") + "\n")
+        (out / "dse.md").write_text(text)
+        print(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv); default: measure them now")
     d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
     d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
+    d.add_argument("--validate", type=int, metavar="STEPS", default=0,
+                   help="also run the trainer at every split for STEPS transitions and compare (results/dse.md)")
     p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")
     p.add_argument("run", help="a run directory, e.g. results/runs/<name>")
     args = ap.parse_args(argv)

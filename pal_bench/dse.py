@@ -78,3 +78,26 @@ def solve(f_a, f_l, ratio: float, max_cores: int) -> tuple[Allocation, pd.DataFr
     alloc = Allocation(int(best.actors), int(best.learners), float(best.transitions_per_s),
                        float(best.updates_per_s), str(best.bottleneck))
     return alloc, t.drop(columns="imbalance"), frontier.drop(columns="imbalance")
+
+
+def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print) -> pd.DataFrame:
+    """Run the trainer at each (actors, learners) split for ``steps`` transitions (after
+    ``learning_starts``) and measure its end-to-end throughput."""
+    import dataclasses
+    import tempfile
+
+    from pal_bench.train import Trainer
+
+    rows = []
+    for i, (xa, xl) in enumerate(splits, 1):
+        progress(f"[validate {i}/{len(splits)}] {xa} actor(s) + {xl} learner(s) ...")
+        with tempfile.TemporaryDirectory(prefix="pal-dse-") as out:
+            c = dataclasses.replace(cfg, actors=xa, learners=xl, steps=cfg.learning_starts + steps, progress=False,
+                                    eval_episodes=0, eval_interval=0, deterministic=False, out_dir=out)
+            with Trainer(c) as tr:
+                s = tr.run()
+        rows.append({"actors": xa, "learners": xl, "measured_transitions_per_s": s["env_steps_per_s"],
+                     "measured_updates_per_s": s["updates_per_s"], "wall_s": s["wall_s"]})
+        progress(f"[validate {i}/{len(splits)}] {s['env_steps_per_s']:.0f} transitions/s, "
+                 f"{s['updates_per_s']:.0f} updates/s")
+    return pd.DataFrame(rows)
