@@ -137,3 +137,11 @@ def test_lock_stats_count_waits_and_holds():
     assert s["acquisitions"] >= 1 + 3 * 300 * 3        # add_batch (reserve, commit) + sample (2) + update (1)
     assert 0 <= s["contended"] <= s["acquisitions"]
     assert s["hold_s"] > 0 and s["wait_s"] >= 0
+
+
+def test_concurrency_measure_counts_both_sides():
+    from pal_bench.concurrency import measure
+
+    r = measure("pal", writers=1, samplers=1, seconds=0.3)
+    assert r["inserts_per_s"] > 0 and r["sample_updates_per_s"] > 0
+    assert 0 <= r["lock_contended_share"] <= 1
