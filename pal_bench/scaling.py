@@ -104,6 +104,25 @@ def _measure_fl(cfg, updates: int, filled: int) -> float:
     return done / wall
 
 
+def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFrame:
+    """Env steps/s and updates/s of the whole trainer for every (actors, learners) split with
+    actors + learners <= max_threads, sync and async aggregation, env backend sync and async."""
+    from pal_bench.dse import validate
+
+    cores = usable_cores()
+    splits = [(a, b) for a in range(1, max_threads) for b in range(1, max_threads) if a + b <= max_threads]
+    frames = []
+    for aggregation in ("sync", "async"):
+        for backend in ("sync", "async"):
+            c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
+            df = validate(c, splits, steps, progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
+            frames.append(df.assign(aggregation=aggregation, env_backend=backend))
+    out = pd.concat(frames, ignore_index=True)
+    out["threads"] = out.actors + out.learners
+    out["oversubscribed"] = out.threads > cores
+    return out
+
+
 def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print) -> pd.DataFrame:
     cores = usable_cores()
     rows = []
@@ -162,8 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point")
     ap.add_argument("--updates", type=int, default=1_000, help="updates per f_l point")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
+                    help="also measure the whole trainer at every split (results/end_to_end.csv)")
     args = ap.parse_args(argv)
     cfg = make_config(args.algo, args.env)
+    if args.end_to_end:
+        e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
+        args.out.mkdir(parents=True, exist_ok=True)
+        e2e.to_csv(args.out / "end_to_end.csv", index=False, float_format="%.2f")
+        print(e2e.to_string(index=False))
     df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "scaling.csv", index=False, float_format="%.3f")
