@@ -1,6 +1,7 @@
 """Tidy CSV, Markdown tables and figures from stored pytest-benchmark JSON: ``python -m pal_bench.report``.
 
-Reads only the files in ``results/`` (never re-measures), so it can be re-run at any time:
+Reads only the files in ``results/`` (never re-measures), so it can be re-run at any time
+(``results/scaling.csv``, when present, is redrawn as ``results/figures/scaling.png``):
 ``results/latency.csv`` (one row per suite x peer x operation x capacity x batch [x fan-out], with
 median, IQR and rounds; skipped cases as rows with their reason), ``results/latency_tables.md``,
 the figures in ``results/figures/`` (``pal_bench.figures``), and the block of README.md between
@@ -201,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     figures: list[Path] = []
     if not args.no_figures:
         figures = figs.draw_all(tidy, args.results / "figures", machine_line(machine))
+    if not args.no_figures and (args.results / "scaling.csv").exists():
+        from pal_bench.scaling import draw as draw_scaling
+
+        figures.append(draw_scaling(pd.read_csv(args.results / "scaling.csv"), args.results / "figures" / "scaling.png"))
     print(text)
     for f in figures:
         print(f"figure: {f}")
