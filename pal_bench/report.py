@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_figures and (args.results / "scaling.csv").exists():
         from pal_bench.scaling import draw as draw_scaling
 
-        figures.append(draw_scaling(pd.read_csv(args.results / "scaling.csv"), args.results / "figures" / "scaling.png"))
+        scaling = pd.read_csv(args.results / "scaling.csv")
+        figures.append(draw_scaling(scaling, args.results / "figures" / "scaling.png"))
     print(text)
     for f in figures:
         print(f"figure: {f}")
