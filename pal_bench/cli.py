@@ -84,6 +84,7 @@ def _dse(args) -> int:
                 .to_markdown(index=False, floatfmt=".0f") + "\n")
         (out / "dse.md").write_text(text)
         print(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
