@@ -57,3 +57,17 @@ def test_dse_command_on_stored_curves(tmp_path, capsys):
     out = capsys.readouterr().out
     # f_l / r = 400 x: (1, 3) gives min(1000, 1200) = 1000 transitions/s, the best of the 4-core splits
     assert "1 actor(s) + 3 learner(s)" in out and "--actors 1 --learners 3" in out
+
+
+def test_dse_validate_runs_the_trainer_at_every_split(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from pal_bench.cli import main
+
+    rows = [{"curve": c, "threads": 1, "throughput": v} for c, v in (("f_a", 1000.0), ("f_l", 100.0))]
+    pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["dse", "--curves", "scaling.csv", "--max-cores", "2", "--validate", "300"]) == 0
+    v = pd.read_csv(tmp_path / "results" / "dse_validation.csv")
+    assert len(v) == 1 and v.measured_transitions_per_s.iloc[0] > 0 and bool(v.chosen.iloc[0])
+    assert "best measured" in (tmp_path / "results" / "dse.md").read_text()
