@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # torch is pinned: this exact version installs as a CPU build; a bare `torch` pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test bench bench-compare figures lint install clean
+.PHONY: test bench bench-compare figures lint install clean train-results scaling
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench
+
+# the trainer's reference runs (about 1 h on 2 cores) and the scaling / core-split measurements
+train-results: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.train.sweep
+
+scaling: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.scaling
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000
 
 figures: $(VENV)/.installed
 	$(PY) -m pal_bench.report
