@@ -36,7 +36,7 @@ train-results: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.train.sweep
 
 scaling: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.scaling
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.scaling --max-threads 4
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000
 
 figures: $(VENV)/.installed
