@@ -49,12 +49,12 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
 
     t = role_table(df).pivot_table(index="role", columns="phase", values="share", aggfunc="first").fillna(0)
     t = t[[p for p in PHASE_ORDER if p in t.columns] + [p for p in t.columns if p not in PHASE_ORDER]]
-    fig, ax = plt.subplots(figsize=(6.5, 0.8 + 0.6 * len(t)))
+    fig, ax = plt.subplots(figsize=(8.5, 1.4 + 0.55 * len(t)))
     (t * 100).plot.barh(stacked=True, ax=ax, colormap="tab20", width=0.7)
     ax.set_xlabel("share of the worker's time (%)")
     ax.set_ylabel("")
     ax.set_xlim(0, 100)
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(t) < 3 else -0.2))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_title(path.parent.name, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
