@@ -44,13 +44,20 @@ def _quiet(cfg, out_dir: str, **kw):
                                deterministic=False, out_dir=out_dir, **kw)
 
 
+# CPU cores the process kept busy during the last measurement (process CPU time / wall time):
+# about 1.0 with several threads means they were serialised (the GIL), not spread over cores
+last_cores_used: dict[str, float] = {}
+
+
 def measure_fa(cfg, actors: int, steps: int) -> float:
     """Transitions/s collected by ``actors`` actor threads (no learning)."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
         cfg = _quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
                      buffer_capacity=max(cfg.buffer_capacity, steps), batch_size=min(cfg.batch_size, steps))
         with Trainer(cfg) as tr:
+            cpu0 = time.process_time()
             s = tr.run()
+            last_cores_used["f_a"] = (time.process_time() - cpu0) / max(1e-9, tr.wall())
     return s["env_steps"] / s["wall_s"]
 
 
@@ -90,13 +97,14 @@ def _measure_fl(cfg, updates: int, filled: int) -> float:
         tr.rate.restore(filled, 0)
         tr.actors_finished.set()
         tr._spawn("parameter-server", tr.ps.serve, tr.stop)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for i in range(learners):
             tr._spawn(f"learner{i}", learner_loop, tr, i, tr.stop)
         learner_threads = tr.threads[1:]
         while any(t.is_alive() for t in learner_threads) and not tr.errors:
             time.sleep(0.01)
         wall = time.perf_counter() - t0
+        last_cores_used["f_l"] = (time.process_time() - cpu0) / wall
         done = tr.rate.done
     finally:
         tr.stop.set()
@@ -130,13 +138,17 @@ def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print) -> pd
         for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
             progress(f"[{kind} x={x}/{max_threads}] measuring ...")
             v = fn(cfg, x, n)
-            rows.append({"curve": kind, "threads": x, "throughput": v, "cores": cores,
-                         "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env})
+            rows.append({"curve": kind, "threads": x, "throughput": v, "cores_used": last_cores_used.get(kind),
+                         "cores": cores, "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env,
+                         "env_backend": cfg.env_backend})
             progress(f"[{kind} x={x}/{max_threads}] {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
     df = pd.DataFrame(rows)
     base = df[df.threads == 1].set_index("curve").throughput
     df["speedup"] = df.throughput / df.curve.map(base)
     df["efficiency"] = df.speedup / df.threads
+    # Amdahl's serial fraction implied by the speedup at x threads: 0 = perfectly parallel, 1 = serial
+    x = df.threads.clip(upper=cores)
+    df["serial_fraction"] = ((x / df.speedup - 1) / (x - 1)).where(x > 1)
     return df
 
 
@@ -180,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-threads", type=int, default=usable_cores())
     ap.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point")
     ap.add_argument("--updates", type=int, default=1_000, help="updates per f_l point")
+    ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
+                    help="async: actors step their environments in subprocesses (outside the GIL)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
                     help="also measure the whole trainer at every split (results/end_to_end.csv)")
     args = ap.parse_args(argv)
-    cfg = make_config(args.algo, args.env)
+    cfg = make_config(args.algo, args.env, env_backend=args.env_backend)
     if args.end_to_end:
         e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
         args.out.mkdir(parents=True, exist_ok=True)
@@ -192,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         print(e2e.to_string(index=False))
     df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
     args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "scaling.csv", index=False, float_format="%.3f")
+    name = "scaling.csv" if args.env_backend == "sync" else "scaling_async_env.csv"
+    df.to_csv(args.out / name, index=False, float_format="%.3f")
     print(df.to_string(index=False))
-    print(f"figure: {draw(df, args.out / 'figures' / 'scaling.png')}")
+    print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
     return 0
 
 
