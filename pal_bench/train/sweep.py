@@ -31,7 +31,9 @@ for _algo in ("dqn", "ddqn"):
         PRESETS[f"{_algo}-lunarlander-a{_a}l{_l}"] = (_algo, "LunarLander-v3",
                                                        ["--actors", str(_a), "--learners", str(_l)])
 # continuous LunarLander (the algorithms' LunarLander-v3 defaults set env_kwargs continuous=true)
-PRESETS["td3-lunarlander-continuous-a1l1"] = ("td3", "LunarLander-v3", ["--actors", "1", "--learners", "1"])
+for _a, _l in ((1, 1), (2, 2)):
+    PRESETS[f"td3-lunarlander-continuous-a{_a}l{_l}"] = ("td3", "LunarLander-v3",
+                                                          ["--actors", str(_a), "--learners", str(_l)])
 TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0}
 
 
