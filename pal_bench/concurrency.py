@@ -5,13 +5,14 @@ transition per call, ``samplers`` threads each sample 256 and update their prior
 full buffer of capacity 1e5, for ``seconds``. PAL's buffer is thread-safe by itself; tianshou's has
 no locking of its own, so it is wrapped in one ``threading.Lock`` around every call, as a user
 would. Returns inserts/s, sample+update/s and the buffer's own lock statistics where it has them.
-``python -m pal_bench.concurrency`` prints the grid.
+``python -m pal_bench.concurrency`` prints the grid and writes ``results/buffer_concurrency.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 import threading
 import time
 
@@ -122,13 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default="pal,tianshou")
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "results")
     args = ap.parse_args(argv)
     rows = []
     for impl in args.impls.split(","):
         for w, s in GRID:
             print(f"[{impl} writers={w} samplers={s}]", file=sys.stderr, flush=True)
             rows.append(measure(impl, w, s, args.seconds))
-    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    df = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "buffer_concurrency.csv", index=False, float_format="%.4f")
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0
 
 

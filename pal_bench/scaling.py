@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="async: actors step their environments in subprocesses (outside the GIL)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
-                    help="also measure the whole trainer at every split (results/end_to_end.csv)")
+                    help="instead, measure the whole trainer at every split (results/end_to_end.csv)")
     args = ap.parse_args(argv)
     cfg = make_config(args.algo, args.env, env_backend=args.env_backend)
     if args.end_to_end:
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         e2e.to_csv(args.out / "end_to_end.csv", index=False, float_format="%.2f")
         print(e2e.to_string(index=False))
+        return 0
     df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
     args.out.mkdir(parents=True, exist_ok=True)
     name = "scaling.csv" if args.env_backend == "sync" else "scaling_async_env.csv"
