@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
