@@ -62,9 +62,12 @@ def _dse(args) -> int:
           f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
           f"(limited by the {best.bottleneck})")
     print(best.command(args.algo, args.env, ratio))
-    if args.validate:
-        from pathlib import Path
+    from pathlib import Path
 
+    fig_path = Path("results") / "figures" / "dse.png"
+    fig_path.parent.mkdir(parents=True, exist_ok=True)
+    measured = pd.read_csv(args.measured) if args.measured else None
+    if args.validate:
         splits = list(zip(table.actors, table.learners))
         measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr))
         v = table.merge(measured, on=["actors", "learners"])
@@ -84,6 +87,7 @@ def _dse(args) -> int:
                 .to_markdown(index=False, floatfmt=".0f") + "\n")
         (out / "dse.md").write_text(text)
         print(text)
+    print(f"figure: {dse.draw(table, frontier, best, fig_path, measured)}")
     return 0
 
 
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv); default: measure them now")
     d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
     d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
+    d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")
     d.add_argument("--validate", type=int, metavar="STEPS", default=0,
                    help="also run the trainer at every split for STEPS transitions and compare (results/dse.md)")
     p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")

@@ -101,3 +101,29 @@ def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print) -> 
         progress(f"[validate {i}/{len(splits)}] {s['env_steps_per_s']:.0f} transitions/s, "
                  f"{s['updates_per_s']:.0f} updates/s")
     return pd.DataFrame(rows)
+
+
+def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, measured: pd.DataFrame | None = None):
+    """Predicted throughput of every split against its core count, the frontier, the chosen split
+    (star) and, when given, the throughput measured at each split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.scatter(table.cores, table.transitions_per_s, s=12, color="gray", alpha=0.5, label="splits (predicted)")
+    ax.plot(frontier.cores, frontier.transitions_per_s, color="#1f77b4", label="frontier (best per core budget)")
+    ax.scatter([best.actors + best.learners], [best.transitions_per_s], marker="*", s=180, color="#d62728",
+               zorder=5, label=f"chosen: {best.actors} actors + {best.learners} learners")
+    if measured is not None and len(measured):
+        ax.scatter(measured.actors + measured.learners, measured.measured_transitions_per_s, marker="x",
+                   color="black", label="measured (trainer)")
+    ax.set_xlabel("cores (actors + learners)")
+    ax.set_ylabel("training throughput (transitions/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -71,3 +71,4 @@ def test_dse_validate_runs_the_trainer_at_every_split(tmp_path, monkeypatch, cap
     v = pd.read_csv(tmp_path / "results" / "dse_validation.csv")
     assert len(v) == 1 and v.measured_transitions_per_s.iloc[0] > 0 and bool(v.chosen.iloc[0])
     assert "best measured" in (tmp_path / "results" / "dse.md").read_text()
+    assert (tmp_path / "results" / "figures" / "dse.png").stat().st_size > 1000
