@@ -41,6 +41,7 @@ scaling: $(VENV)/.installed
 
 figures: $(VENV)/.installed
 	$(PY) -m pal_bench.report
+	test ! -f results/dse_validation.csv || $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --measured results/dse_validation.csv
 
 clean:
 	rm -rf build pal_bench/*.so pyx/*.c *.egg-info $(VENV)

@@ -91,9 +91,23 @@ def _dse(args) -> int:
     return 0
 
 
+# sub-commands with their own argument parsers: name -> (module with main(argv), help)
+FORWARDED = {
+    "race": ("pal_bench.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
+    "plugin-bench": ("pal_bench.plugin_bench", "training-iteration time with each framework's buffer vs PAL's drop-in"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in FORWARDED:
+        import importlib
+
+        return importlib.import_module(FORWARDED[argv[0]][0]).main(argv[1:])
     ap = argparse.ArgumentParser(prog="pal-bench", description="PAL-Bench: replay buffers and parallel RL, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
+    for name, (_, helptext) in FORWARDED.items():
+        sub.add_parser(name, help=helptext + f" (see `pal-bench {name} --help`)", add_help=False)
     t = sub.add_parser("train", help="train with parallel actors, learners and a parameter server")
     t.add_argument("--algo", choices=["dqn", "ddqn", "ddpg", "td3", "sac"])
     t.add_argument("--env", help="gymnasium id (default: the algorithm's; LunarLander-v3 continuous for DDPG/TD3/SAC "

@@ -119,6 +119,38 @@ def measure(impl: str, writers: int, samplers: int, seconds: float = 1.0) -> dic
     return out
 
 
+def draw(df: pd.DataFrame, path: Path) -> Path:
+    """Inserts/s and sample+update/s per (writers, samplers) mix, one bar per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mixes = list(dict.fromkeys(zip(df.writers, df.samplers)))
+    impls = list(dict.fromkeys(df.impl))
+    width = 0.8 / len(impls)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, col, title in zip(axes, ("inserts_per_s", "sample_updates_per_s"),
+                              ("inserts/s (1 transition per call)", f"sample {BATCH} + update per s")):
+        for j, impl in enumerate(impls):
+            g = df[df.impl == impl].set_index(["writers", "samplers"])[col]
+            xs = [i + (j - (len(impls) - 1) / 2) * width for i in range(len(mixes))]
+            ax.bar(xs, [g.get(m, float("nan")) for m in mixes], width,
+                   label=impl + ("" if impl == "pal" else " (one lock around it)"))
+        ax.set_xticks(range(len(mixes)), [f"{w}w+{s}s" for w, s in mixes], fontsize=8)
+        ax.set_xlabel("writer threads + sampler threads", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.text(0.99, 0.01, f"capacity {CAPACITY:.0e}, full buffer", ha="right", fontsize=6, color="gray")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default="pal,tianshou")
@@ -134,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "buffer_concurrency.csv", index=False, float_format="%.4f")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print(f"figure: {draw(df, args.out / 'figures' / 'buffer_concurrency.png')}")
     return 0
 
 

@@ -185,6 +185,23 @@ def update_readme(readme: Path, tables: str, figures: list[str]) -> bool:
     return True
 
 
+def draw_trainer_figures(results: Path) -> list[Path]:
+    """Redraw the trainer-scaling and buffer-concurrency figures from whichever stored CSVs exist."""
+    from pal_bench import concurrency
+    from pal_bench.scaling import draw as draw_scaling
+    from pal_bench.scaling import draw_end_to_end
+
+    out, figures = results / "figures", []
+    if (results / "scaling_async_env.csv").exists():
+        figures.append(draw_scaling(pd.read_csv(results / "scaling_async_env.csv"), out / "scaling_async_env.png"))
+    if (results / "end_to_end.csv").exists():
+        figures.append(draw_end_to_end(pd.read_csv(results / "end_to_end.csv"), out / "end_to_end.png"))
+    if (results / "buffer_concurrency.csv").exists():
+        conc = pd.read_csv(results / "buffer_concurrency.csv")
+        figures.append(concurrency.draw(conc, out / "buffer_concurrency.png"))
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=ROOT / "results")
@@ -207,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
 
         scaling = pd.read_csv(args.results / "scaling.csv")
         figures.append(draw_scaling(scaling, args.results / "figures" / "scaling.png"))
+    if not args.no_figures:
+        figures += draw_trainer_figures(args.results)
     print(text)
     for f in figures:
         print(f"figure: {f}")

@@ -185,6 +185,43 @@ def draw(df: pd.DataFrame, path: Path, ratio: float | None = None, chosen=None) 
     return path
 
 
+def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
+    """Bars of env steps/s and updates/s per (actors, learners) split, one bar per aggregation x
+    env backend; oversubscribed splits (actors + learners > cores) are hatched."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = df.sort_values(["threads", "actors"])
+    splits = list(dict.fromkeys(zip(df.actors, df.learners)))
+    variants = list(dict.fromkeys(zip(df.aggregation, df.env_backend)))
+    width = 0.8 / len(variants)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    for ax, col, title in zip(axes, ("measured_transitions_per_s", "measured_updates_per_s"),
+                              ("env steps/s (whole trainer)", "updates/s (whole trainer)")):
+        for j, (agg, backend) in enumerate(variants):
+            g = df[(df.aggregation == agg) & (df.env_backend == backend)].set_index(["actors", "learners"])
+            xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(splits))]
+            ys = [g[col].get(s, float("nan")) for s in splits]
+            bars = ax.bar(xs, ys, width, label=f"aggregation {agg}, env {backend}")
+            for bar, s in zip(bars, splits):
+                if bool(g.oversubscribed.get(s, False)):
+                    bar.set_hatch("//")
+        ax.set_xticks(range(len(splits)), [f"{a}+{b}" for a, b in splits], fontsize=8)
+        ax.set_xlabel("actors + learners (hatched: more threads than cores)", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    fig.text(0.99, 0.01, f"{int(df.threads.max())} threads max, {usable_cores()} usable cores when drawn",
+             ha="right", fontsize=6, color="gray")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", default="dqn")
@@ -204,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         e2e.to_csv(args.out / "end_to_end.csv", index=False, float_format="%.2f")
         print(e2e.to_string(index=False))
+        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / 'end_to_end.png')}")
         return 0
     df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,16 @@ def test_dqn_cartpole_2_actors_2_learners_learns(tmp_path, aggregation):
     assert pal_threads() == []
 
 
+def test_stop_return_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
+    cfg = cfg_for(tmp_path, steps=20_000, learning_starts=500, batch_size=32, eval_interval=1_000,
+                  stop_return=-1.0, deterministic=False)
+    with Trainer(cfg) as tr:
+        s = tr.run()
+    assert s["reached_return"] == s["eval"][0] and s["reached_return"]["env_steps"] >= 1_000
+    assert s["env_steps"] < 20_000
+    assert pal_threads() == []
+
+
 @pytest.mark.parametrize("algo", ["ddpg", "td3", "sac"])
 def test_continuous_algorithms_smoke(tmp_path, algo):
     cfg = cfg_for(tmp_path, algo=algo, env="Pendulum-v1", actors=1, learners=2, deterministic=False,
@@ -149,6 +159,8 @@ def test_checkpoint_and_resume_continue_the_run(tmp_path):
     (dict(learners=-1), "learners"),
     (dict(learning_starts=20_000, buffer_capacity=10_000), "learning_starts"),
     (dict(updates_per_step=0), "updates_per_step"),
+    (dict(stop_return=float("nan")), "stop_return"),
+    (dict(stop_return=100.0, eval_episodes=0), "stop_return"),
     (dict(bogus=1), "bogus"),
 ])
 def test_bad_configs_fail_before_any_thread(tmp_path, kw, field):

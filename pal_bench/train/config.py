@@ -8,6 +8,7 @@ thread starts and names the offending field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -76,6 +77,7 @@ class TrainConfig:
     eval_interval: int = 5_000                         # transitions between evaluations
     eval_episodes: int = 5                             # 0: no evaluation (throughput measurements)
     checkpoint_interval: int = 0                       # transitions between checkpoints (0: only at the end)
+    stop_return: float | None = None                   # stop once an evaluation's mean return reaches this
     progress: bool = True
 
     def run_name(self) -> str:
@@ -117,6 +119,10 @@ def _coerce(name: str, value: Any) -> Any:
             value = tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
         elif name == "deterministic":
             value = None if value is None else bool(value)
+        elif name == "stop_return":
+            if isinstance(value, bool):
+                raise TypeError
+            value = None if value is None else float(value)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise TypeError
@@ -131,7 +137,8 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, dict):
                 raise TypeError
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected {type(default).__name__}, got {value!r}") from None
+        kind = "number" if name == "stop_return" else type(default).__name__
+        raise ConfigError(f"{name}: expected {kind}, got {value!r}") from None
     return value
 
 
@@ -220,6 +227,10 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("lr", "critic_lr"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.stop_return is not None and not math.isfinite(cfg.stop_return):
+        raise ConfigError(f"stop_return must be a finite number or unset, got {cfg.stop_return}")
+    if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
+        raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):
         raise ConfigError("deterministic: lockstep runs need actors = 1 and learners = 1")
     # the environment exists and suits the algorithm

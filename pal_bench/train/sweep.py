@@ -34,6 +34,10 @@ for _algo in ("dqn", "ddqn"):
 for _a, _l in ((1, 1), (2, 2)):
     PRESETS[f"td3-lunarlander-continuous-a{_a}l{_l}"] = ("td3", "LunarLander-v3",
                                                           ["--actors", str(_a), "--learners", str(_l)])
+# sync aggregation averages the two learners' gradients into one optimizer step, so 2/2 sync takes
+# half the optimizer steps of 1/1 at the same updates_per_step; async applies every gradient
+PRESETS["td3-lunarlander-continuous-a2l2-async"] = ("td3", "LunarLander-v3",
+                                                    ["--actors", "2", "--learners", "2", "--aggregation", "async"])
 TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0}
 
 

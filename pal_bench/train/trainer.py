@@ -73,6 +73,7 @@ class Trainer:
         self._lock = threading.Lock()
         self.episodes: list[tuple[int, float, int, float]] = []   # (env steps, return, length, wall s)
         self.evals: list[dict] = []
+        self.reached_return: dict | None = None         # the evaluation that reached cfg.stop_return
         self.update_count = 0
         self.td_sum = 0.0
         self.resumed_steps = 0
@@ -194,8 +195,11 @@ class Trainer:
                 self.stop.wait(0.2)
                 self._update_progress(progress)
                 if cfg.eval_interval and cfg.eval_episodes and self.rate.steps >= next_eval:
-                    self.evaluate()
+                    row = self.evaluate()
                     next_eval += cfg.eval_interval
+                    if cfg.stop_return is not None and row["mean_return"] >= cfg.stop_return:
+                        self.reached_return = row
+                        break
                 if next_ckpt is not None and self.rate.steps >= next_ckpt:
                     if self.rate.pause(self.stop):
                         self.save_checkpoint()
@@ -325,6 +329,7 @@ class Trainer:
             "updates_per_step": (self.rate.done / max(1, self.rate.steps - self.cfg.learning_starts)),
             "mean_return_last20": float(np.mean(recent)) if recent else None,
             "final_eval_return": self.evals[-1]["mean_return"] if self.evals else None,
+            "reached_return": self.reached_return,
             "eval": self.evals, "run_dir": str(self.run_dir),
             "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()}
             | {"parameter-server": self._ps_phases(wall)},
