@@ -110,7 +110,7 @@ def timing(times: list[float], buffer_s: float) -> dict:
 
 
 def time_tianshou(case: Case, seed: int, warmup: int, iters: int, steps_per_iter: int) -> dict:
-    from pal_bench.integrations.tianshou_loop import dqn_iterations
+    from pal_bench.integrations.tianshou_dqn import dqn_iterations
 
     return dqn_iterations(case, seed, warmup, iters, steps_per_iter, BufferClock)
 

@@ -221,7 +221,7 @@ def run_rllib(task: Task, seed: int, clock: Clock, buffer: str) -> None:
 
 
 def run_tianshou(task: Task, seed: int, clock: Clock) -> None:
-    from pal_bench.integrations.tianshou_race import train_dqn
+    from pal_bench.integrations.tianshou_dqn import train_dqn
 
     train_dqn(task, seed, clock)
 

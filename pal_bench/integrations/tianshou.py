@@ -1,0 +1,229 @@
+"""tianshou 2.0.1 prioritized replay on PAL's K-ary ``SumTree``.
+
+``PALPrioritizedReplayBuffer`` and ``PALPrioritizedVectorReplayBuffer`` subclass tianshou's
+``PrioritizedReplayBuffer`` and ``PrioritizedVectorReplayBuffer``: storage, sampling and priority
+semantics are tianshou's; only ``self.weight``, tianshou's numpy/numba ``SegmentTree``, becomes a
+``PALSegmentTree`` (the same interface on a ``SumTree``). As in tianshou, a leaf holds
+``(|w| + eps) ** alpha`` for the last ``w`` given to ``update_weight`` (new slots get
+``max_prio ** alpha``), ``_max_prio`` / ``_min_prio`` are running extremes of ``|w| + eps`` (both
+start at 1.0), ``get_weight`` is ``(leaf / _min_prio) ** -beta``, and ``sample_indices`` draws its
+uniforms from the global ``np.random`` (not ``self._random_state``), so equal seeds give equal
+samples. The vector buffer keeps one tree over all its sub-buffers, the sub-buffers none.
+
+Where tianshou 2.0.1 is wrong, these classes differ from it:
+
+- ``update_weight`` validates before changing anything: a non-finite weight or a length mismatch
+  raises ``ValueError``, a slot out of range ``IndexError`` (tianshou writes NaN/inf into its tree,
+  or asserts). Negative weights are signed TD errors: tianshou, and so this, takes ``|w|``.
+- ``reset`` zeroes the priorities (tianshou keeps them, so it keeps sampling the old slots).
+- the vector buffer honours ``weight_norm`` and ``set_beta`` (tianshou's manager ignores both: its
+  own ``weight_norm`` is always True, and ``set_beta`` only reaches the sub-buffers).
+- bad ``alpha`` / ``beta`` raise ``ValueError`` (tianshou asserts).
+
+Neither class builds tianshou's ``SegmentTree``, so neither pays its numba compilation (seconds;
+the vector buffer still compiles tianshou's numba index helpers, as ``VectorReplayBuffer`` does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tianshou.data import PrioritizedReplayBuffer, PrioritizedVectorReplayBuffer, ReplayBuffer, to_numpy
+from tianshou.data.buffer.manager import ReplayBufferManager
+
+from pal_bench import DEFAULT_FANOUT, SumTree
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PALPrioritizedReplayBuffer", "PALPrioritizedVectorReplayBuffer", "PALSegmentTree"]
+
+_EPS = np.finfo(np.float32).eps.item()  # tianshou's floor on |w|, so no slot gets priority 0
+
+
+class PALSegmentTree:
+    """tianshou's ``SegmentTree`` interface (sum and prefix-sum search) on PAL's ``SumTree``.
+
+    One float64 leaf per buffer slot. Unlike ``SumTree`` it pickles (as its leaves, rebuilt on
+    load), so the buffers holding it pickle, deep-copy and ``save_hdf5``.
+    """
+
+    def __init__(self, size: int, fanout: int = DEFAULT_FANOUT) -> None:
+        self.tree = SumTree(size, fanout)
+
+    def __len__(self) -> int:
+        return self.tree.capacity
+
+    def __getitem__(self, index: int | np.ndarray) -> float | np.ndarray:
+        """Leaves at ``index`` (an int, or ints of any shape; negative counts from the end)."""
+        idx = np.asarray(index)
+        idx = np.where(idx < 0, idx + len(self), idx)  # a fresh array: SumTree needs writeable input
+        out = self.tree.get(idx.reshape(-1)).reshape(idx.shape)
+        return out[()] if out.ndim == 0 else out
+
+    def __setitem__(self, index: int | np.ndarray, value: float | np.ndarray) -> None:
+        """Set leaves ``index`` to ``value`` (finite, >= 0, broadcast to ``index``'s shape).
+
+        Last write wins for repeated indices. Invalid input raises and changes nothing.
+        """
+        idx = np.array(index).reshape(-1)  # copies: SumTree rejects read-only arrays
+        val = np.empty(np.shape(index), dtype=np.float64)
+        val[...] = value  # broadcasts, or raises ValueError
+        self.tree.update(idx, val.reshape(-1))
+
+    def reduce(self, start: int = 0, end: int | None = None) -> float:
+        """Sum of ``leaves[start:end]``; O(1) for all leaves, else O(end - start)."""
+        if start == 0 and end is None:
+            return self.tree.total()
+        return float(self.tree.get(np.arange(len(self))[start:end]).sum())
+
+    def get_prefix_sum_idx(self, value: float | np.ndarray) -> int | np.ndarray:
+        """Leaf ``i`` with ``prefix(i) <= v < prefix(i) + leaf(i)`` for each ``v`` in ``value``
+        (in ``[0, total]``; any shape) -> int or int64 array. Zero leaves are never returned."""
+        v = np.asarray(value, dtype=np.float64)
+        out = self.tree.find(v.reshape(-1)).reshape(v.shape)
+        return int(out) if v.ndim == 0 else out
+
+    def min_nonzero(self) -> float:
+        """Smallest non-zero leaf (``inf`` if none), O(1)."""
+        return self.tree.min_nonzero()
+
+    def clear(self) -> None:
+        """Set every leaf to 0."""
+        self.tree = SumTree(len(self), self.tree.fanout)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fanout": self.tree.fanout, "leaves": self.tree.leaves()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        leaves = np.asarray(state["leaves"], dtype=np.float64)
+        self.tree = SumTree(leaves.size, int(state["fanout"]))
+        self.tree.update(np.arange(leaves.size), leaves)
+
+    def __repr__(self) -> str:
+        return f"PALSegmentTree({self.tree!r})"
+
+
+class _PALPriorities:
+    """What both PAL buffers change in tianshou's ``PrioritizedReplayBuffer``.
+
+    ``init_weight``, ``get_weight``, ``add``, ``update`` and ``__getitem__`` (the batch's
+    ``weight``) are tianshou's own: they reach the priorities only through ``self.weight[...]``.
+    """
+
+    weight: PALSegmentTree
+    options: dict[str, Any]
+    _alpha: float
+    _beta: float
+    _max_prio: float
+    _min_prio: float
+    _weight_norm: bool
+
+    def _init_priorities(self, size: int, alpha: float, beta: float, weight_norm: bool, fanout: int) -> None:
+        """The part of tianshou's ``PrioritizedReplayBuffer.__init__`` after ``ReplayBuffer.__init__``."""
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if not beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        self._alpha, self._beta = alpha, beta
+        self._max_prio = self._min_prio = 1.0
+        self.weight = PALSegmentTree(size, fanout)
+        self.options.update(alpha=alpha, beta=beta)
+        self._weight_norm = weight_norm
+
+    def update_weight(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor) -> None:
+        """Set the priority of slots ``index`` (int[B]) from ``new_weight`` (float[B], e.g. signed
+        TD errors): leaf = ``(|w| + eps) ** alpha``.
+
+        Raises ``ValueError`` (non-finite weight, length mismatch) or ``IndexError`` (slot out of
+        range) and then changes nothing.
+        """
+        idx = np.asarray(index).reshape(-1)
+        weight = np.abs(to_numpy(new_weight)).reshape(-1) + _EPS  # same dtype and rounding as tianshou
+        if weight.shape != idx.shape:
+            raise ValueError(f"{idx.size} indices but {weight.size} weights")
+        if not np.isfinite(weight).all():
+            raise ValueError("new_weight must be finite")
+        if idx.size == 0:
+            return
+        self.weight[idx] = weight**self._alpha  # validates first (indices; leaves finite after ** alpha)
+        self._max_prio = max(self._max_prio, weight.max())
+        self._min_prio = min(self._min_prio, weight.min())
+
+    def sample_indices(self, batch_size: int | None) -> np.ndarray:
+        """``batch_size`` slots (int64[batch_size]), each drawn with probability leaf / total;
+        ``0`` or ``None``: all valid slots, as tianshou."""
+        if batch_size is not None and batch_size > 0 and len(self) > 0:
+            return self.weight.get_prefix_sum_idx(np.random.rand(batch_size) * self.weight.reduce())
+        return super().sample_indices(batch_size)
+
+    def reset(self, keep_statistics: bool = False) -> None:
+        """Clear the data, as tianshou, and the priorities, which tianshou keeps."""
+        super().reset(keep_statistics=keep_statistics)
+        if "weight" in vars(self):  # sub-buffers of a vector buffer have none: the manager's tree covers them
+            self.weight.clear()
+
+
+class PALPrioritizedReplayBuffer(_PALPriorities, PrioritizedReplayBuffer):
+    """tianshou's ``PrioritizedReplayBuffer`` with its priorities in PAL's ``SumTree``.
+
+    :param size: capacity, in transitions.
+    :param alpha: prioritisation exponent (> 0).
+    :param beta: importance-sampling exponent (>= 0).
+    :param weight_norm: divide a batch's weights by their maximum.
+    :param fanout: the sum tree's K (children per node).
+    :param kwargs: ``ReplayBuffer``'s (stack_num, ignore_obs_next, save_only_last_obs, sample_avail, random_seed).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        alpha: float,
+        beta: float,
+        weight_norm: bool = True,
+        *,
+        fanout: int = DEFAULT_FANOUT,
+        **kwargs: Any,
+    ) -> None:
+        # skips PrioritizedReplayBuffer.__init__, which builds (and numba-compiles) a SegmentTree
+        ReplayBuffer.__init__(self, size, **kwargs)
+        self._init_priorities(size, alpha, beta, weight_norm, fanout)
+
+
+class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBuffer):
+    """tianshou's ``PrioritizedVectorReplayBuffer`` with its priorities in PAL's ``SumTree``.
+
+    ``buffer_num`` sub-buffers of ``ceil(total_size / buffer_num)`` transitions each; one tree over
+    all of them, indexed by global slot (sub-buffer ``i`` starts at ``i * ceil(total_size / buffer_num)``).
+
+    :param total_size: total capacity, in transitions.
+    :param buffer_num: number of sub-buffers (one per environment).
+    :param alpha, beta, weight_norm, fanout, kwargs: as ``PALPrioritizedReplayBuffer``.
+    """
+
+    def __init__(
+        self,
+        total_size: int,
+        buffer_num: int,
+        alpha: float,
+        beta: float,
+        weight_norm: bool = True,
+        *,
+        fanout: int = DEFAULT_FANOUT,
+        **kwargs: Any,
+    ) -> None:
+        if buffer_num <= 0:
+            raise ValueError(f"buffer_num must be > 0, got {buffer_num}")
+        size = int(np.ceil(total_size / buffer_num))
+        buffers = [PALPrioritizedReplayBuffer(size, alpha, beta, weight_norm, fanout=fanout, **kwargs)
+                   for _ in range(buffer_num)]
+        ReplayBufferManager.__init__(self, buffers)
+        for buf in buffers:  # as tianshou's PrioritizedReplayBufferManager: only the manager has a tree
+            del buf.weight
+        self._init_priorities(self.maxsize, alpha, beta, weight_norm, fanout)
+
+    def set_beta(self, beta: float) -> None:
+        """Set beta here (which ``get_weight`` uses; tianshou 2.0.1 forgets it) and in the sub-buffers."""
+        super().set_beta(beta)
+        self._beta = beta

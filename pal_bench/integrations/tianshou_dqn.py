@@ -1,0 +1,128 @@
+"""tianshou 2.0.1 DQN driven step by step, for the race and the plug-in benchmark.
+
+tianshou's own ``OffPolicyTrainer`` runs epochs of a fixed size; the race needs an evaluation
+every N env steps and a stop at a target, and the plug-in benchmark needs timed iterations, so
+this module builds the same objects (``DiscreteQLearningPolicy``, ``DQN``, ``Collector``) and
+drives them with tianshou's own calls: ``Collector.collect(n_step=...)`` with the policy in
+its training step (epsilon-greedy), then ``DQN.update(buffer, sample_size)`` per gradient step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class DQNRun:
+    algo: object
+    policy: object
+    buffer: object
+    collector: object
+
+    def act(self, obs: np.ndarray) -> int:
+        """Greedy action for one observation."""
+        import torch
+
+        with torch.no_grad():
+            q, _ = self.policy.model(torch.as_tensor(obs[None], dtype=torch.float32))
+        return int(q.argmax(-1)[0])
+
+    def collect(self, n_steps: int, eps: float) -> None:
+        from tianshou.utils.torch_utils import policy_within_training_step, torch_train_mode
+
+        self.policy.set_eps_training(eps)
+        with policy_within_training_step(self.policy), torch_train_mode(self.policy, False):
+            self.collector.collect(n_step=n_steps)
+
+    def learn(self, updates: int, batch_size: int) -> None:
+        from tianshou.utils.torch_utils import policy_within_training_step, torch_train_mode
+
+        with policy_within_training_step(self.policy), torch_train_mode(self.policy):
+            for _ in range(updates):
+                self.algo.update(buffer=self.buffer, sample_size=batch_size)
+
+
+def build(env_id: str, *, hidden, lr: float, gamma: float, n_step: int, target_update: int, capacity: int,
+          alpha: float, beta: float, seed: int, buffer: str = "default") -> DQNRun:
+    """DQN with a prioritized buffer: ``buffer`` "default" (tianshou's PrioritizedVectorReplayBuffer)
+    or "pal" (``PALPrioritizedVectorReplayBuffer``); one environment."""
+    import gymnasium as gym
+    import torch
+    from tianshou.algorithm import DQN
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.data import Collector, PrioritizedVectorReplayBuffer
+    from tianshou.env import DummyVectorEnv
+    from tianshou.utils.net.common import Net
+
+    from pal_bench.integrations.tianshou import PALPrioritizedVectorReplayBuffer
+
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    envs = DummyVectorEnv([lambda: gym.make(env_id)])
+    envs.seed(seed)
+    probe = gym.make(env_id)
+    obs_dim, space = int(np.prod(probe.observation_space.shape)), probe.action_space
+    probe.close()
+    policy = DiscreteQLearningPolicy(model=Net(state_shape=obs_dim, action_shape=int(space.n),
+                                               hidden_sizes=list(hidden)),
+                                     action_space=space, eps_training=1.0, eps_inference=0.0)
+    algo = DQN(policy=policy, optim=AdamOptimizerFactory(lr=lr), gamma=gamma, n_step_return_horizon=n_step,
+               target_update_freq=target_update)
+    cls = PALPrioritizedVectorReplayBuffer if buffer == "pal" else PrioritizedVectorReplayBuffer
+    buf = cls(capacity, 1, alpha=alpha, beta=beta)
+    collector = Collector(algo, envs, buf, exploration_noise=True)
+    collector.reset()
+    return DQNRun(algo, policy, buf, collector)
+
+
+def train_dqn(task, seed: int, clock) -> None:
+    """The race: collect 16 steps, then ``16 x updates_per_step`` updates, epsilon decaying linearly
+    over ``eps_fraction`` of the budget; ``clock`` evaluates and decides when to stop."""
+    run = build(task.env, hidden=task.hidden, lr=task.lr, gamma=task.gamma, n_step=task.n_step,
+                target_update=task.target_update, capacity=task.buffer_capacity, alpha=task.alpha,
+                beta=task.beta, seed=seed)
+    clock.started()
+    chunk, steps, owed = 16, 0, 0.0
+    decay = max(1, int(task.eps_fraction * task.max_steps))
+    while True:
+        run.collect(chunk, eps=max(task.eps_end, 1.0 - (1.0 - task.eps_end) * steps / decay))
+        steps += chunk
+        if steps >= task.learning_starts:
+            owed += chunk * task.updates_per_step
+            n = int(owed)
+            owed -= n
+            run.learn(n, task.batch_size)
+        if clock.due(steps) and clock.record(steps, run.act):
+            break
+        if clock.done(steps):
+            break
+
+
+def dqn_iterations(case, seed: int, warmup: int, iters: int, steps_per_iter: int, buffer_clock) -> dict:
+    """The plug-in benchmark: one iteration = ``steps_per_iter`` env steps collected one at a time,
+    each followed by one gradient step on a batch of ``case.batch_size`` (RLlib DQN's default
+    rhythm); returns the median iteration time and the buffer's share of it."""
+    from pal_bench.plugin_bench import timing
+
+    run = build(case.env, hidden=(256, 256), lr=5e-4, gamma=0.99, n_step=1, target_update=500, capacity=100_000,
+                alpha=0.6, beta=0.4, seed=seed, buffer=case.buffer)
+    run.collect(1_000, eps=1.0)     # learning starts after 1000 steps, as in the RLlib cases
+
+    def iteration() -> None:
+        for _ in range(steps_per_iter):
+            run.collect(1, eps=0.1)
+            run.learn(1, case.batch_size)
+
+    for _ in range(warmup):
+        iteration()
+    clock = buffer_clock(run.buffer, methods=("add", "sample", "update_weight"))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        iteration()
+        times.append(time.perf_counter() - t0)
+    return timing(times, clock.seconds) | {"buffer_len": len(run.buffer)}

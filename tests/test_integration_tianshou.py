@@ -1,0 +1,263 @@
+"""PAL's tianshou buffers against tianshou 2.0.1's own, and a short prioritized DQN run."""
+
+import copy
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tianshou")
+torch = pytest.importorskip("torch")
+from scipy.stats import chisquare  # noqa: E402
+from tianshou.data import Batch, PrioritizedReplayBuffer, PrioritizedVectorReplayBuffer  # noqa: E402
+
+from pal_bench.integrations.tianshou import (  # noqa: E402
+    PALPrioritizedReplayBuffer,
+    PALPrioritizedVectorReplayBuffer,
+    PALSegmentTree,
+)
+
+ALPHA, BETA = 0.6, 0.4
+
+
+def transitions(values, done=None) -> Batch:
+    """One transition per value (obs = [v, -v]), as a collector adds them."""
+    v = np.asarray(values, dtype=np.float32)
+    done = np.zeros(len(v), bool) if done is None else np.asarray(done)
+    return Batch(obs=np.stack([v, -v], 1), act=np.zeros(len(v), int), rew=v.astype(float), terminated=done,
+                 truncated=np.zeros(len(v), bool), obs_next=np.stack([v + 1, -v - 1], 1), info=[{}] * len(v))
+
+
+def leaves(buf) -> np.ndarray:
+    return buf.weight[np.arange(buf.maxsize)]
+
+
+def assert_same(ts, pal, seed: int = 0) -> None:
+    """Same storage, priorities, weights, extremes and (for the same global seed) samples."""
+    valid = ts.sample_indices(0)
+    np.testing.assert_array_equal(pal.sample_indices(0), valid)
+    np.testing.assert_array_equal(leaves(pal), leaves(ts))
+    np.testing.assert_array_equal(pal.get_weight(valid), ts.get_weight(valid))
+    assert (pal._max_prio, pal._min_prio) == (ts._max_prio, ts._min_prio)
+    np.random.seed(seed)
+    idx = ts.sample_indices(256)
+    np.random.seed(seed)
+    np.testing.assert_array_equal(pal.sample_indices(256), idx)
+    got, want = pal[idx], ts[idx]
+    np.testing.assert_array_equal(got.weight, want.weight)
+    np.testing.assert_array_equal(got.obs, want.obs)
+
+
+def signed_errors(rng, n: int):
+    """TD errors as the DQN policy hands them over: a float32 tensor of either sign."""
+    return torch.from_numpy(rng.normal(0, 3, n).astype(np.float32))
+
+
+def assert_frequencies(buf, n: int = 60_000) -> None:
+    """Sampling frequencies match leaf / total (chi-square, fixed seed)."""
+    p = leaves(buf)
+    np.random.seed(1)
+    counts = np.bincount(buf.sample_indices(n), minlength=buf.maxsize)
+    assert counts[p == 0].sum() == 0
+    assert chisquare(counts[p > 0], n * p[p > 0] / p.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("weight_norm,fanout", [(True, 16), (False, 2), (True, 3)])
+def test_single_buffer_matches_tianshou(weight_norm, fanout):
+    ts = PrioritizedReplayBuffer(50, alpha=ALPHA, beta=BETA, weight_norm=weight_norm)
+    pal = PALPrioritizedReplayBuffer(50, alpha=ALPHA, beta=BETA, weight_norm=weight_norm, fanout=fanout)
+    rng = np.random.default_rng(0)
+    for step in range(120):  # wraps around the 50 slots twice
+        for buf in (ts, pal):
+            buf.add(transitions([step], done=[step % 7 == 6]))
+        if step % 5 == 4:
+            idx = rng.integers(0, len(ts), 16)  # repeats included: last write wins in both
+            err = signed_errors(rng, 16)
+            ts.update_weight(idx, err)
+            pal.update_weight(idx, err)
+        if step % 20 == 19:
+            assert_same(ts, pal, seed=step)
+    assert_frequencies(pal)
+
+
+def test_vector_buffer_matches_tianshou():
+    ts = PrioritizedVectorReplayBuffer(60, 4, alpha=ALPHA, beta=BETA)
+    pal = PALPrioritizedVectorReplayBuffer(60, 4, alpha=ALPHA, beta=BETA)
+    assert pal.weight.tree.capacity == ts.maxsize == 60 and all("weight" not in vars(b) for b in pal.buffers)
+    rng = np.random.default_rng(1)
+    for step in range(40):  # sub-buffers filled unevenly, the first ones wrap
+        ids = [0, 1, 2, 3] if step % 3 else [0, 2]
+        for buf in (ts, pal):
+            buf.add(transitions(step * 10 + np.arange(len(ids)), done=[step % 9 == 8] * len(ids)), buffer_ids=ids)
+        if step % 4 == 3:
+            _, idx = ts.sample(32)
+            err = signed_errors(rng, 32)
+            ts.update_weight(idx, err)
+            pal.update_weight(idx, err)
+    np.testing.assert_array_equal(pal.last_index, ts.last_index)
+    np.testing.assert_array_equal(pal.unfinished_index(), ts.unfinished_index())
+    assert_same(ts, pal)
+    assert_frequencies(pal)
+
+
+def filled(n: int = 20, size: int = 32) -> PALPrioritizedReplayBuffer:
+    buf = PALPrioritizedReplayBuffer(size, alpha=ALPHA, beta=BETA)
+    for i in range(n):
+        buf.add(transitions([i]))
+    buf.update_weight(np.arange(n), np.linspace(-2, 3, n))
+    return buf
+
+
+def assert_unchanged(buf, before) -> None:
+    np.testing.assert_array_equal(leaves(buf), before[0])
+    assert (buf._max_prio, buf._min_prio) == before[1:]
+    buf.weight.tree.check()
+
+
+@pytest.mark.parametrize("index,weight,error", [
+    ([0, 1], [1.0, np.nan], ValueError),
+    ([0, 1], [np.inf, 1.0], ValueError),
+    ([0, 1], [1.0, -np.inf], ValueError),
+    ([0, 1, 2], [1.0, 2.0], ValueError),
+    ([0], [[1.0, 2.0]], ValueError),
+    ([0, 32], [1.0, 2.0], IndexError),
+    ([0, -1], [1.0, 2.0], IndexError),
+    ([0.0, 1.0], [1.0, 2.0], TypeError),
+])
+def test_bad_update_raises_and_changes_nothing(index, weight, error):
+    buf = filled()
+    before = (leaves(buf).copy(), buf._max_prio, buf._min_prio)
+    with pytest.raises(error):
+        buf.update_weight(np.array(index), np.array(weight))
+    assert_unchanged(buf, before)
+
+
+def test_priority_overflow_raises_and_changes_nothing():
+    buf = filled()
+    buf._alpha = 2.0  # |w| = 1e200 is finite, its priority 1e400 is not
+    before = (leaves(buf).copy(), buf._max_prio, buf._min_prio)
+    with np.errstate(over="ignore"), pytest.raises(ValueError):
+        buf.update_weight(np.array([0, 1]), np.array([1.0, 1e200]))
+    assert_unchanged(buf, before)
+
+
+def test_negative_td_errors_use_their_magnitude_as_tianshou():
+    a, b = filled(), filled()
+    a.update_weight(np.array([3, 4]), np.array([-1.5, 2.0]))
+    b.update_weight(np.array([3, 4]), np.array([1.5, -2.0]))
+    np.testing.assert_array_equal(leaves(a), leaves(b))
+
+
+def test_bad_exponents_raise():
+    with pytest.raises(ValueError):
+        PALPrioritizedReplayBuffer(8, alpha=0.0, beta=BETA)
+    with pytest.raises(ValueError):
+        PALPrioritizedVectorReplayBuffer(8, 2, alpha=ALPHA, beta=-1.0)
+
+
+def test_segment_tree_interface():
+    tree = PALSegmentTree(10, fanout=4)
+    tree[np.array([1, 3, 7])] = [1.0, 2.0, 3.0]
+    tree[5] = 0.5
+    assert len(tree) == 10 and tree.reduce() == 6.5 and tree.reduce(2, 6) == 2.5 and tree.reduce(-3) == 3.0
+    assert tree[3] == 2.0 and tree[-3] == 3.0 and tree.min_nonzero() == 0.5
+    np.testing.assert_array_equal(tree[np.array([[1, 3], [5, 7]])], [[1.0, 2.0], [0.5, 3.0]])
+    assert tree.get_prefix_sum_idx(0.0) == 1 and tree.get_prefix_sum_idx(3.2) == 5
+    np.testing.assert_array_equal(tree.get_prefix_sum_idx(np.array([0.99, 1.0, 6.49])), [1, 3, 7])
+    tree.clear()
+    assert tree.reduce() == 0.0 and len(tree) == 10
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_pickle_deepcopy_and_hdf5_round_trip(vector, tmp_path):
+    if vector:
+        buf = PALPrioritizedVectorReplayBuffer(24, 3, alpha=ALPHA, beta=BETA, fanout=4)
+        for i in range(10):
+            buf.add(transitions([i, i + 100, i + 200]))
+        buf.update_weight(np.array([0, 5, 9, 20]), np.array([0.1, 4.0, -2.0, 7.0]))
+    else:
+        buf = filled()
+    path = tmp_path / "buf.h5"
+    buf.save_hdf5(str(path))
+    copies = [pickle.loads(pickle.dumps(buf)), copy.deepcopy(buf), type(buf).load_hdf5(str(path))]
+    for other in copies:
+        assert type(other) is type(buf) and other.weight.tree.fanout == buf.weight.tree.fanout
+        assert_same(buf, other)
+        other.weight.tree.check()
+        # the copy is independent and still works
+        other.add(transitions([7] * len(other.last_index)))
+        other.update_weight(np.array([1]), np.array([50.0]))
+        assert leaves(buf)[1] != leaves(other)[1]
+
+
+def test_reset_clears_priorities():
+    buf = filled()  # tianshou 2.0.1 keeps them and then samples slots 2..19 that hold old data
+    buf.reset()
+    buf.add(transitions([0]))
+    buf.add(transitions([1]))
+    np.random.seed(0)
+    assert set(buf.sample_indices(200)) == {0, 1}
+
+
+def test_vector_honours_weight_norm_and_set_beta():
+    """tianshou 2.0.1's manager ignores both (always normalises, set_beta reaches only sub-buffers)."""
+    buf = PALPrioritizedVectorReplayBuffer(8, 2, alpha=ALPHA, beta=BETA, weight_norm=False)
+    for i in range(3):
+        buf.add(transitions([i, i + 10]))
+    idx = np.array([0, 1, 4])
+    buf.update_weight(idx, np.array([2.0, 3.0, 0.5]))
+    expected = (leaves(buf)[idx] / buf._min_prio) ** -BETA  # not divided by its max
+    np.testing.assert_allclose(buf[idx].weight, expected)
+    buf.set_beta(1.0)
+    np.testing.assert_allclose(buf[idx].weight, (leaves(buf)[idx] / buf._min_prio) ** -1.0)
+    assert all(b._beta == 1.0 for b in buf.buffers)
+
+
+def test_prioritized_dqn_learns_cartpole():
+    """tianshou's DQN + Collector + OffPolicyTrainer on PAL's vector buffer reaches a greedy return >= 150."""
+    gym = pytest.importorskip("gymnasium")
+    from tianshou.algorithm import DQN
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.data import Collector
+    from tianshou.env import DummyVectorEnv
+    from tianshou.trainer import OffPolicyTrainerParams
+    from tianshou.utils.net.common import Net
+
+    seed, n_train, n_test = 0, 8, 10
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 64x64 MLP: threads only add overhead
+    try:
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        train_envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_train)])
+        test_envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_test)])
+        train_envs.seed(seed)
+        test_envs.seed(seed + 100)
+        space = gym.make("CartPole-v1").action_space
+        policy = DiscreteQLearningPolicy(model=Net(state_shape=4, action_shape=2, hidden_sizes=[64, 64]),
+                                         action_space=space, eps_training=0.1, eps_inference=0.0)
+        algo = DQN(policy=policy, optim=AdamOptimizerFactory(lr=1e-3), gamma=0.9, n_step_return_horizon=3,
+                   target_update_freq=320)
+        buf = PALPrioritizedVectorReplayBuffer(20_000, n_train, alpha=ALPHA, beta=BETA)
+        train_c = Collector(algo, train_envs, buf, exploration_noise=True)
+        test_c = Collector(algo, test_envs)
+        start = time.perf_counter()
+        train_c.reset()
+        train_c.collect(n_step=64 * n_train)
+        stats = algo.run_training(OffPolicyTrainerParams(
+            training_collector=train_c, test_collector=test_c, max_epochs=6, epoch_num_steps=5000,
+            collection_step_num_env_steps=16, test_step_num_episodes=n_test, batch_size=64,
+            update_step_num_gradient_steps_per_sample=0.1, stop_fn=lambda mean_return: mean_return >= 195,
+            test_in_training=False, verbose=False, show_progress=False))
+        final = test_c.collect(n_episode=n_test, reset_before_collect=True)
+        elapsed = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+    print(f"DQN: best test return {stats.best_score:.1f} after {stats.train_step} env steps, "
+          f"final greedy return {final.returns_stat.mean:.1f}, {elapsed:.1f}s")
+    assert final.returns_stat.mean >= 150
+    # priorities were updated by the algorithm (not left at the initial max) and the tree is consistent
+    assert buf._max_prio > 1.0 and np.unique(leaves(buf)[leaves(buf) > 0]).size > 100
+    buf.weight.tree.check()
