@@ -1,0 +1,77 @@
+"""The race's bookkeeping and stop rules, and the plug-in benchmark's tables and buffer clock."""
+
+import dataclasses
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pal_bench import plugin_bench, race
+
+SMOKE = race.TASKS["smoke"]
+
+
+def test_clock_stops_at_target_or_budget():
+    task = dataclasses.replace(SMOKE, target=50.0, max_steps=5_000, eval_episodes=1)
+    clock = race.Clock(task, seed=0, t0=time.perf_counter())
+    assert clock.due(1_000) and not clock.due(999)
+    assert not clock.record(1_000, lambda obs: 0)          # always-left CartPole: ~10, below target
+    assert clock.next_eval == 2_000 and clock.curve[0]["mean_return"] < 50
+    assert clock.record(5_000, lambda obs: 0)               # the step budget is spent
+    assert clock.next_eval == 6_000
+    reached = race.Clock(dataclasses.replace(task, target=-1.0), seed=0, t0=time.perf_counter())
+    assert reached.record(1_000, lambda obs: 0)
+    out_of_time = race.Clock(dataclasses.replace(task, max_wall_s=0.0), seed=0, t0=time.perf_counter())
+    assert out_of_time.done(0)
+
+
+def test_summary_and_table_report_unreached_runs_as_such():
+    runs = [{"contestant": "pal", "seed": 0, "setup_s": 1.0, "wall_s": 30.0,
+             "curve": [{"env_steps": 1000, "wall_s": 10.0, "mean_return": 50.0},
+                       {"env_steps": 2000, "wall_s": 20.0, "mean_return": 210.0}]},
+            {"contestant": "rllib", "seed": 0, "setup_s": 8.0, "wall_s": 90.0,
+             "curve": [{"env_steps": 1000, "wall_s": 30.0, "mean_return": 20.0},
+                       {"env_steps": 2000, "wall_s": 80.0, "mean_return": 205.0}]},
+            {"contestant": "tianshou", "seed": 0, "setup_s": 2.0, "wall_s": 60.0,
+             "curve": [{"env_steps": 1000, "wall_s": 60.0, "mean_return": 120.0}]}]
+    task = dataclasses.replace(SMOKE, target=200.0)
+    rows = pd.DataFrame([race.summarise(r, task) for r in runs])
+    assert rows.reached.tolist() == [True, True, False]
+    assert rows.wall_to_target_s.tolist()[:2] == [20.0, 80.0] and rows.steps_to_target.tolist()[:2] == [2000, 2000]
+    t = race.race_table(rows).set_index("contestant")
+    assert t.loc["rllib", "pal_speedup"] == pytest.approx(4.0)
+    assert t.loc["tianshou", "reached"] == 0 and np.isnan(t.loc["tianshou", "median_wall_to_target_s"])
+
+
+def test_pal_contestant_runs_to_its_budget_and_reports_its_evaluations():
+    run = race.run_one("pal", SMOKE, seed=0, split=(1, 1))
+    steps = [e["env_steps"] for e in run["curve"]]
+    assert steps and steps[-1] >= SMOKE.max_steps and steps == sorted(steps)
+    assert 0 < run["setup_s"] < run["wall_s"] and all(e["wall_s"] > run["setup_s"] for e in run["curve"])
+
+
+def test_unknown_contestant_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown contestant"):
+        race.run_one("nope", SMOKE, seed=0, split=(1, 1))
+
+
+def test_buffer_clock_sums_time_inside_the_wrapped_methods():
+    class Slow:
+        def add(self, x):
+            time.sleep(0.01)
+            return x
+
+    buf = Slow()
+    clock = plugin_bench.BufferClock(buf, methods=("add", "sample"))
+    assert buf.add(3) == 3 and buf.add(4) == 4
+    assert 0.02 <= clock.seconds < 0.5
+
+
+def test_speedup_table_and_amdahl_bound():
+    rows = [dict(framework="rllib-dqn", env="E", batch_size=32, env_runners=0, buffer="default",
+                 iteration_s=1.0, buffer_share=0.5),
+            dict(framework="rllib-dqn", env="E", batch_size=32, env_runners=0, buffer="pal",
+                 iteration_s=0.8, buffer_share=0.3)]
+    t = plugin_bench.speedup_table(pd.DataFrame(rows))
+    assert t.speedup.iloc[0] == pytest.approx(1.25) and t.bound.iloc[0] == pytest.approx(2.0)
