@@ -8,16 +8,17 @@ import sys
 
 
 def _train(args) -> int:
-    from pal_bench.train import ConfigError, Trainer, make_config
+    from pal_bench.train import ConfigError, make_config, make_trainer
     from pal_bench.train.config import parse_overrides
 
     flags = {"actors": args.actors, "learners": args.learners, "steps": args.steps, "seed": args.seed,
              "envs_per_actor": args.envs_per_actor, "aggregation": args.aggregation, "name": args.name,
-             "env_backend": args.env_backend, "out_dir": args.out_dir}
+             "env_backend": args.env_backend, "out_dir": args.out_dir, "backend": args.backend,
+             "ray_address": args.ray_address}
     try:
         overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
         cfg = make_config(args.algo, args.env, args.config, **overrides)
-        trainer = Trainer(cfg, resume=args.resume)
+        trainer = make_trainer(cfg, resume=args.resume)
     except (ConfigError, FileNotFoundError) as e:
         print(f"pal-bench train: {e}", file=sys.stderr)
         return 2
@@ -117,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--learners", type=int)
     t.add_argument("--envs-per-actor", type=int)
     t.add_argument("--steps", type=int, help="total env transitions")
-    t.add_argument("--aggregation", choices=["sync", "async"])
+    t.add_argument("--aggregation", choices=["sync", "async", "allreduce"])
     t.add_argument("--env-backend", choices=["sync", "async"])
+    t.add_argument("--backend", choices=["threads", "ray"], help="threads in this process (default) or Ray processes")
+    t.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: start a local Ray)")
     t.add_argument("--seed", type=int)
     t.add_argument("--name", help="run directory name under --out-dir")
     t.add_argument("--out-dir")

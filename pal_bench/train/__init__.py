@@ -3,4 +3,14 @@
 from pal_bench.train.config import ConfigError, TrainConfig, make_config, validate
 from pal_bench.train.trainer import Trainer, WorkerError
 
-__all__ = ["ConfigError", "TrainConfig", "Trainer", "WorkerError", "make_config", "validate"]
+
+def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
+    """``Trainer`` for ``cfg.backend == "threads"``, ``RayTrainer`` (pal_bench.train.ray_backend) for "ray"."""
+    if cfg.backend == "ray":
+        from pal_bench.train.ray_backend import RayTrainer
+
+        return RayTrainer(cfg, resume=resume)
+    return Trainer(cfg, resume=resume)
+
+
+__all__ = ["ConfigError", "TrainConfig", "Trainer", "WorkerError", "make_config", "make_trainer", "validate"]

@@ -33,11 +33,21 @@ class TrainConfig:
     actors: int = 1
     envs_per_actor: int = 1
     learners: int = 1
-    aggregation: str = "sync"                          # "sync": average one gradient per learner; "async"
+    aggregation: str = "sync"                          # "sync": average one gradient per learner; "async";
+                                                       # "allreduce" (backend ray): gloo all-reduce among learners
     max_staleness: int = 4                             # async: drop a gradient older than this many versions
     env_backend: str = "sync"                          # "sync" (in-thread) or "async" (subprocesses)
     pin_cores: bool = False                            # pin each worker thread to a core (round robin)
     deterministic: bool | None = None                  # lockstep actor/learner; None: on for 1 actor + 1 learner
+
+    # backend: threads in this process, or Ray processes (pal_bench.train.ray_backend)
+    backend: str = "threads"                           # "threads" or "ray"
+    ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
+    ray_placement: str = "pack"                        # "pack" or "spread" the workers over the nodes
+    ray_chunk: int = 256                               # transitions an actor sends to the buffer per call
+    ray_prefetch: int = 1                              # sampled batches a learner has in flight beyond the one used
+    learner_timeout_s: float = 30.0                    # sync (ray): apply a round without a learner this late (s)
+    buffer_checkpoint_interval: int = 0                # ray: buffer actor checkpoint every N transitions (0: off)
 
     # budget and rate control
     steps: int = 50_000                                # total env transitions
@@ -119,6 +129,8 @@ def _coerce(name: str, value: Any) -> Any:
             value = tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
         elif name == "deterministic":
             value = None if value is None else bool(value)
+        elif name == "ray_address":
+            value = None if value is None else str(value)
         elif name == "stop_return":
             if isinstance(value, bool):
                 raise TypeError
@@ -216,8 +228,22 @@ def validate(cfg: TrainConfig) -> None:
                           f"({cfg.buffer_capacity})")
     if cfg.learning_starts < cfg.batch_size:
         raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
-    if cfg.aggregation not in ("sync", "async"):
-        raise ConfigError(f"aggregation must be 'sync' or 'async', got {cfg.aggregation!r}")
+    if cfg.backend not in ("threads", "ray"):
+        raise ConfigError(f"backend must be 'threads' or 'ray', got {cfg.backend!r}")
+    if cfg.aggregation not in ("sync", "async", "allreduce"):
+        raise ConfigError(f"aggregation must be 'sync', 'async' or 'allreduce', got {cfg.aggregation!r}")
+    if cfg.aggregation == "allreduce" and cfg.backend != "ray":
+        raise ConfigError("aggregation: 'allreduce' needs backend = 'ray' (threads share one parameter server)")
+    if cfg.ray_placement not in ("pack", "spread"):
+        raise ConfigError(f"ray_placement must be 'pack' or 'spread', got {cfg.ray_placement!r}")
+    if cfg.ray_chunk < 1:
+        raise ConfigError(f"ray_chunk must be >= 1, got {cfg.ray_chunk}")
+    if cfg.ray_prefetch < 0:
+        raise ConfigError(f"ray_prefetch must be >= 0, got {cfg.ray_prefetch}")
+    if cfg.buffer_checkpoint_interval < 0:
+        raise ConfigError(f"buffer_checkpoint_interval must be >= 0, got {cfg.buffer_checkpoint_interval}")
+    if not cfg.learner_timeout_s > 0:
+        raise ConfigError(f"learner_timeout_s must be > 0, got {cfg.learner_timeout_s}")
     if cfg.env_backend not in ("sync", "async"):
         raise ConfigError(f"env_backend must be 'sync' or 'async', got {cfg.env_backend!r}")
     for name in ("gamma", "alpha", "beta", "beta_final", "tau", "eps_start", "eps_end", "eps_fraction"):
@@ -231,6 +257,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"stop_return must be a finite number or unset, got {cfg.stop_return}")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
+    if cfg.backend == "ray" and cfg.deterministic:
+        raise ConfigError("deterministic: lockstep runs need backend = 'threads'")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):
         raise ConfigError("deterministic: lockstep runs need actors = 1 and learners = 1")
     # the environment exists and suits the algorithm
