@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 
-from pal_bench.train import Trainer, make_config
+from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.rate import RateController
 from pal_bench.train.workers import learner_loop
 
@@ -50,11 +50,12 @@ last_cores_used: dict[str, float] = {}
 
 
 def measure_fa(cfg, actors: int, steps: int) -> float:
-    """Transitions/s collected by ``actors`` actor threads (no learning)."""
+    """Transitions/s collected by ``actors`` actor threads, or Ray actor processes for ``cfg.backend``
+    "ray" (no learning)."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
         cfg = _quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
                      buffer_capacity=max(cfg.buffer_capacity, steps), batch_size=min(cfg.batch_size, steps))
-        with Trainer(cfg) as tr:
+        with make_trainer(cfg) as tr:
             cpu0 = time.process_time()
             s = tr.run()
             last_cores_used["f_a"] = (time.process_time() - cpu0) / max(1e-9, tr.wall())
