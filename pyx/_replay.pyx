@@ -608,6 +608,54 @@ cdef class _ReplayCore:
         out["weights"] = w_arr
         return out
 
+    def get(self, indices, fields=None) -> dict:
+        """Rows of the stored transitions with ids ``indices`` (int[n], as ``add``/``sample`` return):
+        ``{field: array[n, *shape]}`` for ``fields`` (default: all).
+
+        Raises ``KeyError`` naming the first id that is not stored (not yet added, or overwritten
+        since). Rows are copied without the lock and the GIL, then their ids are re-checked under
+        the lock: an id that still holds its slot held it during the copy (ids only grow).
+        """
+        idx = _as_index_array(indices)
+        names = list(self._names) if fields is None else [fields] if isinstance(fields, str) else list(fields)
+        unknown = [name for name in names if name not in self._specs]
+        if unknown:
+            raise KeyError(f"unknown field(s) {unknown}; this buffer stores {list(self._names)}")
+        cdef int64_t n = idx.shape[0], q, f, rb, bad = -1
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        for q in range(n):
+            if iv[q] < 0 or iv[q] >= self._next_id or iv[q] < self._next_id - self.capacity:
+                raise KeyError(f"transition id {iv[q]} is not stored (stored ids: "
+                               f"{max(0, self._next_id - self.capacity)}..{self._next_id - 1})")
+        out = {}
+        cdef int nf = len(names)
+        cdef int64_t* which = <int64_t*>malloc(max(1, nf) * sizeof(int64_t))
+        cdef char** dst = <char**>malloc(max(1, nf) * sizeof(char*))
+        if which == NULL or dst == NULL:
+            free(which); free(dst)
+            raise MemoryError()
+        for f, name in enumerate(names):
+            shape, dtype = self._specs[name]
+            arr = np.empty((n,) + shape, dtype=dtype)
+            out[name] = arr
+            which[f] = self._names.index(name)
+            dst[f] = <char*>cnp.PyArray_DATA(<cnp.ndarray>arr)
+        with nogil:
+            for f in range(nf):
+                rb = self._row_bytes[which[f]]
+                for q in range(n):
+                    _copy(dst[f] + q * rb, self._data[which[f]] + (iv[q] % self.capacity) * rb, rb)
+            self._acquire()
+            for q in range(n):
+                if self._slot_ids[iv[q] % self.capacity] != iv[q]:
+                    bad = iv[q]
+                    break
+            self._release()
+        free(which); free(dst)
+        if bad >= 0:
+            raise KeyError(f"transition id {bad} is not stored (overwritten or still being written)")
+        return out
+
     # ------------------------------------------------------------------ priorities
 
     def update_priorities(self, indices, priorities) -> int:

@@ -334,3 +334,24 @@ def test_buffer_default_fanout_matches_tree_default():
     from pal_bench import DEFAULT_FANOUT
 
     assert PrioritizedReplayBuffer(10, LUNAR_FIELDS).fanout == DEFAULT_FANOUT
+
+
+@pytest.mark.parametrize("cls", BUFFERS)
+def test_get_reads_stored_rows_by_id(cls):
+    buf = make(cls, capacity=10)
+    buf.add_batch(**lunar_batch(25))                        # ids 15..24 are stored
+    rows = buf.get([24, 15, 20, 20])
+    np.testing.assert_array_equal(rows["act"], [24, 15, 20, 20])  # row r holds value r
+    assert set(rows) == set(LUNAR_FIELDS)
+    assert_rows_consistent(rows | {"indices": np.array([24, 15, 20, 20])})
+    only = buf.get(np.array([16]), "rew")
+    assert list(only) == ["rew"] and only["rew"].shape == (1,)
+    assert all(v.shape[0] == 0 for v in buf.get([]).values())
+    before = snapshot(buf)
+    for ids, exc in (([14], KeyError), ([25], KeyError), ([-1], KeyError), ([1.5], TypeError),
+                     ([[15]], ValueError)):
+        with pytest.raises(exc):
+            buf.get(ids)
+    with pytest.raises(KeyError, match="unknown field"):
+        buf.get([15], ["nope"])
+    assert_same_state(before, snapshot(buf))

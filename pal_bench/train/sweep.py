@@ -38,6 +38,9 @@ for _a, _l in ((1, 1), (2, 2)):
 # half the optimizer steps of 1/1 at the same updates_per_step; async applies every gradient
 PRESETS["td3-lunarlander-continuous-a2l2-async"] = ("td3", "LunarLander-v3",
                                                     ["--actors", "2", "--learners", "2", "--aggregation", "async"])
+PRESETS["td3-lunarlander-continuous-a2l2-async-seed1"] = ("td3", "LunarLander-v3",
+                                                          ["--actors", "2", "--learners", "2", "--aggregation",
+                                                           "async", "--seed", "1"])
 TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0}
 
 

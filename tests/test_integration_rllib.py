@@ -1,0 +1,388 @@
+"""RLlib drop-in ``PALPrioritizedEpisodeReplayBuffer``: episode chunks, n-step returns, priorities, state, DQN."""
+
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.rllib")
+gym = pytest.importorskip("gymnasium")
+
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode  # noqa: E402
+from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer  # noqa: E402
+
+from pal_bench.integrations.rllib import (  # noqa: E402
+    PALPrioritizedEpisodeReplayBuffer,
+    replace_replay_buffer,
+)
+
+GAMMA = 0.5
+OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+ACT_SPACE = gym.spaces.Discrete(2)
+SAMPLE_KW = dict(batch_length_T=0, lookback=0, min_batch_length_T=0, gamma=GAMMA, beta=0.4, sample_episodes=True)
+
+
+def reward(e: int, t: int) -> float:
+    return 10.0 * e + t + 1
+
+
+def chunk(e: int, t0: int, n: int, *, terminated: bool = False, truncated: bool = False) -> SingleAgentEpisode:
+    """Steps ``t0..t0+n-1`` of episode ``e``: o_t = [e, t], a_t = (e + t) % 2, r_t = ``reward(e, t)``."""
+    return SingleAgentEpisode(
+        f"ep{e}", observations=[np.array([e, t], np.float32) for t in range(t0, t0 + n + 1)],
+        actions=[(e + t) % 2 for t in range(t0, t0 + n)], rewards=[reward(e, t) for t in range(t0, t0 + n)],
+        terminated=terminated, truncated=truncated, t_started=t0, len_lookback_buffer=0,
+        observation_space=OBS_SPACE, action_space=ACT_SPACE)
+
+
+def make(capacity: int = 100, **kw) -> PALPrioritizedEpisodeReplayBuffer:
+    return PALPrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=0.6, seed=0, **kw)
+
+
+# episode -> (steps added, "terminated" / "truncated" / None): three episodes arriving in interleaved chunks
+EPISODES = {0: (5, "terminated"), 1: (6, None), 2: (4, "truncated")}
+
+
+def add_interleaved(buf) -> None:
+    buf.add([chunk(0, 0, 3), chunk(1, 0, 2)])
+    buf.add([chunk(2, 0, 4, truncated=True), chunk(0, 3, 2, terminated=True)])
+    buf.add(chunk(1, 2, 4))
+
+
+def check_transitions(episodes, n: int | tuple[int, int], episodes_info=EPISODES) -> list[int]:
+    """Assert every sampled 1-step episode is a k-step transition of the ground truth; returns the k's.
+
+    ``n``: the n-step asked for, or the (low, high) range it is drawn from (inclusive here); k is n, or
+    fewer where the data added of that episode ends.
+    """
+    n_min, n_max = (n, n) if isinstance(n, int) else n
+    ks = []
+    for eps in episodes:
+        assert isinstance(eps, SingleAgentEpisode) and len(eps) == 1
+        o, o_next = eps.get_observations(0), eps.get_observations(1)
+        e, t = int(o[0]), int(o[1])
+        n_avail, end = episodes_info[e]
+        k = eps.extra_model_outputs["n_step"][0]
+        assert 1 <= k <= n_max and t + k <= n_avail
+        assert k >= n_min or t + k == n_avail, (e, t, k)  # shorter only at the end of the data
+        np.testing.assert_array_equal(o_next, [e, t + k])
+        assert eps.get_actions(0) == (e + t) % 2
+        np.testing.assert_allclose(eps.get_rewards(0), sum(GAMMA**i * reward(e, t + i) for i in range(k)))
+        at_end = t + k == n_avail
+        assert eps.is_terminated == (at_end and end == "terminated")
+        assert eps.is_truncated == (at_end and end == "truncated")
+        assert eps.t_started == t
+        w = eps.extra_model_outputs["weights"][0]
+        assert 0 < w <= 1
+        assert eps.observation_space == OBS_SPACE and eps.action_space == ACT_SPACE
+        ks.append(k)
+    return ks
+
+
+# ---------------------------------------------------------------------------------------------- unit
+
+
+def test_add_chunks_and_sample_one_step():
+    buf = make()
+    add_interleaved(buf)
+    assert len(buf) == 15 and buf.get_num_episodes() == 3 and buf.get_added_timesteps() == 15
+    episodes = buf.sample(num_items=64, n_step=1, **SAMPLE_KW)
+    assert len(episodes) == 64
+    assert set(check_transitions(episodes, 1)) == {1}
+
+
+def test_n_step_returns_follow_the_episode_across_chunks():
+    buf = make()
+    add_interleaved(buf)
+    episodes = buf.sample(num_items=256, n_step=3, **SAMPLE_KW)
+    ks = check_transitions(episodes, 3)
+    seen = {(int(e.get_observations(0)[0]), int(e.get_observations(0)[1])) for e in episodes}
+    assert len(seen) == 15  # every stored step drawn
+    assert {1, 2, 3} <= set(ks)  # full n-step and steps cut short at the end of an episode or of its data
+    # a walk across chunk boundaries: episode 1, t=1 -> t=4 spans the chunks [0, 2) and [2, 6)
+    e1 = [e for e in episodes if tuple(e.get_observations(0)) == (1, 1)]
+    assert e1 and e1[0].extra_model_outputs["n_step"][0] == 3 and not e1[0].is_terminated
+
+
+def test_n_step_range_is_drawn_per_item_high_exclusive_like_rllib():
+    buf = make()
+    add_interleaved(buf)
+    ks = check_transitions(buf.sample(num_items=512, n_step=(2, 5), **SAMPLE_KW), (2, 4))
+    assert set(ks) == {1, 2, 3, 4}  # 1: a last step; never 5 (rng.integers(2, 5) excludes 5, as RLlib's)
+
+
+def test_terminated_step_stops_the_walk_and_is_flagged():
+    buf = make()
+    buf.add(chunk(7, 0, 3, terminated=True))
+    buf.add(chunk(8, 0, 3))
+    for eps in buf.sample(num_items=64, n_step=5, **SAMPLE_KW):
+        e, t = eps.get_observations(0).astype(int)
+        assert eps.extra_model_outputs["n_step"][0] == 3 - t  # never runs into the next episode's rows
+        assert eps.is_terminated == (e == 7)
+        assert eps.get_observations(1)[0] == e
+
+
+def test_ring_overwrite_keeps_links_and_counts_evictions():
+    buf = make(capacity=8)
+    buf.add(chunk(3, 0, 4))  # ids 0-3, ongoing
+    buf.add(chunk(4, 0, 3, terminated=True))  # ids 4-6
+    buf.add(chunk(3, 4, 3, terminated=True))  # ids 7-9 overwrite ids 0, 1 (episode 3, t=0, 1); linked to id 3
+    assert len(buf) == 8 and buf.get_num_episodes() == 2 and buf.get_num_episodes_evicted() == 0
+    episodes = buf.sample(num_items=128, n_step=3, **SAMPLE_KW)
+    check_transitions(episodes, 3, {3: (7, "terminated"), 4: (3, "terminated")})
+    across = [e for e in episodes if tuple(e.get_observations(0)) == (3, 2)]  # t=2 -> 5 spans both chunks
+    assert across and across[0].extra_model_outputs["n_step"][0] == 3
+    buf.add(chunk(5, 0, 3))  # overwrites episode 3's t=2, 3 and episode 4's t=0
+    assert buf.get_num_episodes() == 3 and buf.get_num_episodes_evicted() == 0
+    buf.add(chunk(6, 0, 3))  # overwrites the rest of episode 4 and episode 3's t=4
+    assert buf.get_num_episodes() == 3 and buf.get_num_episodes_evicted() == 1
+    episodes = buf.sample(num_items=128, n_step=3, **SAMPLE_KW)
+    check_transitions(episodes, 3, {3: (7, "terminated"), 5: (3, None), 6: (3, None)})
+    assert {int(e.get_observations(0)[0]) for e in episodes} == {3, 5, 6}
+    m = buf.get_metrics()
+    assert m["num_episodes_evicted_lifetime"] == 1 and m["num_env_steps_evicted_lifetime"] == 8
+
+
+def test_update_priorities_changes_sampling_frequency():
+    buf = make()
+    buf.add(chunk(0, 0, 20, terminated=True))
+    episodes = buf.sample(num_items=200, n_step=1, **SAMPLE_KW)  # stratified: every step drawn
+    ts = np.array([int(e.get_observations(0)[1]) for e in episodes])
+    assert set(ts) == set(range(20))
+    buf.update_priorities(np.where(ts == 5, 100.0, 0.1), module_id="default_policy")
+    ts = np.array([int(e.get_observations(0)[1]) for e in buf.sample(num_items=2000, n_step=1, **SAMPLE_KW)])
+    p5, p = 100**0.6, 0.1**0.6  # stored priorities, alpha = 0.6 (eps = 1e-6 negligible)
+    assert abs((ts == 5).mean() - p5 / (p5 + 19 * p)) < 0.03
+    for e in buf.sample(num_items=200, n_step=1, **SAMPLE_KW):  # w = (p_min / p)^beta: frequent steps weigh less
+        w = e.extra_model_outputs["weights"][0]
+        assert w == pytest.approx((p / p5) ** 0.4 if e.t_started == 5 else 1.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("bad", [[np.nan] * 8, [-1.0] + [1.0] * 7, [np.inf] * 8, [1.0] * 7, [[1.0] * 8]])
+def test_bad_td_errors_raise_and_change_nothing(bad):
+    buf = make()
+    add_interleaved(buf)
+    buf.sample(num_items=8, n_step=1, **SAMPLE_KW)
+    before = buf.get_state()
+    with pytest.raises(ValueError, match="priorities"):
+        buf.update_priorities(np.array(bad), module_id="default_policy")
+    after = buf.get_state()
+    np.testing.assert_array_equal(after["pal"]["priorities"], before["pal"]["priorities"])
+    np.testing.assert_array_equal(after["last_sampled_ids"], before["last_sampled_ids"])
+    buf.update_priorities(np.full(8, 0.5), module_id="default_policy")  # the sample is still pending
+    with pytest.raises(ValueError, match="last sampled"):
+        buf.update_priorities(np.full(8, 0.5), module_id="default_policy")  # ... and consumed now
+
+
+def test_bad_add_raises_and_changes_nothing():
+    buf = make()
+    buf.add(chunk(0, 0, 3))
+    state = buf.get_state()
+    bad = SingleAgentEpisode("bad", observations=[np.zeros(3, np.float32)] * 3, actions=[0, 1], rewards=[1.0, 1.0],
+                             len_lookback_buffer=0)
+    for episodes in ([chunk(1, 0, 2), bad], bad):  # rejected by the concatenation, by PAL's add_batch
+        with pytest.raises(ValueError):
+            buf.add(episodes)
+    assert len(buf) == 3 and buf.get_num_episodes() == 1
+    np.testing.assert_array_equal(buf.get_state()["succ"], state["succ"])
+
+
+def test_unsupported_requests_and_empty_buffer():
+    buf = make()
+    with pytest.raises(ValueError, match="empty"):
+        buf.sample(num_items=4, n_step=1, **SAMPLE_KW)
+    buf.add(chunk(0, 0, 3))
+    with pytest.raises(NotImplementedError):
+        buf.sample(num_items=4, n_step=1, include_infos=True)
+    with pytest.raises(NotImplementedError):
+        buf.sample(num_items=4, n_step=1, batch_length_T=20)
+    with pytest.raises(ValueError, match="alpha"):
+        PALPrioritizedEpisodeReplayBuffer(capacity=10, alpha=1.5)
+
+
+def test_image_observations_and_continuous_actions():
+    obs_space = gym.spaces.Box(0, 255, (3, 4, 4), np.uint8)
+    act_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 255, (7, 3, 4, 4), dtype=np.uint8)
+    acts = rng.uniform(-1, 1, (6, 2)).astype(np.float32)
+    buf = make()
+    for lo, hi in ((0, 2), (2, 6)):
+        buf.add(SingleAgentEpisode("img", observations=list(obs[lo:hi + 1]), actions=list(acts[lo:hi]),
+                                   rewards=[1.0] * (hi - lo), terminated=hi == 6, t_started=lo,
+                                   len_lookback_buffer=0, observation_space=obs_space, action_space=act_space))
+    assert buf.pal_buffer.fields["obs"] == ((3, 4, 4), np.dtype(np.uint8))
+    assert buf.pal_buffer.fields["action"] == ((2,), np.dtype(np.float32))
+    for eps in buf.sample(num_items=32, n_step=2, to_numpy=True, **SAMPLE_KW):
+        t, k = eps.t_started, eps.extra_model_outputs["n_step"][0]
+        np.testing.assert_array_equal(eps.get_observations(0), obs[t])
+        np.testing.assert_array_equal(eps.get_observations(1), obs[t + k])
+        np.testing.assert_array_equal(eps.get_actions(0), acts[t])
+        assert eps.get_rewards(0) == pytest.approx(1.0 + GAMMA * (k == 2))
+
+
+def test_rows_are_read_from_the_pal_buffer_by_id():
+    buf = make(capacity=4)
+    buf.add(chunk(0, 0, 6))
+    rows = buf.pal_buffer.get(np.arange(2, 6), "t")       # the last 4 of 6 steps survive in 4 slots
+    np.testing.assert_array_equal(rows["t"], [2, 3, 4, 5])
+
+
+def test_state_round_trip_gives_identical_samples():
+    buf = make()
+    add_interleaved(buf)
+    buf.sample(num_items=16, n_step=1, **SAMPLE_KW)
+    buf.update_priorities(np.linspace(0.1, 3, 16), module_id="default_policy")
+    state = pickle.loads(pickle.dumps(buf.get_state()))
+    restored = PALPrioritizedEpisodeReplayBuffer(capacity=5)  # capacity and alpha come from the state
+    restored.set_state(state)
+    assert len(restored) == len(buf) and restored.capacity == 100 and restored.get_num_episodes() == 3
+    for b in (buf, restored):  # an open episode continues after the restore
+        b.add(chunk(1, 6, 2, terminated=True))
+    a, b = (x.sample(num_items=64, n_step=(1, 4), **SAMPLE_KW) for x in (buf, restored))
+    for ea, eb in zip(a, b):
+        for get in (lambda e: e.get_observations(slice(0, 2)), lambda e: e.get_actions(), lambda e: e.get_rewards(),
+                    lambda e: e.extra_model_outputs["weights"][0], lambda e: e.extra_model_outputs["n_step"][0],
+                    lambda e: (e.is_terminated, e.is_truncated)):
+            np.testing.assert_array_equal(get(ea), get(eb))
+    check_transitions(b, (1, 3), {**EPISODES, 1: (8, "terminated")})
+
+
+def test_metrics_have_rllib_keys():
+    ref = PrioritizedEpisodeReplayBuffer(capacity=100, alpha=0.6)
+    buf = make()
+    for b in (ref, buf):
+        add_interleaved(b)
+        b.sample(num_items=8, n_step=1, **SAMPLE_KW)
+        b.update_priorities(np.ones(8), module_id="default_policy")
+    assert set(buf.get_metrics()) == set(ref.get_metrics())
+    assert isinstance(buf, PrioritizedEpisodeReplayBuffer)  # RLlib only updates priorities of these
+
+
+# ---------------------------------------------------------------------------------------------- DQN
+
+BUFFER_TYPE = "pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer"
+
+
+def dqn_config(seed: int = 0):
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    return (
+        DQNConfig().environment("CartPole-v1")
+        .env_runners(num_env_runners=0, rollout_fragment_length=4)
+        .training(lr=1e-3, train_batch_size_per_learner=64, n_step=3, target_network_update_freq=500,
+                  num_steps_sampled_before_learning_starts=500, epsilon=[(0, 1.0), (3000, 0.02)],
+                  replay_buffer_config={"type": BUFFER_TYPE, "capacity": 20_000, "alpha": 0.6, "beta": 0.4,
+                                        "seed": seed})
+        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[64], head_fcnet_hiddens=[64]))
+        .reporting(min_sample_timesteps_per_iteration=1000, metrics_num_episodes_for_smoothing=20)
+        .debugging(seed=seed)
+    )
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A fresh local Ray instance with one torch thread (two threads contend on 2 cores: ~3x slower)."""
+    import ray
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    own_ray = not ray.is_initialized()
+    if own_ray:  # plain ray.init() would join any cluster found running on this machine
+        ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False)
+    yield
+    if own_ray:
+        ray.shutdown()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained_dqn(local_ray):
+    """DQN on CartPole-v1 with the drop-in, trained until the mean return reaches 100 (at most 6000 steps).
+
+    Measured (seed 0): 24.6, 39.8, 155.0 after 1000, 2000, 3000 env steps; 25-35 s on 2 busy cores, Ray
+    start and build included.
+    """
+    t0 = time.perf_counter()
+    algo = dqn_config().build_algo()
+    returns = []
+    for _ in range(6):
+        returns.append(algo.train()["env_runners"]["episode_return_mean"])
+        if returns[-1] >= 100:
+            break
+    yield algo, returns, time.perf_counter() - t0
+    algo.stop()
+
+
+def test_dqn_learns_cartpole_with_the_drop_in(trained_dqn):
+    algo, returns, seconds = trained_dqn
+    assert type(algo.local_replay_buffer) is PALPrioritizedEpisodeReplayBuffer
+    print(f"DQN CartPole returns per 1000 env steps: {[round(float(r), 1) for r in returns]} ({seconds:.0f} s)")
+    assert returns[0] < 50 and max(returns) >= 100, returns
+    buf = algo.local_replay_buffer
+    assert len(buf) == algo.metrics.peek(("env_runners", "num_env_steps_sampled_lifetime"))
+    assert buf.pal_buffer.max_priority != 1.0  # DQN's TD errors reached the PAL tree
+    assert algo.metrics.peek(("replay_buffer", "num_env_steps_sampled_lifetime")) > 0  # get_metrics was read
+    # the env runner's 4-step chunks were joined: each linked step's next obs is its successor's obs
+    state = buf.get_state()
+    succ, pal = state["succ"], state["pal"]
+    linked = np.flatnonzero(succ >= 0)
+    assert len(linked) > 0.9 * len(buf)
+    np.testing.assert_array_equal(pal["field.next_obs"][linked], pal["field.obs"][succ[linked] % buf.capacity])
+    np.testing.assert_array_equal(pal["field.t"][succ[linked] % buf.capacity], pal["field.t"][linked] + 1)
+
+
+def test_dqn_checkpoint_restores_the_buffer(trained_dqn, tmp_path):
+    algo, _, _ = trained_dqn
+    # RLlib 2.60's new API stack leaves the replay buffer out of algo.get_state()/save_to_path() (even with
+    # store_buffer_in_checkpoints=True, which only the old stack reads): save it next to the checkpoint.
+    assert "local_replay_buffer" not in algo.get_state()
+    algo.save_to_path(str(tmp_path / "algo"))
+    (tmp_path / "buffer.pkl").write_bytes(pickle.dumps(algo.local_replay_buffer.get_state()))
+
+    restored = dqn_config().build_algo()
+    try:
+        restored.restore_from_path(str(tmp_path / "algo"))
+        restored.local_replay_buffer.set_state(pickle.loads((tmp_path / "buffer.pkl").read_bytes()))
+        a, b = algo.local_replay_buffer, restored.local_replay_buffer
+        assert len(a) == len(b) > 0 and a.get_num_episodes() == b.get_num_episodes()
+        sa, sb = a.get_state(), b.get_state()
+        for key in ("field.obs", "field.next_obs", "field.action", "field.reward", "priorities", "slot_ids"):
+            np.testing.assert_array_equal(sa["pal"][key], sb["pal"][key])
+        np.testing.assert_array_equal(sa["succ"], sb["succ"])
+        kw = dict(SAMPLE_KW, gamma=0.99)
+        for ea, eb in zip(a.sample(num_items=32, n_step=3, **kw), b.sample(num_items=32, n_step=3, **kw)):
+            np.testing.assert_array_equal(ea.get_observations(slice(0, 2)), eb.get_observations(slice(0, 2)))
+            assert ea.get_rewards(0) == eb.get_rewards(0)
+        restored.training_step()  # the restored algorithm samples and updates priorities in the restored buffer
+        assert b.get_added_timesteps() > a.get_added_timesteps()
+    finally:
+        restored.stop()
+
+
+def test_sac_trains_with_the_swapped_in_buffer(local_ray):
+    """SAC (continuous actions) samples and updates priorities as DQN does; its config check rejects our type."""
+    from ray.rllib.algorithms.sac import SACConfig
+
+    config = (
+        SACConfig().environment("Pendulum-v1")
+        .env_runners(num_env_runners=0, rollout_fragment_length=4)
+        .training(train_batch_size_per_learner=32, n_step=(1, 3), num_steps_sampled_before_learning_starts=64,
+                  replay_buffer_config={"type": "PrioritizedEpisodeReplayBuffer", "capacity": 16, "alpha": 0.6})
+        .reporting(min_sample_timesteps_per_iteration=200)
+        .debugging(seed=0)
+    )
+    with pytest.raises(ValueError, match="EpisodeReplayBuffer"):
+        config.copy().training(replay_buffer_config={"type": BUFFER_TYPE}).validate()
+    algo = config.build_algo()
+    try:
+        buf = replace_replay_buffer(algo, capacity=1000, seed=0)
+        assert algo.local_replay_buffer is buf and buf.capacity == 1000 and buf._alpha == 0.6
+        algo.train()
+        assert len(buf) >= 200 and buf.pal_buffer.fields["action"] == ((1,), np.dtype(np.float32))
+        assert buf.pal_buffer.max_priority != 1.0  # SAC's TD errors reached the PAL tree
+    finally:
+        algo.stop()
