@@ -7,7 +7,8 @@ batch size, number of env runners) it reports the median time of one training it
 share of it spent inside the buffer (add + sample + priority update, timed by wrapping the
 buffer instance's methods) and the speedup default / PAL.
 
-``pal-bench plugin-bench [--full]`` writes ``results/plugin.csv`` (one row per configuration and
+The two runs of a configuration are built side by side and their timed iterations alternate
+(ABBA), so load on a shared machine hits both alike. ``pal-bench plugin-bench [--full]`` writes ``results/plugin.csv`` (one row per configuration and
 buffer), ``results/plugin.md`` and ``results/figures/plugin.png``. Quick (default): 2 warm-up and
 5 timed iterations of 200 env steps each, env runners 0 and 1; ``--full``: 10 timed iterations of
 1000 steps, env runners 0..cores-1 (at least 0 and 1).
@@ -36,7 +37,7 @@ class Case:
     env: str
     batch_size: int
     env_runners: int
-    buffer: str             # "default" or "pal"
+    buffer: str             # "default" (the framework's own) or "pal"
 
     @property
     def name(self) -> str:
@@ -67,9 +68,12 @@ def rllib_algo(case: Case, seed: int, steps_per_iter: int, learning_starts: int)
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.sac import SACConfig
 
-    buffer_type = ("pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer" if case.buffer == "pal"
+    # SAC's config validation (RLlib 2.60) accepts only RLlib's own buffer names: its PAL buffer is
+    # swapped in after building (same constructor arguments), DQN's is named in the config
+    dqn = case.framework == "rllib-dqn"
+    buffer_type = ("pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer" if case.buffer == "pal" and dqn
                    else "PrioritizedEpisodeReplayBuffer")
-    config = DQNConfig() if case.framework == "rllib-dqn" else SACConfig()
+    config = DQNConfig() if dqn else SACConfig()
     config = (config.environment(case.env)
               .env_runners(num_env_runners=case.env_runners, num_envs_per_env_runner=1)
               .training(train_batch_size_per_learner=case.batch_size,
@@ -77,29 +81,73 @@ def rllib_algo(case: Case, seed: int, steps_per_iter: int, learning_starts: int)
                         replay_buffer_config={"type": buffer_type, "capacity": 100_000, "alpha": 0.6, "beta": 0.4})
               .reporting(min_sample_timesteps_per_iteration=steps_per_iter)
               .debugging(seed=seed))
-    return config.build_algo()
+    algo = config.build_algo()
+    if case.buffer == "pal" and not dqn:
+        from pal_bench.integrations.rllib import replace_replay_buffer
+
+        replace_replay_buffer(algo)
+    return algo
 
 
-def time_rllib(case: Case, seed: int, warmup: int, iters: int, steps_per_iter: int) -> dict:
-    learning_starts = 1_000
-    algo = rllib_algo(case, seed, steps_per_iter, learning_starts)
-    try:
-        # fill past learning_starts, then warm up with learning on
-        while True:
-            r = algo.train()
-            if r["env_runners"]["num_env_steps_sampled_lifetime"] > learning_starts:
-                break
+def local_ray() -> None:
+    """Start this process's own Ray instance (a bare ``ray.init()`` would join any cluster that
+    ``ray start`` left running on the machine) with as many CPUs as the machine has."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False,
+                 log_to_driver=False)
+
+
+class RLlibRun:
+    """One RLlib algorithm for the benchmark: ``prepare`` fills the buffer past learning_starts and
+    warms up, ``iterate`` is one ``algo.train()``."""
+
+    methods = BUFFER_METHODS
+
+    def __init__(self, case: Case, seed: int, steps_per_iter: int, learning_starts: int = 1_000):
+        local_ray()
+        self.learning_starts = learning_starts
+        self.algo = rllib_algo(case, seed, steps_per_iter, learning_starts)
+
+    @property
+    def buffer(self):
+        return self.algo.local_replay_buffer
+
+    def prepare(self, warmup: int) -> None:
+        while self.algo.train()["env_runners"]["num_env_steps_sampled_lifetime"] <= self.learning_starts:
+            pass
         for _ in range(warmup):
-            algo.train()
-        clock = BufferClock(algo.local_replay_buffer)
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            algo.train()
-            times.append(time.perf_counter() - t0)
-        return timing(times, clock.seconds) | {"buffer_len": len(algo.local_replay_buffer)}
+            self.algo.train()
+
+    def iterate(self) -> None:
+        self.algo.train()
+
+    def close(self) -> None:
+        self.algo.stop()
+
+
+def paired(make, warmup: int, iters: int) -> dict[str, dict]:
+    """Build the default-buffer and the PAL-buffer run of one configuration (``make(buffer)``), prepare
+    both, then time their iterations alternately (ABBA order), so that load on a shared machine hits
+    both alike. Returns ``{buffer: timing}``."""
+    runs: dict = {}
+    try:
+        for buffer in ("default", "pal"):
+            runs[buffer] = make(buffer)
+        for run in runs.values():
+            run.prepare(warmup)
+        clocks = {b: BufferClock(r.buffer, r.methods) for b, r in runs.items()}
+        times: dict[str, list[float]] = {b: [] for b in runs}
+        for i in range(iters):
+            for b in (("default", "pal") if i % 2 == 0 else ("pal", "default")):
+                t0 = time.perf_counter()
+                runs[b].iterate()
+                times[b].append(time.perf_counter() - t0)
+        return {b: timing(times[b], clocks[b].seconds) | {"buffer_len": len(runs[b].buffer)} for b in runs}
     finally:
-        algo.stop()
+        for run in runs.values():
+            run.close()
 
 
 def timing(times: list[float], buffer_s: float) -> dict:
@@ -109,21 +157,15 @@ def timing(times: list[float], buffer_s: float) -> dict:
             "buffer_share": buffer_s / sum(times), "iterations": len(times)}
 
 
-def time_tianshou(case: Case, seed: int, warmup: int, iters: int, steps_per_iter: int) -> dict:
-    from pal_bench.integrations.tianshou_dqn import dqn_iterations
-
-    return dqn_iterations(case, seed, warmup, iters, steps_per_iter, BufferClock)
-
-
 def cases(full: bool, cores: int) -> list[Case]:
+    """Configurations (``buffer`` left as "default"; each is measured with both buffers)."""
     runners = list(range(0, max(2, cores))) if full else [0, 1]
     out = []
     for framework, env in (("rllib-dqn", "LunarLander-v3"), ("rllib-sac", "Pendulum-v1"),
                            ("tianshou-dqn", "LunarLander-v3")):
         for batch in (32, 256):
             for r in (runners if framework.startswith("rllib") else [0]):
-                for buffer in ("default", "pal"):
-                    out.append(Case(framework, env, batch, r, buffer))
+                out.append(Case(framework, env, batch, r, "default"))
     return out
 
 
@@ -179,12 +221,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t_start = time.perf_counter()
     for i, case in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}, {time.perf_counter() - t_start:.0f} s] {case.name} ...", file=sys.stderr, flush=True)
-        fn = time_tianshou if case.framework.startswith("tianshou") else time_rllib
-        r = fn(case, args.seed, warmup, iters, steps)
-        rows.append(dataclasses.asdict(case) | r | {"steps_per_iteration": steps})
-        print(f"[{i}/{len(todo)}] {case.name}: {r['iteration_s'] * 1e3:.1f} ms/iteration, "
-              f"buffer {r['buffer_share']:.0%}", file=sys.stderr, flush=True)
+        label = case.name.replace("-default]", "]")
+        print(f"[{i}/{len(todo)}, {time.perf_counter() - t_start:.0f} s] {label} ...", file=sys.stderr, flush=True)
+        if case.framework.startswith("tianshou"):
+            from pal_bench.integrations.tianshou_dqn import TianshouRun
+
+            def make(buffer, case=case):
+                return TianshouRun(dataclasses.replace(case, buffer=buffer), args.seed, steps)
+        else:
+            def make(buffer, case=case):
+                return RLlibRun(dataclasses.replace(case, buffer=buffer), args.seed, steps)
+        result = paired(make, warmup, iters)
+        for buffer, r in result.items():
+            rows.append(dataclasses.asdict(case) | {"buffer": buffer} | r | {"steps_per_iteration": steps})
+        d, p = result["default"], result["pal"]
+        print(f"[{i}/{len(todo)}] {label}: {d['iteration_s'] * 1e3:.0f} ms -> {p['iteration_s'] * 1e3:.0f} ms per "
+              f"iteration ({d['iteration_s'] / p['iteration_s']:.2f}x), buffer {d['buffer_share']:.0%} -> "
+              f"{p['buffer_share']:.0%}", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "plugin.csv", index=False, float_format="%.5f")

@@ -197,6 +197,9 @@ def run_rllib(task: Task, seed: int, clock: Clock, buffer: str) -> None:
     import ray
     import torch
 
+    from pal_bench.plugin_bench import local_ray
+
+    local_ray()
     algo = rllib_config(task, seed, buffer).build_algo()
     clock.started()
     module = algo.get_module()

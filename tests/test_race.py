@@ -75,3 +75,37 @@ def test_speedup_table_and_amdahl_bound():
                  iteration_s=0.8, buffer_share=0.3)]
     t = plugin_bench.speedup_table(pd.DataFrame(rows))
     assert t.speedup.iloc[0] == pytest.approx(1.25) and t.bound.iloc[0] == pytest.approx(2.0)
+
+
+def test_paired_alternates_the_two_buffers_and_closes_both():
+    log = []
+
+    class Buf:
+        def __len__(self):
+            return 7
+
+        def add(self):
+            time.sleep(0.002)
+
+    class Run:
+        methods = ("add",)
+
+        def __init__(self, name):
+            self.name, self.buffer, self.closed = name, Buf(), False
+
+        def prepare(self, warmup):
+            log.append(("prepare", self.name, warmup))
+
+        def iterate(self):
+            log.append(("iterate", self.name))
+            self.buffer.add()
+
+        def close(self):
+            log.append(("close", self.name))
+
+    out = plugin_bench.paired(Run, warmup=2, iters=4)
+    order = [name for what, name, *_ in log if what == "iterate"]
+    assert order == ["default", "pal", "pal", "default", "default", "pal", "pal", "default"]
+    assert [e for e in log if e[0] == "close"] == [("close", "default"), ("close", "pal")]
+    for r in out.values():
+        assert r["iterations"] == 4 and r["buffer_len"] == 7 and 0 < r["buffer_share"] <= 1

@@ -9,7 +9,6 @@ its training step (epsilon-greedy), then ``DQN.update(buffer, sample_size)`` per
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,27 +101,31 @@ def train_dqn(task, seed: int, clock) -> None:
             break
 
 
-def dqn_iterations(case, seed: int, warmup: int, iters: int, steps_per_iter: int, buffer_clock) -> dict:
-    """The plug-in benchmark: one iteration = ``steps_per_iter`` env steps collected one at a time,
-    each followed by one gradient step on a batch of ``case.batch_size`` (RLlib DQN's default
-    rhythm); returns the median iteration time and the buffer's share of it."""
-    from pal_bench.plugin_bench import timing
+class TianshouRun:
+    """The plug-in benchmark's tianshou DQN: one iteration = ``steps_per_iter`` env steps collected
+    one at a time, each followed by one gradient step on a batch of ``case.batch_size`` (RLlib
+    DQN's default rhythm); learning starts after 1000 steps, as in the RLlib cases."""
 
-    run = build(case.env, hidden=(256, 256), lr=5e-4, gamma=0.99, n_step=1, target_update=500, capacity=100_000,
-                alpha=0.6, beta=0.4, seed=seed, buffer=case.buffer)
-    run.collect(1_000, eps=1.0)     # learning starts after 1000 steps, as in the RLlib cases
+    methods = ("add", "sample", "update_weight")
 
-    def iteration() -> None:
-        for _ in range(steps_per_iter):
-            run.collect(1, eps=0.1)
-            run.learn(1, case.batch_size)
+    def __init__(self, case, seed: int, steps_per_iter: int):
+        self.case, self.steps = case, steps_per_iter
+        self.run = build(case.env, hidden=(256, 256), lr=5e-4, gamma=0.99, n_step=1, target_update=500,
+                         capacity=100_000, alpha=0.6, beta=0.4, seed=seed, buffer=case.buffer)
 
-    for _ in range(warmup):
-        iteration()
-    clock = buffer_clock(run.buffer, methods=("add", "sample", "update_weight"))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        iteration()
-        times.append(time.perf_counter() - t0)
-    return timing(times, clock.seconds) | {"buffer_len": len(run.buffer)}
+    @property
+    def buffer(self):
+        return self.run.buffer
+
+    def prepare(self, warmup: int) -> None:
+        self.run.collect(1_000, eps=1.0)
+        for _ in range(warmup):
+            self.iterate()
+
+    def iterate(self) -> None:
+        for _ in range(self.steps):
+            self.run.collect(1, eps=0.1)
+            self.run.learn(1, self.case.batch_size)
+
+    def close(self) -> None:
+        self.run.collector.env.close()
