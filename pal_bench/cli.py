@@ -48,8 +48,30 @@ def _dse(args) -> int:
     m = args.max_cores or scaling.usable_cores()
     if args.curves:
         curves = pd.read_csv(args.curves)
+        # curves written before the backend column are the thread backend's
+        found = sorted(curves.backend.dropna().unique()) if "backend" in curves else ["threads"]
+        if args.backend:
+            if "backend" in curves:
+                curves = curves[curves.backend == args.backend]
+            if args.backend not in found:
+                print(f"pal-bench dse: {args.curves} holds curves of backend {', '.join(found)}, "
+                      f"not {args.backend}", file=sys.stderr)
+                return 2
+            backend = args.backend
+        elif len(found) == 1:
+            backend = found[0]
+        else:
+            print(f"pal-bench dse: {args.curves} holds curves of backends {', '.join(found)}: choose one with "
+                  "--backend", file=sys.stderr)
+            return 2
+        print(f"curves: {args.curves} (backend {backend})")
     else:
+        backend = args.backend or "threads"
+        cfg = make_config(args.algo, args.env, backend=backend)
         curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
+        print(f"curves: measured now (backend {backend})")
+    if backend != cfg.backend:       # --validate runs the backend the curves came from
+        cfg = make_config(args.algo, args.env, backend=backend)
     f_a = dict(zip(curves[curves.curve == "f_a"].threads, curves[curves.curve == "f_a"].throughput))
     f_l = dict(zip(curves[curves.curve == "f_l"].threads, curves[curves.curve == "f_l"].throughput))
     try:
@@ -62,7 +84,7 @@ def _dse(args) -> int:
     print(f"\nchosen split for M={m}, {ratio:g} updates per transition: {best.actors} actor(s) + {best.learners} "
           f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
           f"(limited by the {best.bottleneck})")
-    print(best.command(args.algo, args.env, ratio))
+    print(best.command(args.algo, args.env, ratio) + (f" --backend {backend}" if backend != "threads" else ""))
     from pathlib import Path
 
     fig_path = Path("results") / "figures" / "dse.png"
@@ -70,7 +92,8 @@ def _dse(args) -> int:
     measured = pd.read_csv(args.measured) if args.measured else None
     if args.validate:
         splits = list(zip(table.actors, table.learners))
-        measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr))
+        with scaling.ray_session(cfg):      # Ray: one session for every split
+            measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr))
         v = table.merge(measured, on=["actors", "learners"])
         v["predicted_rank"] = v.transitions_per_s.rank(ascending=False, method="min").astype(int)
         v["chosen"] = (v.actors == best.actors) & (v.learners == best.learners)
@@ -83,7 +106,7 @@ def _dse(args) -> int:
         cols = ["actors", "learners", "transitions_per_s", "measured_transitions_per_s", "measured_updates_per_s",
                 "chosen"]
         text = (f"`pal-bench dse --algo {args.algo} --env {args.env} --max-cores {m} --validate {args.validate}`"
-                f" ({scaling.usable_cores()} usable cores): the chosen split is {verdict}.\n\n"
+                f" ({scaling.usable_cores()} usable cores, backend {backend}): the chosen split is {verdict}.\n\n"
                 + v[cols].rename(columns={"transitions_per_s": "predicted_transitions_per_s"})
                 .to_markdown(index=False, floatfmt=".0f") + "\n")
         (out / "dse.md").write_text(text)
@@ -132,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--env", default="CartPole-v1")
     d.add_argument("--ratio", type=float, help="updates per transition (default: the algorithm's config)")
     d.add_argument("--max-cores", type=int, help="core budget M (default: usable cores)")
-    d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv); default: measure them now")
+    d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, results/scaling_ray.csv); default: "
+                                    "measure them now")
+    d.add_argument("--backend", choices=["threads", "ray"],
+                   help="the backend whose curves to use (a CSV holding both), to measure, and to --validate "
+                        "(default: the one in --curves, else threads)")
     d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
     d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
     d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")

@@ -81,12 +81,12 @@ def solve(f_a, f_l, ratio: float, max_cores: int) -> tuple[Allocation, pd.DataFr
 
 
 def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print) -> pd.DataFrame:
-    """Run the trainer at each (actors, learners) split for ``steps`` transitions (after
-    ``learning_starts``) and measure its end-to-end throughput."""
+    """Run the trainer (``cfg.backend``: threads or Ray) at each (actors, learners) split for ``steps``
+    transitions (after ``learning_starts``) and measure its end-to-end throughput."""
     import dataclasses
     import tempfile
 
-    from pal_bench.train import Trainer
+    from pal_bench.train import make_trainer
 
     rows = []
     for i, (xa, xl) in enumerate(splits, 1):
@@ -94,7 +94,7 @@ def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print) -> 
         with tempfile.TemporaryDirectory(prefix="pal-dse-") as out:
             c = dataclasses.replace(cfg, actors=xa, learners=xl, steps=cfg.learning_starts + steps, progress=False,
                                     eval_episodes=0, eval_interval=0, deterministic=False, out_dir=out)
-            with Trainer(c) as tr:
+            with make_trainer(c) as tr:     # cfg.backend: threads, or Ray processes
                 s = tr.run()
         rows.append({"actors": xa, "learners": xl, "measured_transitions_per_s": s["env_steps_per_s"],
                      "measured_updates_per_s": s["updates_per_s"], "wall_s": s["wall_s"]})

@@ -1,4 +1,4 @@
-"""Throughput of data collection f_a(x) and data consumption f_l(x) against thread counts.
+"""Throughput of data collection f_a(x) and data consumption f_l(x) against thread (or process) counts.
 
 - ``measure_fa(cfg, x, steps)``: transitions/s into the buffer with x actor threads and no
   learning (``learning_starts`` is set past the budget, so learners never start);
@@ -11,12 +11,25 @@ measures x = 1..M (M = usable cores by default; ``--max-threads`` may go past it
 are marked ``oversubscribed``), writes ``results/scaling.csv`` and draws ``results/figures/scaling.png``
 (throughput vs threads with f_a and f_l on one plot, speedup with the ideal line, parallel
 efficiency).
+
+``--backend ray`` measures the same curves with the Ray backend (``pal_bench.train.ray_backend``):
+x actor processes (``RayTrainer`` with learning held off), and x learner processes on a buffer
+actor pre-filled with real transitions (the backend's own buffer, parameter-server and learner
+actors, no actor processes). It writes ``results/scaling_ray.csv`` (``--end-to-end``:
+``results/end_to_end_ray.csv``, sync, async and allreduce aggregation); with both CSVs present
+``results/figures/scaling_backends.png`` draws the two backends on one figure (``draw_backends``),
+so that the GIL's effect (threads) and Ray's per-call overhead (processes) show side by side.
+One local Ray session serves the whole sweep (started once, not per point). ``cores_used`` is
+the driver's CPU time / wall time for threads; for Ray it is left empty (the work is in other
+processes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import math
 import os
 import sys
 import tempfile
@@ -58,12 +71,16 @@ def measure_fa(cfg, actors: int, steps: int) -> float:
         with make_trainer(cfg) as tr:
             cpu0 = time.process_time()
             s = tr.run()
-            last_cores_used["f_a"] = (time.process_time() - cpu0) / max(1e-9, tr.wall())
+            # Ray: the driver only polls; the work is in other processes
+            last_cores_used["f_a"] = (None if cfg.backend == "ray"
+                                      else (time.process_time() - cpu0) / max(1e-9, tr.wall()))
     return s["env_steps"] / s["wall_s"]
 
 
-def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
-    """Fill the trainer's buffer with ``n`` real transitions from random actions."""
+def transitions(tr, n: int, seed: int = 0) -> dict:
+    """``n`` real transitions from random actions, as replay-buffer columns; ``tr`` is a ``Trainer``
+    or a Ray ``WorkerContext`` (anything with ``cfg``, ``algo``, ``act_dim``, ``action_space`` and
+    ``env_actions``)."""
     env = gym.make(tr.cfg.env, **tr.cfg.env_kwargs)
     rng = np.random.default_rng(seed)
     rows = {k: [] for k in ("obs", "act", "rew", "next_obs", "done", "disc")}
@@ -78,14 +95,20 @@ def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
             rows[k].append(v)
         obs = env.reset()[0] if term or trunc else nxt
     env.close()
-    tr.buffer.add_batch(**{k: np.asarray(v) for k, v in rows.items()})
+    return {k: np.asarray(v) for k, v in rows.items()}
+
+
+def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
+    """Fill the trainer's buffer with ``n`` real transitions from random actions."""
+    tr.buffer.add_batch(**transitions(tr, n, seed))
 
 
 def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
-    """Learner updates/s with ``learners`` learner threads on a pre-filled buffer (no actors)."""
+    """Learner updates/s with ``learners`` learner threads (Ray: learner processes, ``cfg.backend``
+    "ray") on a pre-filled buffer (no actors)."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
-        return _measure_fl(_quiet(cfg, out, actors=1, learners=learners,
-                                  buffer_capacity=max(cfg.buffer_capacity, filled)), updates, filled)
+        c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
+        return (_measure_fl_ray if cfg.backend == "ray" else _measure_fl)(c, updates, filled)
 
 
 def _measure_fl(cfg, updates: int, filled: int) -> float:
@@ -113,36 +136,106 @@ def _measure_fl(cfg, updates: int, filled: int) -> float:
     return done / wall
 
 
+def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
+    """``_measure_fl`` with the Ray backend's pieces: its buffer actor (pre-filled with ``filled`` real
+    transitions, its counters set as if the actors had collected them), parameter-server actor and
+    ``cfg.learners`` learner processes; the clock runs from the learners' ``run`` calls to the last
+    one's return (``cfg.aggregation`` sync, async or allreduce)."""
+    import ray
+
+    from pal_bench.train.ray_backend.buffer_actor import BufferActor
+    from pal_bench.train.ray_backend.context import WorkerContext, max_updates
+    from pal_bench.train.ray_backend.ps_actor import ParameterServerActor
+    from pal_bench.train.ray_backend.workers import LearnerWorker
+
+    # a budget of `filled` transitions, all collected, and exactly `updates` updates to start
+    ratio = updates / filled
+    cfg = dataclasses.replace(cfg, steps=filled, learning_starts=0, updates_per_step=ratio)
+    while max_updates(cfg) < updates:
+        cfg = dataclasses.replace(cfg, updates_per_step=float(np.nextafter(cfg.updates_per_step, 1.0)))
+    with ray_session(cfg):
+        n = cfg.learners
+        cpu = math.floor(100 * min(1.0, ray.cluster_resources().get("CPU", 1.0) / n)) / 100
+        buffer = ray.remote(BufferActor).options(num_cpus=0).remote(cfg, 0)
+        ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
+        learners = [ray.remote(LearnerWorker).options(num_cpus=cpu).remote(cfg, i, buffer, ps) for i in range(n)]
+        try:
+            ray.get(buffer.add_batch.remote(0, transitions(WorkerContext(cfg), filled), filled, [], 0))
+            ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
+            init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
+            t0 = time.perf_counter()
+            ray.get([h.run.remote(init) for h in learners])
+            wall = time.perf_counter() - t0
+            done = ray.get(buffer.status.remote())["done"]
+        finally:
+            for h in (*learners, ps, buffer):
+                ray.kill(h, no_restart=True)
+    last_cores_used["f_l"] = None
+    return done / wall
+
+
+@contextlib.contextmanager
+def ray_session(cfg):
+    """For ``cfg.backend`` "ray": connect to Ray (``cfg.ray_address``, else a local Ray with the usable
+    cores) unless already connected, and disconnect at the end only if connected here. Every
+    measurement in the block shares the session (starting Ray takes seconds)."""
+    if cfg.backend != "ray":
+        yield
+        return
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    kw = {"include_dashboard": False, "configure_logging": True, "logging_level": "warning"}
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, **kw)
+    else:
+        ray.init(address="local", num_cpus=usable_cores(), **kw)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFrame:
     """Env steps/s and updates/s of the whole trainer for every (actors, learners) split with
-    actors + learners <= max_threads, sync and async aggregation, env backend sync and async."""
+    actors + learners <= max_threads, sync and async aggregation (Ray backend: and allreduce), env
+    backend sync and async."""
     from pal_bench.dse import validate
 
     cores = usable_cores()
     splits = [(a, b) for a in range(1, max_threads) for b in range(1, max_threads) if a + b <= max_threads]
+    aggregations = ("sync", "async", "allreduce") if cfg.backend == "ray" else ("sync", "async")
     frames = []
-    for aggregation in ("sync", "async"):
-        for backend in ("sync", "async"):
-            c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
-            df = validate(c, splits, steps, progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
-            frames.append(df.assign(aggregation=aggregation, env_backend=backend))
+    with ray_session(cfg):
+        for aggregation in aggregations:
+            for backend in ("sync", "async"):
+                c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
+                df = validate(c, splits, steps,
+                              progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
+                frames.append(df.assign(aggregation=aggregation, env_backend=backend))
     out = pd.concat(frames, ignore_index=True)
     out["threads"] = out.actors + out.learners
     out["oversubscribed"] = out.threads > cores
+    out["backend"] = cfg.backend
     return out
 
 
 def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print) -> pd.DataFrame:
+    """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes)."""
     cores = usable_cores()
     rows = []
-    for x in range(1, max_threads + 1):
-        for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
-            progress(f"[{kind} x={x}/{max_threads}] measuring ...")
-            v = fn(cfg, x, n)
-            rows.append({"curve": kind, "threads": x, "throughput": v, "cores_used": last_cores_used.get(kind),
-                         "cores": cores, "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env,
-                         "env_backend": cfg.env_backend})
-            progress(f"[{kind} x={x}/{max_threads}] {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
+    with ray_session(cfg):
+        for x in range(1, max_threads + 1):
+            for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
+                progress(f"[{cfg.backend} {kind} x={x}/{max_threads}] measuring ...")
+                v = fn(cfg, x, n)
+                rows.append({"curve": kind, "threads": x, "throughput": v, "cores_used": last_cores_used.get(kind),
+                             "cores": cores, "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env,
+                             "env_backend": cfg.env_backend, "backend": cfg.backend})
+                progress(f"[{cfg.backend} {kind} x={x}/{max_threads}] {v:.0f} "
+                         f"{'transitions' if kind == 'f_a' else 'updates'}/s")
     df = pd.DataFrame(rows)
     base = df[df.threads == 1].set_index("curve").throughput
     df["speedup"] = df.throughput / df.curve.map(base)
@@ -161,6 +254,8 @@ def draw(df: pd.DataFrame, path: Path, ratio: float | None = None, chosen=None) 
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     labels = {"f_a": "f_a: transitions/s (actors)", "f_l": "f_l: updates/s (learners)"}
+    ray = "backend" in df and df.backend.iloc[0] == "ray"
+    unit = "Ray processes" if ray else "threads"
     for kind, g in df.groupby("curve"):
         axes[0].plot(g.threads, g.throughput, marker="o", label=labels[kind])
         axes[1].plot(g.threads, g.speedup, marker="o", label=kind)
@@ -168,22 +263,91 @@ def draw(df: pd.DataFrame, path: Path, ratio: float | None = None, chosen=None) 
     xs = sorted(df.threads.unique())
     axes[1].plot(xs, xs, "k--", lw=1, label="ideal")
     cores = int(df.cores.iloc[0])
-    for ax, title, ylabel in zip(axes, ("throughput vs threads", "speedup", "parallel efficiency"),
-                                 ("per second", "speedup over 1 thread", "speedup / threads")):
+    for ax, title, ylabel in zip(axes, (f"throughput vs {unit}", "speedup", "parallel efficiency"),
+                                 ("per second", "speedup over 1 worker", f"speedup / {unit}")):
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("threads (cores)", fontsize=8)
+        ax.set_xlabel(f"{unit} (cores)", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
         if df.oversubscribed.any():
             ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
         ax.legend(fontsize=7)
-    fig.text(0.99, 0.01, f"{df.algo.iloc[0]} {df.env.iloc[0]}, {cores} usable cores", ha="right", fontsize=6,
-             color="gray")
+    backend = df.backend.iloc[0] if "backend" in df else "threads"
+    fig.text(0.99, 0.01, f"{df.algo.iloc[0]} {df.env.iloc[0]}, backend {backend}, {cores} usable cores", ha="right",
+             fontsize=6, color="gray")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
+    """f_a and f_l of the thread backend (``results/scaling.csv``) and the Ray backend
+    (``results/scaling_ray.csv``) on one figure: throughput vs workers (threads or processes; log
+    scale, so both curves read), speedup over one worker with the ideal line, and the Ray path's
+    cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    colors = {"f_a": "#1f77b4", "f_l": "#d62728"}
+    styles = {"threads": ("-", "o", "threads"), "ray": ("--", "s", "Ray processes")}
+    labels = {"f_a": "f_a transitions/s", "f_l": "f_l updates/s"}
+    frames = {"threads": threads, "ray": ray}
+    for backend, df in frames.items():
+        ls, marker, name = styles[backend]
+        for kind, g in df.sort_values("threads").groupby("curve"):
+            axes[0].plot(g.threads, g.throughput, ls=ls, marker=marker, color=colors[kind],
+                         label=f"{labels[kind]}, {name}")
+            axes[1].plot(g.threads, g.speedup, ls=ls, marker=marker, color=colors[kind], label=f"{kind}, {name}")
+    xs = sorted(set(threads.threads) | set(ray.threads))
+    axes[1].plot(xs, xs, "k:", lw=1, label="ideal")
+    t = threads.set_index(["curve", "threads"]).throughput
+    r = ray.set_index(["curve", "threads"]).throughput
+    both = t.index.intersection(r.index)
+    width = 0.38
+    for j, kind in enumerate(("f_a", "f_l")):
+        keys = [k for k in both if k[0] == kind]
+        if not keys:
+            continue
+        over = [(1 / r[k] - 1 / t[k]) * 1e6 for k in keys]
+        bars = axes[2].bar([k[1] + (j - 0.5) * width for k in keys], over, width, color=colors[kind],
+                           label="per transition (f_a)" if kind == "f_a" else "per update (f_l)")
+        axes[2].bar_label(bars, fmt="%.0f", fontsize=7)
+    axes[2].axhline(0, color="k", lw=0.8)
+    axes[0].set_yscale("log")
+    cores = int(threads.cores.iloc[0])
+    for ax, title, ylabel in zip(axes, ("throughput vs workers", "speedup over 1 worker",
+                                        "Ray minus threads: 1/f_ray - 1/f_threads"),
+                                 ("per second (log)", "speedup", "µs")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("workers (threads or Ray processes)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+        if max(xs) > cores:
+            ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
+        ax.legend(fontsize=6.5)
+    fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; "
+             "threads: results/scaling.csv, Ray: results/scaling_ray.csv", ha="right", fontsize=6, color="gray")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:
+    """Per curve and worker count: both throughputs, their ratio and the Ray path's extra cost per
+    transition (f_a) or update (f_l), 1/f_ray - 1/f_threads in µs."""
+    m = threads[["curve", "threads", "throughput"]].merge(ray[["curve", "threads", "throughput"]],
+                                                          on=["curve", "threads"], suffixes=("_threads", "_ray"))
+    m["ray_over_threads"] = m.throughput_ray / m.throughput_threads
+    m["overhead_us"] = (1 / m.throughput_ray - 1 / m.throughput_threads) * 1e6
+    return m
 
 
 def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
@@ -214,8 +378,9 @@ def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7)
-    fig.text(0.99, 0.01, f"{int(df.threads.max())} threads max, {usable_cores()} usable cores when drawn",
-             ha="right", fontsize=6, color="gray")
+    backend = df.backend.iloc[0] if "backend" in df else "threads"
+    fig.text(0.99, 0.01, f"backend {backend}; {int(df.threads.max())} workers max, {usable_cores()} usable cores "
+             "when drawn", ha="right", fontsize=6, color="gray")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -232,24 +397,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=1_000, help="updates per f_l point")
     ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
                     help="async: actors step their environments in subprocesses (outside the GIL)")
+    ap.add_argument("--backend", choices=["threads", "ray"], default="threads",
+                    help="threads in this process, or Ray processes (results/scaling_ray.csv)")
+    ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
-                    help="instead, measure the whole trainer at every split (results/end_to_end.csv)")
+                    help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
+                         "end_to_end_ray.csv for --backend ray)")
     args = ap.parse_args(argv)
-    cfg = make_config(args.algo, args.env, env_backend=args.env_backend)
+    cfg = make_config(args.algo, args.env, env_backend=args.env_backend, backend=args.backend,
+                      ray_address=args.ray_address)
+    suffix = "_ray" if args.backend == "ray" else ""
     if args.end_to_end:
         e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
         args.out.mkdir(parents=True, exist_ok=True)
-        e2e.to_csv(args.out / "end_to_end.csv", index=False, float_format="%.2f")
+        e2e.to_csv(args.out / f"end_to_end{suffix}.csv", index=False, float_format="%.2f")
         print(e2e.to_string(index=False))
-        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / 'end_to_end.png')}")
+        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'end_to_end{suffix}.png')}")
         return 0
     df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "scaling.csv" if args.env_backend == "sync" else "scaling_async_env.csv"
+    name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
     df.to_csv(args.out / name, index=False, float_format="%.3f")
     print(df.to_string(index=False))
     print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
+    threads_csv, ray_csv = args.out / "scaling.csv", args.out / "scaling_ray.csv"
+    if args.env_backend == "sync" and threads_csv.exists() and ray_csv.exists():
+        t, r = pd.read_csv(threads_csv), pd.read_csv(ray_csv)
+        print("\nRay vs threads (overhead_us: 1/f_ray - 1/f_threads per transition or update):")
+        print(overhead_table(t, r).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"figure: {draw_backends(t, r, args.out / 'figures' / 'scaling_backends.png')}")
     return 0
 
 

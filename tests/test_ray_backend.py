@@ -1,12 +1,16 @@
 """The trainer on Ray: learning, an actor and a learner killed mid-run, the sync learner timeout,
-buffer checkpoints, clean shutdown, and two Ray nodes on this machine.
+all-reduce among learner processes, buffer checkpoints, clean shutdown, and two Ray nodes on this
+machine.
 
 The local-Ray tests share one Ray session (class-scoped fixture: Ray takes seconds to start);
 the last of them shuts it down and checks that no Ray process is left. The multi-node test
-(``-m "not ray_multinode"`` deselects it) starts and stops its own two nodes.
+(``-m "not ray_multinode"`` deselects it) starts and stops its own two nodes, and drives them from
+a fresh interpreter (see ``MULTINODE_DRIVER``).
 """
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -169,6 +173,26 @@ class TestLocalRay:
         assert s["learner_timeouts"] >= 1
         assert "learner_timeout" in (tmp_path / cfg.run_name() / "events.csv").read_text()
 
+    def test_allreduce_learners_apply_identical_averaged_gradients(self, tmp_path):
+        import torch
+
+        cfg = cfg_for(tmp_path, actors=1, learners=2, steps=3_000, aggregation="allreduce", eval_episodes=1)
+        with make_trainer(cfg) as tr:
+            s = tr.run()
+        assert s["env_steps"] == 3_000 and s["restarts"] == []
+        final = s["learners_final"]
+        assert set(final) == {"learner0", "learner1"}, final
+        steps = final["learner0"]["version"]
+        # every all-reduce step is taken by both learners, on the same averaged gradients
+        assert steps > 0 and final["learner1"]["version"] == steps
+        assert final["learner0"]["updates"] == final["learner1"]["updates"] == steps
+        assert final["learner0"]["weights_sha1"] == final["learner1"]["weights_sha1"]
+        assert s["updates"] == 2 * steps            # one sampled batch per learner per step
+        assert s["updates"] >= 0.9 * (3_000 - cfg.learning_starts) * cfg.updates_per_step
+        # learner 0 published its last weights: the parameter server and the checkpoint are at that step
+        assert s["ps_steps"] == steps
+        assert torch.load(tmp_path / cfg.run_name() / "checkpoint.pt", weights_only=False)["ps"]["version"] == steps
+
     def test_buffer_actor_reloads_its_checkpoint_after_a_crash(self, tmp_path):
         from pal_bench.train.ray_backend.buffer_actor import BufferActor
 
@@ -220,7 +244,8 @@ def _free_port() -> int:
 def _kill_cluster(port: int) -> None:
     """Stop only this test's Ray nodes: every process whose command line names its GCS port
     (``ray stop`` would stop every Ray instance on the machine)."""
-    mine = {pid for pid, (_, cmd) in _processes().items() if f":{port}" in cmd or f"port={port}" in cmd}
+    own = re.compile(rf"(:|port=){port}(?!\d)")
+    mine = {pid for pid, (_, cmd) in _processes().items() if own.search(cmd)}
     mine -= {os.getpid()}
     for pid in mine | {d for p in mine for d in _descendants(p)}:
         try:
@@ -229,34 +254,69 @@ def _kill_cluster(port: int) -> None:
             pass
 
 
+# The driver of the two-node test, run in a fresh interpreter. In this process an earlier local
+# `ray.init()` has switched Ray to token authentication for good (Ray sets RAY_AUTH_MODE=token in
+# os.environ and caches it in its C++ config; a later RAY_AUTH_MODE=disabled is not re-read): a
+# driver here would demand tokens that the throwaway cluster's GCS does not send, the GCS would
+# fail to reach the actors' owner and cancel them ("Failed to register actor ... SchedulingCancelled",
+# ActorDiedError "cancelled before it started running"). A fresh process sees only the environment
+# it is given, and no Ray state of the other tests.
+MULTINODE_DRIVER = r"""
+import json, sys, time
+import ray
+from pal_bench.train import make_config, make_trainer
+
+address, out_dir = sys.argv[1], sys.argv[2]
+# wait until both nodes are alive with their resources, so that the placement sees 4 CPUs on 2 nodes
+ray.init(address=address, logging_level="warning")
+deadline, seen = time.monotonic() + 120, None
+while time.monotonic() < deadline:
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    seen = {k for n in alive for k in n["Resources"]}
+    if len(alive) == 2 and {"node_a", "node_b"} <= seen and ray.cluster_resources().get("CPU") == 4:
+        break
+    time.sleep(0.5)
+else:
+    sys.exit(f"the two nodes never showed up: {ray.nodes()}")
+ray.shutdown()
+cfg = make_config("dqn", "CartPole-v1", backend="ray", hidden=(64, 64), eval_interval=0, eval_episodes=2,
+                  progress=False, out_dir=out_dir, actors=2, learners=1, steps=3_000, ray_address=address,
+                  ray_placement="spread")
+with make_trainer(cfg) as tr:
+    s = tr.run()
+connected_after_run = ray.is_initialized()     # the driver must disconnect ...
+ray.init(address=address, logging_level="warning")   # ... and leave the cluster running
+alive_after = len([n for n in ray.nodes() if n["Alive"]])
+ray.shutdown()
+print("RESULT " + json.dumps({"env_steps": s["env_steps"], "placement": s["placement"],
+                              "connected_after_run": connected_after_run, "alive_after": alive_after}))
+"""
+
+
 @pytest.mark.ray_multinode
-def test_two_ray_nodes_spread_placement(tmp_path, monkeypatch):
-    if ray.is_initialized():
-        ray.shutdown()
+def test_two_ray_nodes_spread_placement(tmp_path):
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # a throwaway cluster on this machine: no token authentication between its nodes and the driver
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    env = dict(os.environ)
-    start = [RAY_BIN, "start", "--num-cpus", "2", "--disable-usage-stats"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    start = [RAY_BIN, "start", "--num-cpus", "2", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
     try:
-        subprocess.run(start + ["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                                "--include-dashboard", "false", "--resources", '{"node_a": 1}'],
-                       check=True, env=env, capture_output=True, timeout=120)
-        subprocess.run(start + ["--address", address, "--node-ip-address", "127.0.0.1",
-                                "--resources", '{"node_b": 1}'], check=True, env=env, capture_output=True,
-                       timeout=120)
-        cfg = cfg_for(tmp_path, actors=2, learners=1, steps=3_000, ray_address=address, ray_placement="spread")
-        with make_trainer(cfg) as tr:
-            s = tr.run()
+        for args in (["--head", "--port", str(port), "--include-dashboard", "false", "--ray-client-server-port",
+                      str(_free_port()), "--resources", '{"node_a": 1}'],
+                     ["--address", address, "--resources", '{"node_b": 1}']):
+            r = subprocess.run(start + args + ["--dashboard-agent-listen-port", str(_free_port())], env=env,
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, f"ray start {args[0]} failed:\n{r.stdout}\n{r.stderr}"
+        r = subprocess.run([sys.executable, "-c", MULTINODE_DRIVER, address, str(tmp_path)], env=env,
+                           cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
+        result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+        assert r.returncode == 0 and result, f"driver failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+        s = json.loads(result[0][len("RESULT "):])
         assert s["env_steps"] == 3_000
         nodes = {w: p["node_id"] for w, p in s["placement"].items() if "node_id" in p}
         assert len(set(nodes.values())) == 2, nodes
-        assert not ray.is_initialized()        # the driver disconnected ...
-        ray.init(address=address, logging_level="warning")   # ... and left the cluster running
-        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        ray.shutdown()
+        assert not s["connected_after_run"]
+        assert s["alive_after"] == 2
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         _kill_cluster(port)

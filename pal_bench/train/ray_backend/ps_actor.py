@@ -118,11 +118,11 @@ class ParameterServerActor:
             self.ref, self.published_version = state[0], version
             self.ps.version = version
 
-    def state_dict(self) -> dict:
+    async def state_dict(self) -> dict:
         """For checkpoints. allreduce: the published weights and targets; the optimizers' moments
         live in the learners and are not included."""
         if self.cfg.aggregation == "allreduce" and self.published_version > 0:
-            state = ray.get(self.ref)
+            state = await self.ref         # not ray.get: that would block this actor's event loop
             self.ps.nets.load_state_dict(from_numpy(state["online"]))
             self.ps.targets.load_state_dict(from_numpy(state["target"]))
         return self.ps.state_dict()

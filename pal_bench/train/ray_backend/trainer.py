@@ -82,6 +82,7 @@ class RayTrainer(Trainer):
         self.evals: list[dict] = []
         self.events: list[dict] = []               # restarts, timeouts, buffer reloads
         self.placement: dict[str, dict] = {}       # worker -> {pid, node_id, host}
+        self.learner_results: dict[str, dict] = {}  # learner -> {updates, version, weights_sha1} at its end
         self.reached_return = None
         self.update_count, self.td_sum = 0, 0.0
         self.resumed_steps, self.wall_offset = 0, 0.0
@@ -272,6 +273,10 @@ class RayTrainer(Trainer):
         self.timers[name] = SimpleNamespace(seconds=merge_seconds(self.timers.get(name, SimpleNamespace(
             seconds={})).seconds, out["seconds"]))
         self.placement[name] = {k: out[k] for k in ("pid", "node_id", "host")}
+        if name.startswith("learner"):
+            prev = self.learner_results.get(name, {}).get("updates", 0)
+            self.learner_results[name] = {"updates": prev + out["updates"], "version": out["version"],
+                                          "weights_sha1": out["weights_sha1"]}
 
     def _died(self, name: str, error: Exception) -> None:
         """``name``'s process died: return its outstanding work to the budget, log, probe for the restart."""
@@ -376,6 +381,7 @@ class RayTrainer(Trainer):
             "transitions_lost": sum(e["transitions_lost"] for e in self.events),
             "learner_timeouts": sum(e["event"] == "learner_timeout" for e in self.events),
             "placement": self.placement,
+            "learners_final": self.learner_results,
         }
 
     def save_checkpoint(self) -> Path:

@@ -16,6 +16,7 @@ from the object store into the networks), plus the thread backend's ``inference`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
@@ -39,6 +40,17 @@ PUBLISH_EVERY_S = 0.02      # allreduce: learner 0 publishes its weights at most
 
 def node_info() -> dict:
     return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
+
+
+def weights_digest(nets, targets) -> str:
+    """SHA-1 of the online and target weights (bit for bit): learners that applied the same averaged
+    gradients (allreduce) end with the same digest."""
+    h = hashlib.sha1()
+    for module in (nets, targets):
+        for k, v in module.state_dict().items():
+            h.update(k.encode())
+            h.update(v.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _load(nets, targets, state: dict) -> None:
@@ -173,6 +185,7 @@ class LearnerWorker(_Worker):
             dist.init_process_group("gloo", init_method=init_method, rank=self.id, world_size=cfg.learners,
                                     timeout=timedelta(seconds=max(60.0, cfg.learner_timeout_s)))
             local = ParameterServer(algo, nets, targets, cfg, 1)   # optimizers, clipping, targets
+        timer.lap("setup")                      # (the gloo rendezvous is no weights pull)
         version = self._pull(ray.get(self.ps.latest.remote(-1)), nets, targets, timer, -1)
         report = {"indices": [], "td": [], "n_done": 0}
         inflight = deque(self._request(report) for _ in range(1 + cfg.ray_prefetch))
@@ -207,6 +220,7 @@ class LearnerWorker(_Worker):
                         continue
                     local._step([grads])
                     version = local.version
+                    timer.lap("aggregate")      # the optimizer step the parameter server does otherwise
                     if self.id == 0 and time.perf_counter() - last_publish > PUBLISH_EVERY_S:
                         self._publish(local)
                         last_publish = time.perf_counter()
@@ -231,14 +245,15 @@ class LearnerWorker(_Worker):
             ray.get(self.buffer.finish.remote(self.id, idx, tdv, report["n_done"], abandoned))
             if allreduce:
                 if self.id == 0:
-                    self._publish(local)
+                    self._publish(local, wait=True)     # the final weights, before the driver reads them
                 import torch.distributed as dist
 
                 if dist.is_initialized():
                     dist.destroy_process_group()
             else:
                 ray.get(self.ps.leave.remote(self.id))
-        return {"seconds": timer.seconds, "updates": updates} | node_info()
+        return {"seconds": timer.seconds, "updates": updates, "version": version,
+                "weights_sha1": weights_digest(nets, targets)} | node_info()
 
     def _request(self, report: dict):
         """Start one ``sample`` call carrying the unreported priorities."""
@@ -283,7 +298,9 @@ class LearnerWorker(_Worker):
                 out[g] = [x / count for x in seg]
         return out
 
-    def _publish(self, local: ParameterServer) -> None:
+    def _publish(self, local: ParameterServer, wait: bool = False) -> None:
         snap = local.snapshot
         ref = ray.put({"version": snap.version, "online": to_numpy(snap.online), "target": to_numpy(snap.target)})
-        self.ps.publish.remote(snap.version, [ref])
+        done = self.ps.publish.remote(snap.version, [ref])
+        if wait:
+            ray.get(done)
