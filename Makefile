@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # torch is pinned: this exact version installs as a CPU build; a bare `torch` pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test bench bench-compare figures lint install clean train-results scaling
+.PHONY: test bench bench-compare figures lint install clean train-results scaling plugin-bench race
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ train-results: $(VENV)/.installed
 scaling: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.scaling --max-threads 4
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000
+
+# PAL's drop-in buffers inside RLlib and tianshou (about 15 min) and the race to a target return
+# (quick: CartPole-v1, about 10 min; `$(VENV)/bin/pal-bench race` alone is the full LunarLander race)
+plugin-bench: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(VENV)/bin/pal-bench plugin-bench
+
+race: $(VENV)/.installed
+	$(VENV)/bin/pal-bench race --quick
 
 figures: $(VENV)/.installed
 	$(PY) -m pal_bench.report

@@ -386,3 +386,33 @@ def test_sac_trains_with_the_swapped_in_buffer(local_ray):
         assert buf.pal_buffer.max_priority != 1.0  # SAC's TD errors reached the PAL tree
     finally:
         algo.stop()
+
+
+def test_fast_one_step_episodes_equal_the_constructors():
+    from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
+
+    from pal_bench.integrations.rllib import _OneStepEpisodes
+
+    o, o2 = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
+    fast = _OneStepEpisodes(OBS_SPACE, ACT_SPACE).make(o, o2, np.int64(1), 2.5, True, False, 0.7, 3, 41)
+    slow = SingleAgentEpisode(observations=[o, o2], observation_space=OBS_SPACE, infos=None, actions=[np.int64(1)],
+                              action_space=ACT_SPACE, rewards=[2.5], terminated=True, truncated=False,
+                              extra_model_outputs={"weights": [0.7], "n_step": [3]}, len_lookback_buffer=0,
+                              t_started=41)
+    slots = [n for cls in SingleAgentEpisode.__mro__ for n in getattr(cls, "__slots__", ())]
+    assert len(slots) == 20   # the attributes _OneStepEpisodes sets (RLlib 2.60)
+    for name in slots:
+        value = getattr(slow, name)
+        if name == "id_":
+            assert isinstance(fast.id_, str) and fast.id_ != slow.id_
+        elif name == "extra_model_outputs":
+            assert value.keys() == fast.extra_model_outputs.keys()
+            assert all(value[k] == fast.extra_model_outputs[k] for k in value)
+        elif isinstance(value, InfiniteLookbackBuffer):
+            assert value == getattr(fast, name), name
+        else:
+            assert value == getattr(fast, name), name
+    fast.validate()
+    f, s = fast.to_numpy(), slow.to_numpy()
+    np.testing.assert_array_equal(f.get_observations(), s.get_observations())
+    assert f.get_rewards().tolist() == s.get_rewards().tolist() and f.t == s.t == 42 and len(f) == len(s) == 1

@@ -27,15 +27,57 @@ from typing import Any
 
 import numpy as np
 from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
+from ray.rllib.env import single_agent_episode as _sae
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from ray.rllib.utils import force_list
 from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 from ray.rllib.utils.serialization import gym_space_from_dict, gym_space_to_dict
+from ray.rllib.utils.spaces.space_utils import get_base_struct_from_space
 
 from pal_bench import PrioritizedReplayBuffer
 
 STATE_VERSION = 1
+
+
+class _OneStepEpisodes:
+    """Builds the 1-step ``SingleAgentEpisode`` objects ``sample`` returns, about 10x faster than the
+    constructor: ``SingleAgentEpisode.__init__`` re-derives the space structure of every lookback
+    buffer and validates (~35 µs an episode, most of a 256-batch sample), while these episodes
+    all share two spaces whose structures are computed once here. The attributes set are exactly
+    the constructor's (RLlib 2.60; tests/test_integration_rllib.py compares both field by field)."""
+
+    def __init__(self, obs_space: Any, act_space: Any):
+        self.obs_space, self.act_space = obs_space, act_space
+        self._structs = {id(sp): get_base_struct_from_space(sp)
+                         for sp in (obs_space, act_space, _sae._REWARDS_BOX_SPACE, None)}
+        self._prefix, self._serial = os.urandom(8).hex(), 0
+
+    def _buffer(self, data: list, space: Any) -> InfiniteLookbackBuffer:
+        b = InfiniteLookbackBuffer.__new__(InfiniteLookbackBuffer)
+        b.data, b.lookback, b.finalized = data, 0, False
+        b._space, b._space_struct = space, self._structs[id(space)]
+        return b
+
+    def make(self, obs: Any, next_obs: Any, action: Any, reward: float, terminated: bool, truncated: bool,
+             weight: float, n_step: int, t_started: int) -> SingleAgentEpisode:
+        ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
+        self._serial += 1
+        ep.id_ = f"{self._prefix}{self._serial:016x}"
+        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
+        ep._observation_space, ep._action_space = self.obs_space, self.act_space
+        ep.observations = self._buffer([obs, next_obs], self.obs_space)
+        ep.infos = self._buffer([{}, {}], None)
+        ep.actions = self._buffer([action], self.act_space)
+        ep.rewards = self._buffer([reward], _sae._REWARDS_BOX_SPACE)
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep.extra_model_outputs = {"weights": self._buffer([weight], None), "n_step": self._buffer([n_step], None)}
+        ep.t_started = t_started
+        ep.t = t_started + 1
+        ep._custom_data = {}
+        ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
+        return ep
 
 
 def _field_spec(data: np.ndarray, space: Any) -> tuple[tuple[int, ...], np.dtype]:
@@ -91,6 +133,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.rng = np.random.default_rng(seed)
         self._buf: PrioritizedReplayBuffer | None = None  # created by the first add (specs from its data)
         self._obs_space = self._act_space = None
+        self._episodes: _OneStepEpisodes | None = None
         self._succ = np.full(self.capacity, -1, dtype=np.int64)     # slot -> successor's transition id
         self._episode = np.full(self.capacity, -1, dtype=np.int64)  # slot -> episode serial (-1: empty)
         self._episode_rows: dict[int, int] = {}                     # serial -> live rows
@@ -251,16 +294,13 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         ret, next_obs, k, term, trunc = self._n_step(out, n, gamma)
 
         self._last_sampled_ids = ids
-        episodes = []
-        for i in range(B):
-            eps = SingleAgentEpisode(
-                observations=[out["obs"][i], next_obs[i]], observation_space=self._obs_space, infos=None,
-                actions=[out["action"][i]], action_space=self._act_space, rewards=[ret[i]],
-                terminated=bool(term[i]), truncated=bool(trunc[i]),
-                extra_model_outputs={"weights": [out["weights"][i]], "n_step": [int(k[i])]},
-                len_lookback_buffer=0, t_started=int(out["t"][i]),
-            )
-            episodes.append(eps.to_numpy() if to_numpy else eps)
+        if self._episodes is None or self._episodes.obs_space is not self._obs_space:
+            self._episodes = _OneStepEpisodes(self._obs_space, self._act_space)
+        make, obs, act, w, t = self._episodes.make, out["obs"], out["action"], out["weights"], out["t"]
+        episodes = [make(obs[i], next_obs[i], act[i], ret[i], bool(term[i]), bool(trunc[i]), w[i], int(k[i]),
+                         int(t[i])) for i in range(B)]
+        if to_numpy:
+            episodes = [e.to_numpy() for e in episodes]
 
         self.sampled_timesteps += B
         self._update_sample_metrics(**_metric_kwargs(
