@@ -1,0 +1,109 @@
+"""Gradient aggregation schemes (``pal_bench.aggregation``): the same inputs give the same averaged
+gradients in every scheme (sync mode). Inputs are small integers, so every summation order is exact
+and the comparisons are bit for bit."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from pal_bench import aggregation as agg
+from pal_bench.train.param_server import ParameterServer
+
+
+def fixed_grads(n_learners: int, hidden=(8, 8)) -> list[list[torch.Tensor]]:
+    """Per learner, integer-valued gradients shaped like the CartPole Q-network with ``hidden``."""
+    *_, params, _ = agg._setup(hidden)
+    return [[torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 7 * (k + 1) - 3 * k for p in params]
+            for k in range(n_learners)]
+
+
+def captured_ps_average(grad_lists, hidden=(8, 8)) -> list[torch.Tensor]:
+    """The gradient the thread backend's ``ParameterServer`` hands its optimizer for one sync round."""
+    cfg, algo, nets, targets, _, _ = agg._setup(hidden)
+    cfg.grad_clip = 0.0
+    ps = ParameterServer(algo, nets, targets, cfg, len(grad_lists))
+    seen = []
+    ps.optimizers["q"].step = lambda: seen.extend(p.grad.clone() for p in ps.params["q"])
+    ps._step([{"q": g} for g in grad_lists])
+    return seen
+
+
+def test_flatten_roundtrip_and_groups():
+    g = fixed_grads(1)[0]
+    back = agg.unflatten(agg.flatten(g), g)
+    assert all(torch.equal(a, b) for a, b in zip(g, back))
+    assert agg.make_groups(5, 2) == [[0, 1], [2, 3], [4]]
+    assert agg.n_params((128, 128)) == sum(p.numel() for p in agg._setup((128, 128))[4])
+
+
+def test_parameter_server_average_equals_the_mean():
+    grads = fixed_grads(4)
+    want = agg.mean_gradients(grads)
+    got = captured_ps_average(grads)
+    assert len(got) == len(want)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # the flat sum / world size the collectives compute is the same, bit for bit
+    flat = torch.stack([agg.flatten(g) for g in grads]).sum(0) / 4
+    assert all(torch.equal(a, b) for a, b in zip(agg.unflatten(flat, grads[0]), want))
+
+
+def test_thread_reference_runs():
+    threads = torch.get_num_threads()
+    try:
+        out = agg.thread_ps_run(2, (16, 16), iters=3, warmup=1)
+    finally:
+        torch.set_num_threads(threads)      # thread_ps_run sets 1 for its process
+    assert len(out) == 2 and all(len(t["compute_s"]) == 3 for t in out)
+    assert all(x > 0 for t in out for x in t["communicate_s"])
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_gloo_allreduce_and_hierarchical_match_the_mean(ray_session):
+    """Two learner processes: all-reduce, hierarchical with one group of two (reduce, broadcast) and
+    with two groups of one (all-reduce among leaders) all give the parameter server's average."""
+    ray = ray_session
+    grads = fixed_grads(2)
+    want = [w.numpy() for w in captured_ps_average(grads)]
+    workers = [ray.remote(num_cpus=0)(agg.AggLearner).remote(r, 2) for r in range(2)]
+    try:
+        addr = ray.get(workers[0].address.remote())
+        ray.get([w.init_dist.remote(addr, 2) for w in workers])
+        results = {}
+        for scheme in ("allreduce", "hierarchical"):
+            results[scheme] = ray.get([w.reduce.remote(scheme, [g.numpy() for g in grads[r]])
+                                       for r, w in enumerate(workers)])
+        ray.get([w.regroup.remote(1) for w in workers])
+        results["hierarchical-1"] = ray.get([w.reduce.remote("hierarchical", [g.numpy() for g in grads[r]])
+                                             for r, w in enumerate(workers)])
+        for scheme, per_rank in results.items():
+            for got in per_rank:
+                for a, b in zip(got, want):
+                    np.testing.assert_array_equal(a, b, err_msg=scheme)
+        # and the Ray parameter-server actor (sync) steps with that same average
+        from pal_bench.train.ray_backend.context import WorkerContext, to_numpy
+        from pal_bench.train.ray_backend.ps_actor import ParameterServerActor
+
+        cfg = agg._setup((8, 8))[0]
+        ps = ray.remote(num_cpus=0)(ParameterServerActor).remote(cfg, 2)
+        latest = ray.get([ps.submit.remote(r, 0, {"q": to_numpy(grads[r])}) for r in range(2)])
+        state = ray.get(latest[0][1][0])
+        torch.manual_seed(cfg.seed)
+        nets = WorkerContext(cfg).networks()
+        local = ParameterServer(agg._setup((8, 8))[1], nets, copy.deepcopy(nets), cfg, 1)
+        local._step([{"q": [torch.as_tensor(w) for w in want]}])
+        for k, v in local.nets.state_dict().items():
+            np.testing.assert_array_equal(state["online"][k], v.numpy(), err_msg=k)
+        ray.kill(ps)
+    finally:
+        ray.get([w.close.remote() for w in workers])
+        for w in workers:
+            ray.kill(w)
