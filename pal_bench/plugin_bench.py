@@ -9,9 +9,10 @@ buffer instance's methods) and the speedup default / PAL.
 
 The two runs of a configuration are built side by side and their timed iterations alternate
 (ABBA), so load on a shared machine hits both alike. ``pal-bench plugin-bench [--full]`` writes
-``results/plugin.csv`` (one row per configuration and buffer), ``results/plugin.md`` and ``results/figures/plugin.png``. Quick (default): 2 warm-up and
-5 timed iterations of 200 env steps each, env runners 0 and 1; ``--full``: 10 timed iterations of
-1000 steps, env runners 0..cores-1 (at least 0 and 1).
+``results/plugin.csv`` (one row per configuration and buffer), ``results/plugin.md`` and
+``results/figures/plugin.png``. Quick (default): 2 warm-up and 5 timed iterations of 200 env
+steps each, env runners 0 and 1; ``--full``: 10 timed iterations of 1000 steps, env runners
+0..cores-1 (at least 0 and 1).
 """
 
 from __future__ import annotations
