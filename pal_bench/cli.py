@@ -119,6 +119,8 @@ def _dse(args) -> int:
 FORWARDED = {
     "race": ("pal_bench.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
     "plugin-bench": ("pal_bench.plugin_bench", "training-iteration time with each framework's buffer vs PAL's drop-in"),
+    "aggregation": ("pal_bench.aggregation", "share of a training iteration spent aggregating gradients, per scheme"),
+    "longhaul": ("pal_bench.longhaul.experiment", "replay at the learner or at the buffer node, over a long-haul link"),
 }
 
 

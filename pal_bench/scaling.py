@@ -230,10 +230,12 @@ def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print) -> pd
         for x in range(1, max_threads + 1):
             for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
                 progress(f"[{cfg.backend} {kind} x={x}/{max_threads}] measuring ...")
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
                 v = fn(cfg, x, n)
+                # load1: the machine's 1-minute load average as the point started (other jobs share the cores)
                 rows.append({"curve": kind, "threads": x, "throughput": v, "cores_used": last_cores_used.get(kind),
                              "cores": cores, "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env,
-                             "env_backend": cfg.env_backend, "backend": cfg.backend})
+                             "env_backend": cfg.env_backend, "backend": cfg.backend, "load1": load})
                 progress(f"[{cfg.backend} {kind} x={x}/{max_threads}] {v:.0f} "
                          f"{'transitions' if kind == 'f_a' else 'updates'}/s")
     df = pd.DataFrame(rows)
@@ -309,30 +311,39 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
     r = ray.set_index(["curve", "threads"]).throughput
     both = t.index.intersection(r.index)
     width = 0.38
-    for j, kind in enumerate(("f_a", "f_l")):
+    # f_a's overhead (µs per transition) on the left axis, f_l's (ms per update) on the right: they differ
+    # by orders of magnitude
+    ax_l = axes[2].twinx()
+    for j, (kind, ax, scale, unit) in enumerate((("f_a", axes[2], 1e6, "µs per transition"),
+                                                 ("f_l", ax_l, 1e3, "ms per update"))):
         keys = [k for k in both if k[0] == kind]
-        if not keys:
-            continue
-        over = [(1 / r[k] - 1 / t[k]) * 1e6 for k in keys]
-        bars = axes[2].bar([k[1] + (j - 0.5) * width for k in keys], over, width, color=colors[kind],
-                           label="per transition (f_a)" if kind == "f_a" else "per update (f_l)")
-        axes[2].bar_label(bars, fmt="%.0f", fontsize=7)
-    axes[2].axhline(0, color="k", lw=0.8)
+        over = [(1 / r[k] - 1 / t[k]) * scale for k in keys]
+        bars = ax.bar([k[1] + (j - 0.5) * width for k in keys], over, width, color=colors[kind],
+                      label=f"{kind}: {unit}")
+        ax.bar_label(bars, fmt="%.0f" if kind == "f_a" else "%.1f", fontsize=7)
+        ax.axhline(0, color=colors[kind], lw=0.6)
+        ax.set_ylabel(unit, fontsize=8, color=colors[kind])
     axes[0].set_yscale("log")
     cores = int(threads.cores.iloc[0])
     for ax, title, ylabel in zip(axes, ("throughput vs workers", "speedup over 1 worker",
-                                        "Ray minus threads: 1/f_ray - 1/f_threads"),
-                                 ("per second (log)", "speedup", "µs")):
+                                        "Ray's extra cost: 1/f_ray - 1/f_threads"),
+                                 ("per second (log)", "speedup", None)):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("workers (threads or Ray processes)", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
+        if ylabel:
+            ax.set_ylabel(ylabel, fontsize=8)
         ax.set_xticks(xs)
         ax.grid(alpha=0.3)
         if max(xs) > cores:
             ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
-        ax.legend(fontsize=6.5)
-    fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; "
-             "threads: results/scaling.csv, Ray: results/scaling_ray.csv", ha="right", fontsize=6, color="gray")
+        if ax is not axes[2]:
+            ax.legend(fontsize=6.5)
+    handles = [h for a in (axes[2], ax_l) for h in a.get_legend_handles_labels()[0]]
+    ax_l.legend(handles, [h.get_label() for h in handles], fontsize=6.5, loc="upper right")
+    loads = [f"{name} load {df.load1.min():.1f}-{df.load1.max():.1f}" for name, df in frames.items() if "load1" in df]
+    fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; threads: "
+             f"results/scaling.csv, Ray: results/scaling_ray.csv" + (f" (1-min {', '.join(loads)})" if loads else ""),
+             ha="right", fontsize=6, color="gray")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

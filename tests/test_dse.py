@@ -72,3 +72,24 @@ def test_dse_validate_runs_the_trainer_at_every_split(tmp_path, monkeypatch, cap
     assert len(v) == 1 and v.measured_transitions_per_s.iloc[0] > 0 and bool(v.chosen.iloc[0])
     assert "best measured" in (tmp_path / "results" / "dse.md").read_text()
     assert (tmp_path / "results" / "figures" / "dse.png").stat().st_size > 1000
+
+
+def test_dse_on_ray_curves_names_their_backend(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from pal_bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"curve": c, "threads": x, "throughput": v * x, "backend": b}
+            for b, scale in (("threads", 1.0), ("ray", 0.5)) for x in (1, 2)
+            for c, v in (("f_a", 1000.0 * scale), ("f_l", 100.0 * scale))]
+    df = pd.DataFrame(rows)
+    df[df.backend == "ray"].to_csv(tmp_path / "scaling_ray.csv", index=False)
+    df.to_csv(tmp_path / "both.csv", index=False)
+    assert main(["dse", "--curves", "scaling_ray.csv", "--max-cores", "2", "--ratio", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "scaling_ray.csv (backend ray)" in out and "--backend ray" in out and " 200 transitions/s" in out
+    # a CSV holding both backends needs --backend
+    assert main(["dse", "--curves", "both.csv", "--max-cores", "2"]) == 2
+    assert main(["dse", "--curves", "both.csv", "--max-cores", "2", "--ratio", "0.25", "--backend", "threads"]) == 0
+    assert "(backend threads)" in capsys.readouterr().out

@@ -44,3 +44,16 @@ def test_report_from_stored_json(tmp_path):
 def test_report_without_results_is_a_clear_error(tmp_path, capsys):
     assert report.main(["--results", str(tmp_path)]) == 1
     assert "make bench" in capsys.readouterr().err
+
+
+def test_trainer_figures_draw_both_backends_side_by_side(tmp_path):
+    rows = [{"curve": c, "threads": x, "throughput": v * x ** 0.5, "speedup": x ** 0.5, "efficiency": x ** -0.5,
+             "cores": 2, "oversubscribed": False, "algo": "dqn", "env": "CartPole-v1", "backend": b}
+            for b, scale in (("threads", 1.0), ("ray", 0.7)) for x in (1, 2)
+            for c, v in (("f_a", 3000.0 * scale), ("f_l", 300.0 * scale))]
+    df = pd.DataFrame(rows)
+    df[df.backend == "threads"].drop(columns="backend").to_csv(tmp_path / "scaling.csv", index=False)  # older CSV
+    df[df.backend == "ray"].to_csv(tmp_path / "scaling_ray.csv", index=False)
+    figures = report.draw_trainer_figures(tmp_path)
+    assert tmp_path / "figures" / "scaling_backends.png" in figures
+    assert (tmp_path / "figures" / "scaling_backends.png").stat().st_size > 1000

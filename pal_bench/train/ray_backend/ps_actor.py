@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import socket
 import time
 
 import ray
@@ -39,6 +41,7 @@ class ParameterServerActor:
         self.active = set(range(n_learners))
         self.pending: dict[int, dict] = {}
         self.round = 0
+        self.timer: asyncio.Task | None = None   # the open sync round's learner timeout
         self.timeouts: list[dict] = []      # sync rounds applied without every learner
         self.stopped = False
         self.cond = asyncio.Condition()
@@ -78,11 +81,11 @@ class ParameterServerActor:
             self.active.add(learner)        # a restarted learner rejoins here
             my_round = self.round
             self.pending[learner] = grads
-            if len(self.pending) == 1:
-                asyncio.get_running_loop().create_task(self._timeout(my_round))
             if self.active <= set(self.pending):
                 self._apply_round()
             else:
+                if self.timer is None:      # the round's first gradient starts its timeout
+                    self.timer = asyncio.get_running_loop().create_task(self._timeout(my_round))
                 await self.cond.wait_for(lambda: self.round > my_round or self.stopped)
             return self.latest(base_version)
 
@@ -90,6 +93,10 @@ class ParameterServerActor:
         self.ps._step(grad_list)
 
     def _apply_round(self) -> None:
+        if self.timer is not None:          # (a round applied at once, one learner, starts none)
+            if self.timer is not asyncio.current_task():
+                self.timer.cancel()
+            self.timer = None
         self._step(list(self.pending.values()))
         self.pending.clear()
         self.round += 1
@@ -104,6 +111,8 @@ class ParameterServerActor:
                                       "missing_learners": missing, "waited_s": self.cfg.learner_timeout_s,
                                       "time": time.time()})
                 self._apply_round()
+            if self.timer is asyncio.current_task():
+                self.timer = None
 
     async def leave(self, learner: int) -> None:
         """A learner has finished (or is gone for good): later rounds do not wait for it."""
@@ -126,6 +135,10 @@ class ParameterServerActor:
             self.ps.nets.load_state_dict(from_numpy(state["online"]))
             self.ps.targets.load_state_dict(from_numpy(state["target"]))
         return self.ps.state_dict()
+
+    def info(self) -> dict:
+        """Where this actor runs: pid, Ray node id, host."""
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
 
     def stats(self) -> dict:
         return {"version": self.ps.version, "dropped_stale": self.ps.dropped_stale,

@@ -160,7 +160,9 @@ class RayTrainer(Trainer):
             self._handles[f"actor{i}"] = ray.remote(ActorWorker).options(
                 num_cpus=cpu, scheduling_strategy=where(1 + i), max_restarts=MAX_RESTARTS).remote(cfg, i, buffer, ps)
         self.ps.handle = ps
-        names = [k for k in self._handles if k != "parameter-server"]
+        # every process is up before the clock starts (the parameter server too: a worker's first weights
+        # pull would otherwise wait for it to start, about a second, inside the measured run)
+        names = list(self._handles)
         infos = ray.get([self._handles[k].info.remote() if k != "buffer" else buffer.pid.remote() for k in names])
         for k, info in zip(names, infos):
             self.placement[k] = info if isinstance(info, dict) else {"pid": info}
