@@ -1,4 +1,4 @@
-"""How much of a training iteration is gradient aggregation? (issue 8, study 2)
+"""How much of a training iteration is gradient aggregation?
 
 For 1..L learners and DQN Q-networks from the CartPole MLP (128x128, 17k parameters) up to a few
 million parameters, each learner runs ``iters`` DQN updates (forward + backward on a batch of 128,

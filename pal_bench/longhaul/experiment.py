@@ -1,4 +1,4 @@
-"""Where should replay live when the learner is far away? (issue 8, study 1)
+"""Where should replay live when the learner is far away?
 
 For each link and each topology (``learner-replay``, ``buffer-replay``; see ``nodes``) one DQN run:
 edge actors (the Ray backend's ``ActorWorker``) paced to ``actor_rate`` env steps/s in total feed
