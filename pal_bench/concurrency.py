@@ -144,11 +144,9 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7)
     fig.text(0.99, 0.01, f"capacity {CAPACITY:.0e}, full buffer", ha="right", fontsize=6, color="gray")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from pal_bench.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

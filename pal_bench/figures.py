@@ -47,6 +47,15 @@ def _finish(fig, path: Path, note: str) -> Path:
     return path
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write (110 dpi, creating the folder) and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _order(df: pd.DataFrame) -> pd.DataFrame:
     rank = {p: i for i, p in enumerate(STYLE)}
     return df.assign(_r=df.peer.map(lambda p: rank.get(p, 99))).sort_values("_r").drop(columns="_r")

@@ -200,11 +200,9 @@ def draw(t: pd.DataFrame, path: Path) -> Path:
     ax.set_title("training iteration: default buffer vs PAL's drop-in", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from pal_bench.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -307,11 +307,9 @@ def draw(curves: pd.DataFrame, task_name: str, task: Task, path: Path) -> Path:
     ax.set_title(f"DQN on {task.env}: time to target ({task_name})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from pal_bench.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def launch(name: str, task_name: str, seed: int, split: tuple[int, int], log: Path) -> dict:

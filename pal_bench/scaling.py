@@ -277,11 +277,9 @@ def draw(df: pd.DataFrame, path: Path, ratio: float | None = None, chosen=None) 
     backend = df.backend.iloc[0] if "backend" in df else "threads"
     fig.text(0.99, 0.01, f"{df.algo.iloc[0]} {df.env.iloc[0]}, backend {backend}, {cores} usable cores", ha="right",
              fontsize=6, color="gray")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from pal_bench.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
@@ -344,11 +342,9 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
     fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; threads: "
              f"results/scaling.csv, Ray: results/scaling_ray.csv" + (f" (1-min {', '.join(loads)})" if loads else ""),
              ha="right", fontsize=6, color="gray")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from pal_bench.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:
@@ -392,11 +388,9 @@ def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
     backend = df.backend.iloc[0] if "backend" in df else "threads"
     fig.text(0.99, 0.01, f"backend {backend}; {int(df.threads.max())} workers max, {usable_cores()} usable cores "
              "when drawn", ha="right", fontsize=6, color="gray")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from pal_bench.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
