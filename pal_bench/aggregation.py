@@ -28,7 +28,6 @@ more learners than cores they share the cores, as they would on an oversubscribe
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 import threading
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from pal_bench.ray_session import session
 
 SCHEMES = ("threads-ps", "ps-sync", "ps-async", "allreduce", "hierarchical")
 QUICK_SIZES = ((128, 128), (1024, 1024))
@@ -388,7 +389,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
     import pandas as pd
-    import ray
 
     top = args.learners or (2 if args.quick else 4)
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
@@ -398,16 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pal-bench aggregation: unknown scheme(s) {sorted(unknown)}; known: {', '.join(SCHEMES)}",
               file=sys.stderr)
         return 2
-    kw = dict(include_dashboard=False, log_to_driver=False)
-    if args.ray_address:
-        ray.init(address=args.ray_address, **kw)
-    else:
-        ray.init(address="local", num_cpus=len(os.sched_getaffinity(0)), **kw)
-    try:
+    with session(args.ray_address, log_to_driver=False):
         rows = study(list(range(1, top + 1)), sizes, iters, args.warmup, args.group_size, schemes,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))
-    finally:
-        ray.shutdown()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)

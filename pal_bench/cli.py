@@ -14,7 +14,8 @@ def _train(args) -> int:
     flags = {"actors": args.actors, "learners": args.learners, "steps": args.steps, "seed": args.seed,
              "envs_per_actor": args.envs_per_actor, "aggregation": args.aggregation, "name": args.name,
              "env_backend": args.env_backend, "out_dir": args.out_dir, "backend": args.backend,
-             "ray_address": args.ray_address}
+             "ray_address": args.ray_address, "topology": args.topology, "link": args.link,
+             "actor_rate": args.actor_rate}
     try:
         overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
         cfg = make_config(args.algo, args.env, args.config, **overrides)
@@ -31,6 +32,13 @@ def _train(args) -> int:
     keys = ("env_steps", "updates", "episodes", "wall_s", "env_steps_per_s", "updates_per_s",
             "mean_return_last20", "final_eval_return", "run_dir")
     print(json.dumps({k: summary[k] for k in keys}, indent=1))
+    if cfg.topology != "local":
+
+        print(f"link {cfg.link}, {cfg.topology}: final loss {summary['loss_final']:.4g}, average priority of "
+              f"crossed experiences {summary['crossed_priority']:.4g}, {summary['bytes_to_learner'] / 1e6:.2f} MB to "
+              f"the learner, {summary['bytes_to_buffer'] / 1e6:.2f} MB back, learner idle "
+              f"{summary['learner_idle_frac']:.0%}")
+        return 0
     from pal_bench import profile
 
     profile.main(summary["run_dir"])
@@ -147,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--env-backend", choices=["sync", "async"])
     t.add_argument("--backend", choices=["threads", "ray"], help="threads in this process (default) or Ray processes")
     t.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: start a local Ray)")
+    t.add_argument("--topology", choices=["local", "learner-replay", "buffer-replay"],
+                   help="with --backend ray and dqn/ddqn: edge actors, a buffer node and one learner behind --link; "
+                        "replay at the learner or at the buffer node (default: local, the usual layout)")
+    t.add_argument("--link", help="with --topology: link preset between buffer node and learner (none, fibre-10km, "
+                                  "wan, wan-1MBps)")
+    t.add_argument("--actor-rate", type=float, help="with --topology: edge env steps/s, all actors (0: unpaced)")
     t.add_argument("--seed", type=int)
     t.add_argument("--name", help="run directory name under --out-dir")
     t.add_argument("--out-dir")

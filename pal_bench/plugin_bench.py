@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pal_bench.ray_session import connect
+
 ROOT = Path(__file__).resolve().parent.parent
 BUFFER_METHODS = ("add", "sample", "update_priorities", "get_metrics")
 
@@ -93,11 +95,7 @@ def rllib_algo(case: Case, seed: int, steps_per_iter: int, learning_starts: int)
 def local_ray() -> None:
     """Start this process's own Ray instance (a bare ``ray.init()`` would join any cluster that
     ``ray start`` left running on the machine) with as many CPUs as the machine has."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False,
-                 log_to_driver=False)
+    connect(num_cpus=max(2, os.cpu_count() or 1), log_to_driver=False)
 
 
 class RLlibRun:

@@ -188,17 +188,16 @@ def update_readme(readme: Path, tables: str, figures: list[str]) -> bool:
 def draw_trainer_figures(results: Path) -> list[Path]:
     """Redraw the trainer-scaling and buffer-concurrency figures from whichever stored CSVs exist."""
     from pal_bench import concurrency
+    from pal_bench.scaling import backends_figure, draw_end_to_end
     from pal_bench.scaling import draw as draw_scaling
-    from pal_bench.scaling import draw_backends, draw_end_to_end
 
     out, figures = results / "figures", []
     if (results / "scaling_async_env.csv").exists():
         figures.append(draw_scaling(pd.read_csv(results / "scaling_async_env.csv"), out / "scaling_async_env.png"))
     if (results / "scaling_ray.csv").exists():
         figures.append(draw_scaling(pd.read_csv(results / "scaling_ray.csv"), out / "scaling_ray.png"))
-        if (results / "scaling.csv").exists():     # thread and Ray backends side by side
-            figures.append(draw_backends(pd.read_csv(results / "scaling.csv"), pd.read_csv(results / "scaling_ray.csv"),
-                                         out / "scaling_backends.png"))
+        if (fig := backends_figure(results)) is not None:      # thread and Ray backends side by side
+            figures.append(fig)
     for name in ("end_to_end", "end_to_end_ray"):
         if (results / f"{name}.csv").exists():
             figures.append(draw_end_to_end(pd.read_csv(results / f"{name}.csv"), out / f"{name}.png"))

@@ -41,6 +41,7 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 
+from pal_bench.ray_session import usable_cores
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.rate import RateController
 from pal_bench.train.workers import learner_loop
@@ -48,8 +49,6 @@ from pal_bench.train.workers import learner_loop
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _quiet(cfg, out_dir: str, **kw):
@@ -182,20 +181,10 @@ def ray_session(cfg):
     if cfg.backend != "ray":
         yield
         return
-    import ray
+    from pal_bench.ray_session import session
 
-    if ray.is_initialized():
+    with session(cfg.ray_address):
         yield
-        return
-    kw = {"include_dashboard": False, "configure_logging": True, "logging_level": "warning"}
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address, **kw)
-    else:
-        ray.init(address="local", num_cpus=usable_cores(), **kw)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFrame:
@@ -282,17 +271,20 @@ def draw(df: pd.DataFrame, path: Path, ratio: float | None = None, chosen=None) 
     return save_figure(fig, path)
 
 
-def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
+def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path,
+                  e2e: dict[str, pd.DataFrame] | None = None) -> Path:
     """f_a and f_l of the thread backend (``results/scaling.csv``) and the Ray backend
     (``results/scaling_ray.csv``) on one figure: throughput vs workers (threads or processes; log
     scale, so both curves read), speedup over one worker with the ideal line, and the Ray path's
-    cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count."""
+    cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count. With ``e2e``
+    (backend -> ``end_to_end`` table) a fourth panel: the whole trainer's env steps/s vs workers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    e2e = {k: v for k, v in (e2e or {}).items() if v is not None and len(v)}
+    fig, axes = plt.subplots(1, 4 if e2e else 3, figsize=(17 if e2e else 13, 3.8))
     colors = {"f_a": "#1f77b4", "f_l": "#d62728"}
     styles = {"threads": ("-", "o", "threads"), "ray": ("--", "s", "Ray processes")}
     labels = {"f_a": "f_a transitions/s", "f_l": "f_l updates/s"}
@@ -338,6 +330,8 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
             ax.legend(fontsize=6.5)
     handles = [h for a in (axes[2], ax_l) for h in a.get_legend_handles_labels()[0]]
     ax_l.legend(handles, [h.get_label() for h in handles], fontsize=6.5, loc="upper right")
+    if e2e:
+        _draw_e2e_backends(axes[3], e2e, styles, cores)
     loads = [f"{name} load {df.load1.min():.1f}-{df.load1.max():.1f}" for name, df in frames.items() if "load1" in df]
     fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; threads: "
              f"results/scaling.csv, Ray: results/scaling_ray.csv" + (f" (1-min {', '.join(loads)})" if loads else ""),
@@ -345,6 +339,41 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path) -> Path:
     from pal_bench.figures import save_figure
 
     return save_figure(fig, path)
+
+
+def _draw_e2e_backends(ax, e2e: dict[str, pd.DataFrame], styles: dict, cores: int) -> None:
+    """Per backend, the best env steps/s over the (actors, learners) splits of each worker count
+    (sync aggregation, in-thread environments), the split annotated."""
+    for backend, df in e2e.items():
+        ls, marker, name = styles[backend]
+        d = df[(df.aggregation == "sync") & (df.env_backend == "sync")].assign(workers=df.actors + df.learners)
+        best = d.loc[d.groupby("workers").measured_transitions_per_s.idxmax()].sort_values("workers")
+        ax.plot(best.workers, best.measured_transitions_per_s, ls=ls, marker=marker, color="#2ca02c", label=name)
+        for r in best.itertuples():
+            ax.annotate(f"{r.actors}a/{r.learners}l", (r.workers, r.measured_transitions_per_s), fontsize=6.5,
+                        textcoords="offset points", xytext=(3, 3))
+    xs = sorted({int(a + b) for df in e2e.values() for a, b in zip(df.actors, df.learners)})
+    if max(xs) > cores:
+        ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
+    ax.set_xticks(xs)
+    ax.set_title("whole trainer (best split, sync aggregation)", fontsize=9)
+    ax.set_xlabel("workers: actors + learners", fontsize=8)
+    ax.set_ylabel("env steps/s", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6.5)
+
+
+def backends_figure(results: Path) -> Path | None:
+    """``figures/scaling_backends.png`` from the stored CSVs in ``results`` (None without both
+    scaling CSVs); the end-to-end panel when ``end_to_end.csv`` and ``end_to_end_ray.csv`` exist."""
+    threads_csv, ray_csv = results / "scaling.csv", results / "scaling_ray.csv"
+    if not (threads_csv.exists() and ray_csv.exists()):
+        return None
+    e2e = {b: pd.read_csv(results / f"end_to_end{s}.csv") for b, s in (("threads", ""), ("ray", "_ray"))
+           if (results / f"end_to_end{s}.csv").exists()}
+    return draw_backends(pd.read_csv(threads_csv), pd.read_csv(ray_csv), results / "figures" / "scaling_backends.png",
+                         e2e if len(e2e) == 2 else None)
 
 
 def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:
@@ -419,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         e2e.to_csv(args.out / f"end_to_end{suffix}.csv", index=False, float_format="%.2f")
         print(e2e.to_string(index=False))
         print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'end_to_end{suffix}.png')}")
+        if (fig := backends_figure(args.out)) is not None:
+            print(f"figure: {fig}")
         return 0
     df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -431,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         t, r = pd.read_csv(threads_csv), pd.read_csv(ray_csv)
         print("\nRay vs threads (overhead_us: 1/f_ray - 1/f_threads per transition or update):")
         print(overhead_table(t, r).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-        print(f"figure: {draw_backends(t, r, args.out / 'figures' / 'scaling_backends.png')}")
+        print(f"figure: {backends_figure(args.out)}")
     return 0
 
 

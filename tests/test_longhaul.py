@@ -200,3 +200,49 @@ def test_topology_runs_a_short_cartpole_dqn(ray_session, topology):
         assert row["transitions_forwarded"] > 0 and row["messages_to_buffer"] >= 1     # weights go back
     else:
         assert row["transitions_forwarded"] == 0 and row["messages_to_buffer"] > row["updates"]
+
+
+def test_train_cli_runs_a_topology_and_writes_its_run_directory(ray_session, tmp_path, capsys):
+    """``pal-bench train --backend ray --topology buffer-replay --link wan``: the long-haul run behind
+    the trainer's interface, in the caller's Ray session (left running)."""
+    import json
+
+    from pal_bench.cli import main
+
+    rc = main(["train", "--algo", "dqn", "--env", "CartPole-v1", "--backend", "ray", "--topology", "buffer-replay",
+               "--link", "wan", "--actor-rate", "1000", "--steps", "1500", "--out-dir", str(tmp_path), "--name", "lh",
+               "--set", "learning_starts=300", "--set", "hidden=[32, 32]", "--set", "eval_interval=500",
+               "--set", "eval_episodes=1", "--set", "progress=false"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "link wan, buffer-replay: final loss" in printed
+    run = tmp_path / "lh"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["topology"] == "buffer-replay" and summary["link"] == "wan"
+    assert summary["env_steps"] == 1_500 and summary["updates"] > 0 and summary["bytes_to_learner"] > 0
+    assert (run / "config.yaml").exists() and (run / "timeline.csv").exists()
+    assert (run / "eval.csv").read_text().startswith("wall_s,version,mean_return")
+    import ray
+
+    assert ray.is_initialized()                 # the fixture's session, not the run's to shut down
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(topology="ring"), "topology must be one of"),
+    (dict(topology="buffer-replay"), "runs on backend = 'ray'"),
+    (dict(topology="buffer-replay", backend="ray", learners=2), "one learner behind the link"),
+    (dict(topology="learner-replay", backend="ray", link="tin-can"), "link: unknown preset"),
+    (dict(topology="learner-replay", backend="ray", actor_rate=-1.0), "actor_rate must be >= 0"),
+])
+def test_bad_topology_configs_are_rejected(kw, message):
+    from pal_bench.train import ConfigError, make_config, validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(make_config("dqn", "CartPole-v1", **kw))
+
+
+def test_topology_needs_the_dqn_family():
+    from pal_bench.train import ConfigError, make_config, validate
+
+    with pytest.raises(ConfigError, match="DQN family"):
+        validate(make_config("sac", "Pendulum-v1", backend="ray", topology="buffer-replay"))

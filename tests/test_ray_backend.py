@@ -217,6 +217,24 @@ class TestLocalRay:
         assert ray.get(buf.sample.remote(0, 32))["status"] in ("ok", "retry", "end")
         ray.kill(buf, no_restart=True)
 
+    def test_checkpoint_and_resume_continue_the_run(self, tmp_path):
+        import torch
+
+        cfg = cfg_for(tmp_path, steps=2_000, learning_starts=500, batch_size=32, name="r")
+        with make_trainer(cfg) as tr:
+            first = tr.run()
+        saved = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
+        assert saved["steps"] == 2_000 and saved["ps"]["version"] == first["ps_steps"] > 0
+        cfg2 = cfg_for(tmp_path, steps=3_000, learning_starts=500, batch_size=32, name="r")
+        with make_trainer(cfg2, resume=True) as tr:
+            assert (tr.rate.steps, tr.rate.done) == (2_000, first["updates"])
+            s = tr.run()
+        assert s["env_steps"] == 3_000 and s["restarts"] == []
+        # the 1 000 new transitions at 0.25 updates each; the weights went on from the saved version
+        assert s["updates"] == pytest.approx(0.25 * 2_500, abs=4)
+        assert s["ps_steps"] == pytest.approx(first["ps_steps"] + 250, abs=4)
+        assert s["buffer_size"] == 3_000            # the restored 2 000 rows plus the new ones
+
     def test_zz_shutdown_leaves_no_ray_process(self):
         ray_procs = _descendants(os.getpid())
         assert ray_procs, "the local Ray session should have child processes"

@@ -22,22 +22,19 @@ nodes and use ``--links none`` to measure the real link instead of the model).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from pal_bench.longhaul.link import TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
+from pal_bench.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats
 from pal_bench.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
+from pal_bench.ray_session import session
 
-LINKS: dict[str, LinkSpec] = {
-    "none": spec_from("none"),
-    "fibre-10km": spec_from("fibre-10km"),
-    "wan": spec_from("wan"),
-    "wan-1MBps": spec_from("wan", byte_budget_per_s=1e6),
-}
+LINKS: dict[str, LinkSpec] = PRESETS
+PROGRESS_S = 2.0
 PROFILES = {
     "quick": dict(env="CartPole-v1", steps=8_000, actor_rate=500.0, actors=1, links=("fibre-10km", "wan"),
                   eval_interval_s=4.0, eval_episodes=3),
@@ -55,8 +52,9 @@ def make_cfg(env: str, steps: int, seed: int = 0, **overrides):
 
 
 def run_one(cfg, topology: str, link: str | LinkSpec, actors: int, actor_rate: float,
-            eval_interval_s: float, eval_episodes: int) -> dict:
-    """One run in the current Ray session; returns the raw results of every part (times: ``time.time()``)."""
+            eval_interval_s: float, eval_episodes: int, progress: Callable[[int], None] | None = None) -> dict:
+    """One run in the current Ray session; returns the raw results of every part (times: ``time.time()``).
+    ``progress`` is called with the env steps handed out so far, every ``PROGRESS_S`` while the actors run."""
     import ray
 
     from pal_bench.train.ray_backend.workers import ActorWorker
@@ -74,7 +72,13 @@ def run_one(cfg, topology: str, link: str | LinkSpec, actors: int, actor_rate: f
         ray.get([learner.prepare.remote()] + [w.info.remote() for w in workers])   # all up before the clock
         t0 = time.time()
         learner_ref, eval_ref = learner.run.remote(), evaluator.run.remote()
-        actor_res = ray.get([w.run.remote() for w in workers])
+        actor_refs = [w.run.remote() for w in workers]
+        running = list(actor_refs)
+        while running:
+            _, running = ray.wait(running, num_returns=len(running), timeout=PROGRESS_S)
+            if progress is not None:
+                progress(ray.get(node.steps.remote()))
+        actor_res = ray.get(actor_refs)      # an actor's error surfaces here
         ray.get(node.stop.remote())
         ray.get(learner.stop.remote())
         learner_res = ray.get(learner_ref)
@@ -220,15 +224,9 @@ def main(argv: list[str] | None = None) -> int:
               f"topologies: {', '.join(TOPOLOGIES)}", file=sys.stderr)
         return 2
     import pandas as pd
-    import ray
 
-    kw = dict(include_dashboard=False, log_to_driver=False)
-    if args.ray_address:
-        ray.init(address=args.ray_address, **kw)
-    else:
-        ray.init(address="local", num_cpus=len(os.sched_getaffinity(0)), **kw)
     rows, timeline = [], []
-    try:
+    with session(args.ray_address, log_to_driver=False):
         cfg = make_cfg(prof["env"], prof["steps"], args.seed, ray_prefetch=args.prefetch)
         for link in links:
             for topo in topologies:
@@ -242,8 +240,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['bytes_to_learner'] / 1e6:.2f} MB to learner, {row['bytes_to_buffer'] / 1e6:.2f} MB "
                       f"back, learner idle {row['learner_idle_frac']:.0%}, eval {row['final_eval_return']:.1f}",
                       file=sys.stderr, flush=True)
-    finally:
-        ray.shutdown()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary, tl = pd.DataFrame(rows), pd.DataFrame(timeline)

@@ -63,11 +63,12 @@ PRESETS: dict[str, LinkSpec] = {
     "none": LinkSpec(),
     "fibre-10km": LinkSpec(latency_s=50e-6, bandwidth_bps=25e9),     # 10 km of fibre (~5 us/km), 25 GbE
     "wan": LinkSpec(latency_s=20e-3, bandwidth_bps=100e6),           # 20 ms one way, 100 Mbit/s
+    "wan-1MBps": LinkSpec(latency_s=20e-3, bandwidth_bps=100e6, byte_budget_per_s=1e6),   # WAN, 1 MB/s budget
 }
 
 
 def spec_from(name_or_spec: str | LinkSpec | dict, **overrides) -> LinkSpec:
-    """A preset name (``none``, ``fibre-10km``, ``wan``), a spec, or a dict of its fields; then overrides."""
+    """A preset name (of ``PRESETS``), a spec, or a dict of its fields; then overrides."""
     if isinstance(name_or_spec, str):
         if name_or_spec not in PRESETS:
             raise ValueError(f"link: unknown preset {name_or_spec!r}; choose one of {', '.join(PRESETS)}")

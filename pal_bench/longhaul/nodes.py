@@ -2,7 +2,7 @@
 and an evaluator. Edge actors are the Ray backend's own ``ActorWorker``; the buffer node answers
 their ``acquire`` / ``add_batch`` / ``latest`` calls (it is both their buffer and their parameter
 server), paced to ``actor_rate`` env steps per second in total (the edge produces experience at its
-own speed, independent of the learner).
+own speed, independent of the learner; 0: as fast as the actors run).
 
 Everything between the buffer node and the learner crosses the modelled link (``Link``): each
 side owns the sending end of its direction and a ``Receiver`` for the other. Topologies:
@@ -34,11 +34,12 @@ import torch
 
 from pal_bench import PrioritizedReplayBuffer
 from pal_bench.longhaul.link import TO_BUFFER, TO_LEARNER, Link, Receiver
+from pal_bench.train import config
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.ray_backend.context import WorkerContext, from_numpy, to_numpy
 
-TOPOLOGIES = ("learner-replay", "buffer-replay")
+TOPOLOGIES = tuple(t for t in config.TOPOLOGIES if t != "local")   # learner-replay, buffer-replay
 RECV_TIMEOUT_S = 60.0
 
 
@@ -106,9 +107,13 @@ class BufferNode:
         e = self.cfg.envs_per_actor
         n = min(request, -(-(self.cfg.steps - self.reserved) // e) * e)
         t, self.reserved = self.reserved, self.reserved + n
-        waited = max(0.0, self.t0 + t / self.actor_rate - time.time())
+        waited = max(0.0, self.t0 + t / self.actor_rate - time.time()) if self.actor_rate > 0 else 0.0
         await asyncio.sleep(waited)
         return {"granted": n, "t": t, "waited": waited}
+
+    def steps(self) -> int:
+        """Env steps handed out to the actors so far."""
+        return self.reserved
 
     def latest(self, known: int = -1):
         """The learner's newest weights as the actors' ``ParameterServerActor.latest`` would give them."""
@@ -325,7 +330,7 @@ class Evaluator:
                 state = ray.get(latest[1][0])
                 nets.load_state_dict(from_numpy(state["online"]))
                 version = latest[0]
-            if version >= 0:
+            if version >= 0 and self.episodes:
                 rets = []
                 for ep in range(self.episodes):
                     obs, _ = env.reset(seed=10_000 + ep)

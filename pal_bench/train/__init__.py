@@ -5,7 +5,12 @@ from pal_bench.train.trainer import Trainer, WorkerError
 
 
 def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
-    """``Trainer`` for ``cfg.backend == "threads"``, ``RayTrainer`` (pal_bench.train.ray_backend) for "ray"."""
+    """``Trainer`` for ``cfg.backend == "threads"``, ``RayTrainer`` (pal_bench.train.ray_backend) for "ray",
+    ``LonghaulTrainer`` (pal_bench.longhaul) for a long-haul ``cfg.topology``."""
+    if cfg.topology != "local":
+        from pal_bench.longhaul.trainer import LonghaulTrainer
+
+        return LonghaulTrainer(cfg, resume=resume)
     if cfg.backend == "ray":
         from pal_bench.train.ray_backend import RayTrainer
 

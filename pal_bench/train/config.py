@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac")
+TOPOLOGIES = ("local", "learner-replay", "buffer-replay")
 CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
 
 
@@ -48,6 +49,11 @@ class TrainConfig:
     ray_prefetch: int = 1                              # sampled batches a learner has in flight beyond the one used
     learner_timeout_s: float = 30.0                    # sync (ray): apply a round without a learner this late (s)
     buffer_checkpoint_interval: int = 0                # ray: buffer actor checkpoint every N transitions (0: off)
+    # long-haul layouts (backend ray, DQN family; pal_bench.longhaul): edge actors feed a buffer node and
+    # one learner sits behind `link`; replay at the learner ("learner-replay") or at the node ("buffer-replay")
+    topology: str = "local"                            # "local" (the layout above), "learner-replay", "buffer-replay"
+    link: str = "none"                                 # link preset: none, fibre-10km, wan, wan-1MBps
+    actor_rate: float = 0.0                            # edge env steps/s, all actors together (0: unpaced)
 
     # budget and rate control
     steps: int = 50_000                                # total env transitions
@@ -257,6 +263,22 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"stop_return must be a finite number or unset, got {cfg.stop_return}")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
+    if cfg.topology not in TOPOLOGIES:
+        raise ConfigError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {cfg.topology!r}")
+    from pal_bench.longhaul.link import PRESETS
+
+    if cfg.link not in PRESETS:
+        raise ConfigError(f"link: unknown preset {cfg.link!r}; choose one of {', '.join(PRESETS)}")
+    if not (math.isfinite(cfg.actor_rate) and cfg.actor_rate >= 0):
+        raise ConfigError(f"actor_rate must be >= 0 (0: unpaced), got {cfg.actor_rate}")
+    if cfg.topology != "local":
+        if cfg.backend != "ray":
+            raise ConfigError(f"topology: {cfg.topology!r} runs on backend = 'ray'")
+        if cfg.algo not in ("dqn", "ddqn"):
+            raise ConfigError(f"topology: {cfg.topology!r} runs the DQN family (dqn, ddqn), not {cfg.algo!r}")
+        if cfg.learners != 1:
+            raise ConfigError(f"learners: topology {cfg.topology!r} has one learner behind the link, got "
+                              f"{cfg.learners}")
     if cfg.backend == "ray" and cfg.deterministic:
         raise ConfigError("deterministic: lockstep runs need backend = 'threads'")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):

@@ -192,7 +192,8 @@ class BufferActor:
                 "size": len(self.buffer), "episodes": eps, "restored": self.restored, "pid": os.getpid()}
 
     def stats(self) -> dict:
-        return {"seconds": dict(self.seconds), "wait_s": dict(self.wait_s), "lock": self.buffer.lock_stats()}
+        return {"seconds": dict(self.seconds), "wait_s": dict(self.wait_s), "lock": self.buffer.lock_stats(),
+                "size": len(self.buffer)}
 
     async def stop(self) -> None:
         async with self.cond:

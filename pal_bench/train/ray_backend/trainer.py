@@ -107,18 +107,10 @@ class RayTrainer(Trainer):
     # ------------------------------------------------------------------ Ray set-up and tear-down
 
     def _connect(self) -> None:
-        import ray
 
-        if ray.is_initialized():
-            return                                  # the caller's session (tests share one)
-        kw = {"include_dashboard": False, "configure_logging": True, "logging_level": "warning"}
-        if self.cfg.ray_address:
-            ray.init(address=self.cfg.ray_address, **kw)
-        else:
-            from pal_bench.scaling import usable_cores
+        from pal_bench.ray_session import connect
 
-            ray.init(address="local", num_cpus=usable_cores(), **kw)   # never another local cluster
-        self._owns_ray = True
+        self._owns_ray = connect(self.cfg.ray_address)   # False: the caller's session (tests share one)
 
     def _spawn(self) -> None:
         import ray
@@ -378,7 +370,7 @@ class RayTrainer(Trainer):
         s = super().summary()
         s["phase_seconds"]["buffer"] = {k: round(v, 4) for k, v in self._buffer_stats["seconds"].items()}
         return s | {
-            "backend": "ray", "ray_address": self.cfg.ray_address,
+            "backend": "ray", "ray_address": self.cfg.ray_address, "buffer_size": self._buffer_stats.get("size"),
             "restarts": [e for e in self.events if e["event"] == "restart"],
             "transitions_lost": sum(e["transitions_lost"] for e in self.events),
             "learner_timeouts": sum(e["event"] == "learner_timeout" for e in self.events),
