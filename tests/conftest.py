@@ -28,3 +28,13 @@ def assert_rows_consistent(batch: dict) -> None:
 @pytest.fixture
 def fields():
     return dict(LUNAR_FIELDS)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray instance of this process (2 CPUs) shared by a module's tests (Ray takes seconds
+    to start); skips where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

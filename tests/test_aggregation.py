@@ -5,7 +5,6 @@ and the comparisons are bit for bit."""
 import copy
 
 import numpy as np
-import pytest
 import torch
 
 from pal_bench import aggregation as agg
@@ -57,14 +56,6 @@ def test_thread_reference_runs():
         torch.set_num_threads(threads)      # thread_ps_run sets 1 for its process
     assert len(out) == 2 and all(len(t["compute_s"]) == 3 for t in out)
     assert all(x > 0 for t in out for x in t["communicate_s"])
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def test_gloo_allreduce_and_hierarchical_match_the_mean(ray_session):

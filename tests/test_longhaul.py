@@ -141,14 +141,6 @@ def test_bytes_counted_each_way():
 # ---------------------------------------------------------------- Ray
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_link_inside_a_ray_actor(ray_session):
     """Packets sent to an async Ray actor are delivered there at the modelled time (the Ray call's
     own cost, ~1 ms, is covered by the modelled 20 ms) and in order."""

@@ -73,6 +73,51 @@ class PhaseTimer:
         self._t = now
 
 
+class EnvStepper:
+    """One actor's ``envs_per_actor`` environments stepped as a batch, for either backend: acting
+    (uniform random actions for the continuous algorithms until ``learning_starts``), an n-step
+    window per environment, and episode returns. ``policy`` supplies ``explore(t)``,
+    ``env_actions(actions)`` and ``act_dim`` (the thread trainer, or a Ray ``WorkerContext``)."""
+
+    def __init__(self, envs, seeds: list[int], cfg, algo, policy):
+        self.envs, self.cfg, self.algo, self.policy = envs, cfg, algo, policy
+        self.obs, _ = envs.reset(seed=seeds)
+        E = cfg.envs_per_actor
+        self.builders = [NStep(cfg.n_step, cfg.gamma) for _ in range(E)]
+        self.ep_ret, self.ep_len = np.zeros(E), np.zeros(E, dtype=np.int64)
+
+    def step(self, nets, t: int, rng, timer: PhaseTimer) -> tuple[list[tuple], list[tuple[float, int]]]:
+        """One step of every environment at global step ``t``; returns the n-step rows completed
+        and the episodes finished, as (return, length)."""
+        E = self.cfg.envs_per_actor
+        if self.algo.CONTINUOUS and t <= self.cfg.learning_starts:
+            actions = rng.uniform(-1, 1, (E, self.policy.act_dim)).astype(np.float32)
+        else:
+            actions = self.algo.act(nets, self.obs, self.policy.explore(t), rng)
+        timer.lap("inference")
+        next_obs, rew, term, trunc, info = self.envs.step(self.policy.env_actions(actions))
+        timer.lap("env_step")
+        real_next = next_obs.copy()
+        ended = np.flatnonzero(term | trunc)
+        if "final_obs" in info:
+            for i in ended:
+                real_next[i] = info["final_obs"][i]
+        rows = []
+        for i in range(E):
+            rows += self.builders[i].push(self.obs[i], actions[i], float(rew[i]), real_next[i], bool(term[i]),
+                                          bool(trunc[i]))
+        self.ep_ret += rew
+        self.ep_len += 1
+        episodes = [(float(self.ep_ret[i]), int(self.ep_len[i])) for i in ended]
+        self.ep_ret[ended], self.ep_len[ended] = 0.0, 0
+        self.obs = next_obs
+        return rows, episodes
+
+    def flush(self) -> list[tuple]:
+        """The pending n-step windows, bootstrapped from the last observations (the budget is spent)."""
+        return [row for i, b in enumerate(self.builders) for row in b.flush(self.obs[i])]
+
+
 def load_snapshot(nets, targets, snap) -> None:
     nets.load_state_dict(snap.online)
     if targets is not None:
@@ -92,10 +137,8 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
         targets = algo.networks(tr.obs_dim, tr.action_space, cfg) if cfg.actor_priorities else None
         version = -1
         E = cfg.envs_per_actor
-        seeds = [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)]
-        obs, _ = envs.reset(seed=seeds)
-        builders = [NStep(cfg.n_step, cfg.gamma) for _ in range(E)]
-        ep_ret, ep_len = np.zeros(E), np.zeros(E, dtype=np.int64)
+        stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)],
+                             cfg, algo, tr)
         timer.lap("setup")
         while tr.rate.acquire_steps(E, stop):
             timer.lap("rate_wait")
@@ -104,33 +147,15 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
                 load_snapshot(nets, targets, snap)
                 version = snap.version
             timer.lap("weights_pull")
-            t = tr.rate.reserved
-            if algo.CONTINUOUS and t <= cfg.learning_starts:
-                actions = rng.uniform(-1, 1, (E, tr.act_dim)).astype(np.float32)
-            else:
-                actions = algo.act(nets, obs, tr.explore(t), rng)
-            timer.lap("inference")
-            next_obs, rew, term, trunc, info = envs.step(tr.env_actions(actions))
-            timer.lap("env_step")
-            real_next = next_obs.copy()
-            if "final_obs" in info:
-                for i in np.flatnonzero(term | trunc):
-                    real_next[i] = info["final_obs"][i]
-            rows = []
-            for i in range(E):
-                rows += builders[i].push(obs[i], actions[i], float(rew[i]), real_next[i], bool(term[i]), bool(trunc[i]))
-            ep_ret += rew
-            ep_len += 1
-            for i in np.flatnonzero(term | trunc):
-                tr.record_episode(float(ep_ret[i]), int(ep_len[i]))
-                ep_ret[i], ep_len[i] = 0.0, 0
-            obs = next_obs
+            rows, episodes = stepper.step(nets, tr.rate.reserved, rng, timer)
+            for ret, length in episodes:
+                tr.record_episode(ret, length)
             if tr.rate.reserved >= cfg.steps:   # the budget is spent: flush before counting the last step
-                rows += [row for i, b in enumerate(builders) for row in b.flush(obs[i])]
+                rows += stepper.flush()
             _insert(tr, rows, nets, targets, timer)
             tr.rate.steps_done(E)
         if not stop.is_set():   # another actor took the last steps: pending windows bootstrap from the last obs
-            _insert(tr, [row for i, b in enumerate(builders) for row in b.flush(obs[i])], nets, targets, timer)
+            _insert(tr, stepper.flush(), nets, targets, timer)
     finally:
         envs.close()
 

@@ -32,7 +32,7 @@ from pal_bench.train.config import TrainConfig
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.ray_backend.buffer_actor import _reconstructed
 from pal_bench.train.ray_backend.context import WorkerContext, chunk_size, from_numpy, to_numpy
-from pal_bench.train.workers import NStep, PhaseTimer
+from pal_bench.train.workers import EnvStepper, PhaseTimer
 
 ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
 PUBLISH_EVERY_S = 0.02      # allreduce: learner 0 publishes its weights at most this often
@@ -94,9 +94,8 @@ class ActorWorker(_Worker):
         try:
             nets = ctx.networks()
             targets = ctx.networks() if cfg.actor_priorities else None
-            obs, _ = envs.reset(seed=[cfg.seed * 100_003 + self.id * E + i + sum(salt) for i in range(E)])
-            builders = [NStep(cfg.n_step, cfg.gamma) for _ in range(E)]
-            ep_ret, ep_len = np.zeros(E), np.zeros(E, dtype=np.int64)
+            stepper = EnvStepper(envs, [cfg.seed * 100_003 + self.id * E + i + sum(salt) for i in range(E)], cfg,
+                                 algo, ctx)
             version, collected = -1, 0
             grant_ref = self.buffer.acquire.remote(self.id, chunk)
             weights_ref = self.ps.latest.remote(version)
@@ -114,27 +113,9 @@ class ActorWorker(_Worker):
                 version = self._pull(ray.get(weights_ref), nets, targets, timer, version)
                 rows, episodes = [], []
                 for k in range(0, grant["granted"], E):
-                    t = grant["t"] + k
-                    if algo.CONTINUOUS and t <= cfg.learning_starts:
-                        actions = rng.uniform(-1, 1, (E, ctx.act_dim)).astype(np.float32)
-                    else:
-                        actions = algo.act(nets, obs, ctx.explore(t), rng)
-                    timer.lap("inference")
-                    next_obs, rew, term, trunc, info = envs.step(ctx.env_actions(actions))
-                    timer.lap("env_step")
-                    real_next = next_obs.copy()
-                    if "final_obs" in info:
-                        for i in np.flatnonzero(term | trunc):
-                            real_next[i] = info["final_obs"][i]
-                    for i in range(E):
-                        rows += builders[i].push(obs[i], actions[i], float(rew[i]), real_next[i], bool(term[i]),
-                                                 bool(trunc[i]))
-                    ep_ret += rew
-                    ep_len += 1
-                    for i in np.flatnonzero(term | trunc):
-                        episodes.append((float(ep_ret[i]), int(ep_len[i])))
-                        ep_ret[i], ep_len[i] = 0.0, 0
-                    obs = next_obs
+                    new_rows, ended = stepper.step(nets, grant["t"] + k, rng, timer)
+                    rows += new_rows
+                    episodes += ended
                     timer.lap("serialize")
                 collected += grant["granted"]
                 batch, prios = self._batch(rows, nets, targets, timer)
@@ -142,8 +123,7 @@ class ActorWorker(_Worker):
                 weights_ref = self.ps.latest.remote(version)
                 timer.lap("serialize")
             # the budget is spent: pending n-step windows bootstrap from the last observation
-            batch, prios = self._batch([r for i, b in enumerate(builders) for r in b.flush(obs[i])], nets, targets,
-                                       timer)
+            batch, prios = self._batch(stepper.flush(), nets, targets, timer)
             if batch is not None:
                 ray.get(self.buffer.add_batch.remote(self.id, batch, 0, [], 0, prios))
                 timer.lap("transport")
