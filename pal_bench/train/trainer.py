@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -36,6 +37,31 @@ JOIN_TIMEOUT_S = 10.0
 
 class WorkerError(RuntimeError):
     """A worker thread raised; the message holds its name and traceback."""
+
+
+class DriverSchedule:
+    """The driver's evaluations, ``stop_return`` and periodic checkpoints, by env steps (either backend)."""
+
+    def __init__(self, tr: Trainer):
+        cfg = tr.cfg
+        self.tr = tr
+        self.next_eval = (len(tr.evals) and tr.evals[-1]["env_steps"] + cfg.eval_interval) or cfg.eval_interval
+        self.next_ckpt = tr.rate.steps + cfg.checkpoint_interval if cfg.checkpoint_interval else None
+
+    def tick(self, checkpoint: Callable[[], object]) -> bool:
+        """Evaluate and ``checkpoint()`` where due; True when an evaluation reached ``stop_return``
+        (``tr.reached_return`` is set: stop the run)."""
+        tr, cfg = self.tr, self.tr.cfg
+        if cfg.eval_interval and cfg.eval_episodes and tr.rate.steps >= self.next_eval:
+            row = tr.evaluate()
+            self.next_eval += cfg.eval_interval
+            if cfg.stop_return is not None and row["mean_return"] >= cfg.stop_return:
+                tr.reached_return = row
+                return True
+        if self.next_ckpt is not None and tr.rate.steps >= self.next_ckpt:
+            checkpoint()
+            self.next_ckpt += cfg.checkpoint_interval
+        return False
 
 
 class Trainer:
@@ -181,8 +207,7 @@ class Trainer:
         self._actors_left = cfg.actors
         learners: list[threading.Thread] = []
         progress = self._progress_bar()
-        next_eval = (len(self.evals) and self.evals[-1]["env_steps"] + cfg.eval_interval) or cfg.eval_interval
-        next_ckpt = self.rate.steps + cfg.checkpoint_interval if cfg.checkpoint_interval else None
+        schedule = DriverSchedule(self)
         interrupted = False
         try:
             self._spawn("parameter-server", self.ps.serve, self.stop)
@@ -194,17 +219,8 @@ class Trainer:
             while not self.stop.is_set():
                 self.stop.wait(0.2)
                 self._update_progress(progress)
-                if cfg.eval_interval and cfg.eval_episodes and self.rate.steps >= next_eval:
-                    row = self.evaluate()
-                    next_eval += cfg.eval_interval
-                    if cfg.stop_return is not None and row["mean_return"] >= cfg.stop_return:
-                        self.reached_return = row
-                        break
-                if next_ckpt is not None and self.rate.steps >= next_ckpt:
-                    if self.rate.pause(self.stop):
-                        self.save_checkpoint()
-                    self.rate.resume()
-                    next_ckpt += cfg.checkpoint_interval
+                if schedule.tick(self._paused_checkpoint):
+                    break
                 if self.actors_finished.is_set() and not any(t.is_alive() for t in learners):
                     break
         except KeyboardInterrupt:
@@ -360,6 +376,13 @@ class Trainer:
                         steps_s=f"{self.rate.steps / wall:.0f}", upd_s=f"{self.rate.done / wall:.0f}", refresh=False)
 
     # ------------------------------------------------------------------ checkpoints
+
+    def _paused_checkpoint(self) -> None:
+        """``save_checkpoint`` with actors and learners paused at a step boundary (a consistent buffer
+        and weights); skipped if the run is stopping."""
+        if self.rate.pause(self.stop):
+            self.save_checkpoint()
+        self.rate.resume()
 
     def save_checkpoint(self) -> Path:
         """Weights, optimizers, targets, counters, RNG states (checkpoint.pt) and the buffer (buffer.pal)."""

@@ -34,7 +34,7 @@ import torch
 from pal_bench.train.config import ConfigError, TrainConfig, validate
 from pal_bench.train.param_server import Snapshot
 from pal_bench.train.ray_backend.context import WorkerContext, from_numpy, max_updates, merge_seconds, rate_slack
-from pal_bench.train.trainer import JOIN_TIMEOUT_S, Trainer, WorkerError
+from pal_bench.train.trainer import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError
 
 POLL_S = 0.2
 MAX_RESTARTS = 3          # per actor / learner process
@@ -220,23 +220,15 @@ class RayTrainer(Trainer):
         if cfg.aggregation == "allreduce":
             self._init_method = ray.get(self._handles["learner0"].rendezvous.remote())
         self._running = {self._start(k): k for k in self._handles if k.startswith(("actor", "learner"))}
-        next_eval = (len(self.evals) and self.evals[-1]["env_steps"] + cfg.eval_interval) or cfg.eval_interval
-        next_ckpt = self.rate.steps + cfg.checkpoint_interval if cfg.checkpoint_interval else None
+        schedule = DriverSchedule(self)
         while self._running:
             ready, _ = ray.wait(list(self._running), num_returns=1, timeout=POLL_S)
             for ref in ready:
                 self._collect(ref)
             self._poll()
             self._update_progress(progress)
-            if cfg.eval_interval and cfg.eval_episodes and self.rate.steps >= next_eval:
-                row = self.evaluate()
-                next_eval += cfg.eval_interval
-                if cfg.stop_return is not None and row["mean_return"] >= cfg.stop_return:
-                    self.reached_return = row
-                    break
-            if next_ckpt is not None and self.rate.steps >= next_ckpt:
-                self.save_checkpoint()
-                next_ckpt += cfg.checkpoint_interval
+            if schedule.tick(self.save_checkpoint):     # the workers keep running (see save_checkpoint)
+                break
 
     def _collect(self, ref) -> None:
         """A call the driver waits on returned: a worker's ``run`` (record its phases, or handle its
