@@ -197,6 +197,17 @@ def compare(summary) -> str:
     return "\n".join(lines)
 
 
+def _write(rows: list[dict], timeline: list[dict], out: Path):
+    """``longhaul.csv`` and ``longhaul_timeline.csv`` in ``out``; returns both frames."""
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    summary, tl = pd.DataFrame(rows), pd.DataFrame(timeline)
+    summary.to_csv(out / "longhaul.csv", index=False, float_format="%.6g")
+    tl.to_csv(out / "longhaul_timeline.csv", index=False, float_format="%.6g")
+    return summary, tl
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench longhaul", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="CartPole-v1, 8k steps, fibre-10km and wan (~2 min)")
@@ -223,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pal-bench longhaul: unknown link or topology {bad}; links: {', '.join(LINKS)}; "
               f"topologies: {', '.join(TOPOLOGIES)}", file=sys.stderr)
         return 2
-    import pandas as pd
 
     rows, timeline = [], []
+    out = Path(args.out)
     with session(args.ray_address, log_to_driver=False):
         cfg = make_cfg(prof["env"], prof["steps"], args.seed, ray_prefetch=args.prefetch)
         for link in links:
@@ -240,14 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['bytes_to_learner'] / 1e6:.2f} MB to learner, {row['bytes_to_buffer'] / 1e6:.2f} MB "
                       f"back, learner idle {row['learner_idle_frac']:.0%}, eval {row['final_eval_return']:.1f}",
                       file=sys.stderr, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    summary, tl = pd.DataFrame(rows), pd.DataFrame(timeline)
-    summary.to_csv(out / "longhaul.csv", index=False, float_format="%.6g")
-    tl.to_csv(out / "longhaul_timeline.csv", index=False, float_format="%.6g")
+                summary, curves = _write(rows, timeline, out)      # after every run: a long profile keeps its part
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(compare(summary))
-    for p in draw(summary, tl, out / "figures"):
+    for p in draw(summary, curves, out / "figures"):
         print(f"figure: {p}")
     return 0
 

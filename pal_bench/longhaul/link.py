@@ -192,8 +192,9 @@ class Link:
 
 @dataclass
 class Receiver:
-    """The receiving side of one direction: ``recv`` (threads) or ``arecv`` (asyncio) returns the
-    unpickled message no earlier than its ``deliver_at`` and in sequence order."""
+    """The receiving side of one direction: ``recv`` (threads) or ``arecv`` (asyncio; one event
+    loop) returns the unpickled message no earlier than its ``deliver_at`` and in sequence order.
+    A receiver serves one kind of caller: ``recv`` or ``arecv``, not both."""
 
     direction: str
     next_seq: int = 0
@@ -202,6 +203,7 @@ class Receiver:
     late: int = 0            # packets that reached the receiver after their deliver_at (+1 ms)
     late_s: float = 0.0      # by how much, summed (s)
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _turns: dict = field(default_factory=dict, repr=False)   # seq -> asyncio.Event of an arecv awaiting its turn
 
     def __reduce__(self):
         return (Receiver, (self.direction,))
@@ -219,15 +221,22 @@ class Receiver:
     async def arecv(self, packet: Packet, timeout: float | None = None):
         """``recv`` for an event loop (e.g. an async Ray actor): waits without blocking the loop."""
         self._check(packet)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.next_seq != packet.seq:      # earlier packets are on their way: poll, 0.2 ms steps
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"link: packet {packet.seq} waited for packet {self.next_seq} over {timeout} s")
-            await asyncio.sleep(2e-4)
+        if self.next_seq != packet.seq:         # earlier packets are on their way: wait to be woken
+            turn = self._turns.setdefault(packet.seq, asyncio.Event())
+            try:
+                await asyncio.wait_for(turn.wait(), timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"link: packet {packet.seq} waited for packet {self.next_seq} over {timeout} s") \
+                    from None
+            finally:
+                self._turns.pop(packet.seq, None)
         self._note_arrival(packet)
         while (left := packet.deliver_at - time.time()) > 0:
             await asyncio.sleep(left - SPIN_S if left > 2e-3 else 0)
-        return self._done(packet)
+        message = self._done(packet)
+        if (turn := self._turns.get(self.next_seq)) is not None:
+            turn.set()
+        return message
 
     def _check(self, packet: Packet) -> None:
         if packet.direction != self.direction:

@@ -13,11 +13,12 @@ side owns the sending end of its direction and a ``Receiver`` for the other. Top
 - ``buffer-replay``: the node keeps the prioritized replay; each learner request (carrying the
   |TD| priorities of its previous batch) crosses to the node and a sampled batch crosses back.
 
-In both, the learner sends its weights to the node every ``weights_every_s`` (to the actors), and
-may start update u once the replay it samples from holds ``learning_starts + u / updates_per_step``
-transitions. "Priority of an experience that crossed the link": its |TD| under the learner's
-weights when it arrives (learner-replay: computed on arrival; buffer-replay: the batch's |TD|
-before its update). Times are ``time.time()`` seconds.
+In both, the learner sends its weights to the node every ``weights_every_s`` (to the actors), or
+later when its direction of the link is still busy (a byte budget below the weights' rate would
+otherwise queue them without end), and may start update u once the replay it samples from holds
+``learning_starts + u / updates_per_step`` transitions. "Priority of an experience that crossed
+the link": its |TD| under the learner's weights when it arrives (learner-replay: computed on
+arrival; buffer-replay: the batch's |TD| before its update). Times are ``time.time()`` seconds.
 """
 
 from __future__ import annotations
@@ -245,7 +246,8 @@ class CloudLearner:
         self.log["t"].append(time.time())
         self.log["loss"].append(float(sum(v.item() for v in losses.values())))
         self.log["priority"].append(float(td.mean()))
-        if time.time() - self.last_weights > self.weights_every_s:
+        # no faster than the link carries them: a newer version replaces one that could not start yet
+        if time.time() - self.last_weights > self.weights_every_s and self.link.ready_in(TO_BUFFER) == 0:
             self._send_weights()
         return td.numpy().astype(np.float64)
 
