@@ -45,7 +45,7 @@ def test_bad_inputs_are_clear_errors(args, msg):
         table(*args)
 
 
-def test_dse_command_on_stored_curves(tmp_path, capsys):
+def test_dse_command_on_stored_curves(tmp_path, monkeypatch, capsys):
     import pandas as pd
 
     from pal_bench.cli import main
@@ -53,6 +53,7 @@ def test_dse_command_on_stored_curves(tmp_path, capsys):
     rows = [{"curve": "f_a", "threads": x, "throughput": 1000.0 * x} for x in (1, 2, 3)]
     rows += [{"curve": "f_l", "threads": x, "throughput": 100.0 * x} for x in (1, 2, 3)]
     pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
+    monkeypatch.chdir(tmp_path)         # the command draws results/figures/dse.png under the working directory
     assert main(["dse", "--curves", str(tmp_path / "scaling.csv"), "--max-cores", "4", "--ratio", "0.25"]) == 0
     out = capsys.readouterr().out
     # f_l / r = 400 x: (1, 3) gives min(1000, 1200) = 1000 transitions/s, the best of the 4-core splits
