@@ -33,7 +33,6 @@ def _train(args) -> int:
             "mean_return_last20", "final_eval_return", "run_dir")
     print(json.dumps({k: summary[k] for k in keys}, indent=1))
     if cfg.topology != "local":
-
         print(f"link {cfg.link}, {cfg.topology}: final loss {summary['loss_final']:.4g}, average priority of "
               f"crossed experiences {summary['crossed_priority']:.4g}, {summary['bytes_to_learner'] / 1e6:.2f} MB to "
               f"the learner, {summary['bytes_to_buffer'] / 1e6:.2f} MB back, learner idle "

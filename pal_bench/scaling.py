@@ -49,8 +49,6 @@ from pal_bench.train.workers import learner_loop
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
-
 def _quiet(cfg, out_dir: str, **kw):
     return dataclasses.replace(cfg, progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
                                deterministic=False, out_dir=out_dir, **kw)

@@ -29,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_bench.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats
+from pal_bench.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
 from pal_bench.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
 from pal_bench.ray_session import session
 
-LINKS: dict[str, LinkSpec] = PRESETS
 PROGRESS_S = 2.0
 PROFILES = {
     "quick": dict(env="CartPole-v1", steps=8_000, actor_rate=500.0, actors=1, links=("fibre-10km", "wan"),
@@ -59,7 +58,7 @@ def run_one(cfg, topology: str, link: str | LinkSpec, actors: int, actor_rate: f
 
     from pal_bench.train.ray_backend.workers import ActorWorker
 
-    spec = LINKS[link] if isinstance(link, str) else link
+    spec = spec_from(link)
     remote = ray.remote(num_cpus=0)
     node = remote(BufferNode).remote(cfg, topology, spec, actor_rate)
     learner = remote(CloudLearner).options(max_concurrency=64).remote(cfg, topology, spec)
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--actors", type=int)
     ap.add_argument("--actor-rate", type=float, help="env steps per second the edge produces, all actors")
-    ap.add_argument("--links", help=f"comma-separated, of {', '.join(LINKS)}")
+    ap.add_argument("--links", help=f"comma-separated, of {', '.join(PRESETS)}")
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
     ap.add_argument("--prefetch", type=int, default=1,
                     help="buffer-replay: batch requests in flight beyond the one in use (ray_prefetch)")
@@ -229,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             prof[k] = getattr(args, k)
     links = args.links.split(",") if args.links else list(prof["links"])
     topologies = args.topologies.split(",")
-    bad = [x for x in links if x not in LINKS] + [t for t in topologies if t not in TOPOLOGIES]
+    bad = [x for x in links if x not in PRESETS] + [t for t in topologies if t not in TOPOLOGIES]
     if bad:
-        print(f"pal-bench longhaul: unknown link or topology {bad}; links: {', '.join(LINKS)}; "
+        print(f"pal-bench longhaul: unknown link or topology {bad}; links: {', '.join(PRESETS)}; "
               f"topologies: {', '.join(TOPOLOGIES)}", file=sys.stderr)
         return 2
 

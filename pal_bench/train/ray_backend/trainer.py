@@ -107,7 +107,6 @@ class RayTrainer(Trainer):
     # ------------------------------------------------------------------ Ray set-up and tear-down
 
     def _connect(self) -> None:
-
         from pal_bench.ray_session import connect
 
         self._owns_ray = connect(self.cfg.ray_address)   # False: the caller's session (tests share one)
