@@ -12,7 +12,7 @@ TORCH := torch==2.13.0
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)" "Cython>=3,<4" "numpy>=2" "setuptools>=68" wheel
+	$(PIP) install -q "$(TORCH)" "Cython==3.3.1" "numpy>=2" "setuptools>=68" wheel
 	$(PIP) install -q --no-build-isolation -e ".[test,bench,peers,train]"
 	touch $@
 

@@ -11,7 +11,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_sumtree", "_replay"]
+MODULES = ["_sumtree", "_replay", "_measure"]
 
 compile_args = [] if sys.platform == "win32" else ["-O3"]
 if os.environ.get("PAL_BENCH_NATIVE") == "1":

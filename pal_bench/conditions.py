@@ -1,0 +1,194 @@
+"""The conditions a measurement ran under: machine, commit, versions, date, load before and after.
+
+Every stored result carries them (``record(path, ...)`` writes ``<result>.meta.json`` beside a CSV;
+JSON results embed them under ``"conditions"``), so a table can say where each number came from and
+mark the ones measured on a busy machine (1-minute load average above half the usable cores) as noisy.
+
+    check_quiet("scaling", force)         # BusyMachineError on a busy machine unless forced (then a warning)
+    with Conditions("scaling") as c:      # reads the load before
+        ...measure...
+    c.write(Path("results/scaling.csv"))  # load after, commit, machine, versions -> results/scaling.csv.meta.json
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("numpy", "torch", "gymnasium", "cython", "tianshou", "cpprb", "ray", "pandas", "scipy")
+
+
+class BusyMachineError(RuntimeError):
+    """The machine's load is above half its cores and the caller did not pass ``force``."""
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask), else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def load1() -> float:
+    """The 1-minute load average (0.0 where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def noisy_limit() -> float:
+    """Load above which a measurement is marked noisy: half the usable cores."""
+    return usable_cores() / 2
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def commit() -> str:
+    """The checked-out commit, with ``+dirty`` when the tracked tree has changes ('' outside git)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return sha + ("+dirty" if sha and dirty else "")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine() -> dict:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(), "memory_gib": memory_gib(),
+            "system": f"{platform.system()} {platform.release()}", "arch": platform.machine()}
+
+
+def check_quiet(what: str, force: bool = False) -> float:
+    """The load now; on a busy machine (load > half the cores) a warning, or ``BusyMachineError``
+    unless ``force``. Sweep commands call this before they start."""
+    load, limit = load1(), noisy_limit()
+    if load > limit:
+        msg = (f"{what}: the 1-minute load average is {load:.2f}, above half of the {usable_cores()} usable cores "
+               f"({limit:g}); results measured now are marked noisy")
+        if not force:
+            raise BusyMachineError(msg + ". Wait for a quiet machine, or pass --force to measure anyway.")
+        print(f"warning: {msg} (--force)", file=sys.stderr)
+    return load
+
+
+class Conditions:
+    """Conditions of one measurement: load before (at construction or ``__enter__``) and after (at ``finish``)."""
+
+    def __init__(self, what: str, command: str | None = None):
+        self.what = what
+        self.command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.load_before = load1()
+        self.load_after: float | None = None
+        self.finished: _dt.datetime | None = None
+
+    def __enter__(self) -> Conditions:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.load_after is None:
+            self.finish()
+
+    def finish(self) -> dict:
+        self.load_after = load1()
+        self.finished = _dt.datetime.now(_dt.timezone.utc)
+        return self.as_dict()
+
+    def as_dict(self) -> dict:
+        loads = [x for x in (self.load_before, self.load_after) if x is not None]
+        return {
+            "what": self.what, "command": self.command,
+            "started": self.started.isoformat(timespec="seconds"),
+            "finished": self.finished.isoformat(timespec="seconds") if self.finished else None,
+            "load_before": round(self.load_before, 2),
+            "load_after": None if self.load_after is None else round(self.load_after, 2),
+            "noisy": max(loads) > noisy_limit(),
+            "noisy_limit": noisy_limit(),
+            "commit": commit(), "machine": machine(), "versions": versions(),
+        }
+
+    def write(self, result: Path) -> Path:
+        """Write ``<result>.meta.json`` beside a stored result file (atomically)."""
+        if self.load_after is None:
+            self.finish()
+        return write_meta(result, self.as_dict())
+
+
+def meta_path(result: Path) -> Path:
+    result = Path(result)
+    return result.with_name(result.name + ".meta.json")
+
+
+def write_meta(result: Path, meta: dict) -> Path:
+    path = meta_path(result)
+    atomic_write_text(path, json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+def read_meta(result: Path) -> dict | None:
+    """The conditions stored beside ``result`` (None where none were recorded)."""
+    path = meta_path(result)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def describe(meta: dict | None) -> str:
+    """One line for a table's caption: machine, date, load, commit; '(no conditions recorded)' otherwise."""
+    if not meta:
+        return "conditions not recorded"
+    m = meta.get("machine", {})
+    load = f"load {meta.get('load_before')} -> {meta.get('load_after')}"
+    noisy = " **noisy**" if meta.get("noisy") else ""
+    when = (meta.get("started") or "")[:16].replace("T", " ")
+    return (f"{m.get('cpu', '?')}, {m.get('usable_cores', '?')} cores, {m.get('memory_gib', '?')} GiB; {when} UTC; "
+            f"{load}{noisy}; commit {meta.get('commit') or '?'}")
