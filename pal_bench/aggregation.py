@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.ray_session import session
 
 SCHEMES = ("threads-ps", "ps-sync", "ps-async", "allreduce", "hierarchical")
@@ -387,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
     ap.add_argument("--out", default="results")
+    add_force_flag(ap)
     args = ap.parse_args(argv)
     import pandas as pd
 
@@ -398,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pal-bench aggregation: unknown scheme(s) {sorted(unknown)}; known: {', '.join(SCHEMES)}",
               file=sys.stderr)
         return 2
+    if refuse_if_busy("pal-bench aggregation", args.force):
+        return 2
+    measured = Conditions("gradient aggregation")
     with session(args.ray_address, log_to_driver=False):
         rows = study(list(range(1, top + 1)), sizes, iters, args.warmup, args.group_size, schemes,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))
@@ -405,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
     df.to_csv(out / "aggregation.csv", index=False, float_format="%.6g")
+    measured.write(out / "aggregation.csv")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for p in draw(df, out / "figures"):
         print(f"figure: {p}")

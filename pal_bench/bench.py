@@ -15,7 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from pal_bench import report
+from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer"]
@@ -35,24 +38,34 @@ def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra:
         f"--benchmark-json={results / f'{suite}.json'}", *extra,
     ]
     print(f"== suite {suite} ({profile} profile)", flush=True)
-    rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
-    finish_json(results / f"{suite}.json", skips)
+    with Conditions(f"suite {suite} ({profile} profile)") as c:
+        rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
+    finish_json(results / f"{suite}.json", skips, c.finish())
     return rc
 
 
-def finish_json(path: Path, skips: Path) -> None:
-    """Drop the per-round timings from a pytest-benchmark JSON (tens of MB), keeping its statistics
-    and machine info, so the stored file stays small enough to commit; add the skipped cases with
-    their reasons under ``"skipped"``."""
+SAMPLE = 200   # round times kept per case (evenly spaced over the run) for bootstrap intervals
+
+
+def finish_json(path: Path, skips: Path, meta: dict | None = None) -> None:
+    """Replace the per-round timings of a pytest-benchmark JSON (tens of MB) by an evenly spaced sample
+    of ``SAMPLE`` of them (``stats.data_sample``, for bootstrap intervals), keeping its statistics and
+    machine info, so the stored file stays small enough to commit; add the skipped cases with their
+    reasons under ``"skipped"`` and the run's conditions under ``"conditions"``."""
     if not path.exists():
         return
     data = json.loads(path.read_text())
     for b in data["benchmarks"]:
-        b["stats"].pop("data", None)
+        rounds = b["stats"].pop("data", None)
+        if rounds:
+            keep = np.linspace(0, len(rounds) - 1, min(SAMPLE, len(rounds))).round().astype(int)
+            b["stats"]["data_sample"] = [rounds[i] for i in keep]
+    if meta is not None:
+        data["conditions"] = meta
     if skips.exists():
         data["skipped"] = json.loads(skips.read_text())
         skips.unlink()
-    path.write_text(json.dumps(data, indent=1))
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def compare(stored: Path, new: Path) -> None:
@@ -80,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--compare", action="store_true",
                     help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
+    add_force_flag(ap)
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
+    if refuse_if_busy("pal_bench.bench", args.force):
+        return 2
     out = args.results / "tmp" if args.compare else args.results
     rc = 0
     for suite in args.suite or SUITES:

@@ -74,6 +74,10 @@ def _dse(args) -> int:
         print(f"curves: {args.curves} (backend {backend})")
     else:
         backend = args.backend or "threads"
+        from pal_bench.conditions import refuse_if_busy
+
+        if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
+            return 2
         cfg = make_config(args.algo, args.env, backend=backend)
         curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"curves: measured now (backend {backend})")
@@ -98,26 +102,22 @@ def _dse(args) -> int:
     fig_path.parent.mkdir(parents=True, exist_ok=True)
     measured = pd.read_csv(args.measured) if args.measured else None
     if args.validate:
+        from pal_bench.conditions import Conditions, refuse_if_busy
+
+        if refuse_if_busy("pal-bench dse --validate", args.force):
+            return 2
+        validated = Conditions("core-split validation")
         splits = list(zip(table.actors, table.learners))
         with scaling.ray_session(cfg):      # Ray: one session for every split
             measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr))
         v = table.merge(measured, on=["actors", "learners"])
         v["predicted_rank"] = v.transitions_per_s.rank(ascending=False, method="min").astype(int)
         v["chosen"] = (v.actors == best.actors) & (v.learners == best.learners)
-        top = v.measured_transitions_per_s.max()
-        got = float(v[v.chosen].measured_transitions_per_s.iloc[0])
-        verdict = "best measured" if got >= top else f"{got / top:.0%} of the best measured"
         out = Path("results")
         out.mkdir(exist_ok=True)
         v.to_csv(out / "dse_validation.csv", index=False, float_format="%.2f")
-        cols = ["actors", "learners", "transitions_per_s", "measured_transitions_per_s", "measured_updates_per_s",
-                "chosen"]
-        text = (f"`pal-bench dse --algo {args.algo} --env {args.env} --max-cores {m} --validate {args.validate}`"
-                f" ({scaling.usable_cores()} usable cores, backend {backend}): the chosen split is {verdict}.\n\n"
-                + v[cols].rename(columns={"transitions_per_s": "predicted_transitions_per_s"})
-                .to_markdown(index=False, floatfmt=".0f") + "\n")
-        (out / "dse.md").write_text(text)
-        print(text)
+        validated.write(out / "dse_validation.csv")
+        print(dse.validation_text(v))
     print(f"figure: {dse.draw(table, frontier, best, fig_path, measured)}")
     return 0
 
@@ -179,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
     d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")
     d.add_argument("--validate", type=int, metavar="STEPS", default=0,
-                   help="also run the trainer at every split for STEPS transitions and compare (results/dse.md)")
+                   help="also run the trainer at every split for STEPS transitions and compare "
+                        "(results/dse_validation.csv)")
+    from pal_bench.conditions import add_force_flag
+
+    add_force_flag(d)
     p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")
     p.add_argument("run", help="a run directory, e.g. results/runs/<name>")
     args = ap.parse_args(argv)

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.adapters import lunar_row, make_adapter
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
 CAPACITY = 10**5
 BATCH = 256
@@ -154,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", default="pal,tianshou")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "results")
+    add_force_flag(ap)
     args = ap.parse_args(argv)
+    if refuse_if_busy("pal_bench.concurrency", args.force):
+        return 2
+    measured = Conditions("buffer concurrency")
     rows = []
     for impl in args.impls.split(","):
         for w, s in GRID:
@@ -163,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "buffer_concurrency.csv", index=False, float_format="%.4f")
+    measured.write(args.out / "buffer_concurrency.csv")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"figure: {draw(df, args.out / 'figures' / 'buffer_concurrency.png')}")
     return 0

@@ -99,7 +99,7 @@ def check_quiet(what: str, force: bool = False) -> float:
     unless ``force``. Sweep commands call this before they start."""
     load, limit = load1(), noisy_limit()
     if load > limit:
-        msg = (f"{what}: the 1-minute load average is {load:.2f}, above half of the {usable_cores()} usable cores "
+        msg = (f"the 1-minute load average is {load:.2f}, above half of the {usable_cores()} usable cores "
                f"({limit:g}); results measured now are marked noisy")
         if not force:
             raise BusyMachineError(msg + ". Wait for a quiet machine, or pass --force to measure anyway.")
@@ -192,3 +192,20 @@ def describe(meta: dict | None) -> str:
     when = (meta.get("started") or "")[:16].replace("T", " ")
     return (f"{m.get('cpu', '?')}, {m.get('usable_cores', '?')} cores, {m.get('memory_gib', '?')} GiB; {when} UTC; "
             f"{load}{noisy}; commit {meta.get('commit') or '?'}")
+
+
+def add_force_flag(parser) -> None:
+    """``--force``: measure even when the machine is busy (the results are then marked noisy)."""
+    parser.add_argument("--force", action="store_true",
+                        help="measure even when the 1-minute load average is above half the cores "
+                             "(the results are marked noisy)")
+
+
+def refuse_if_busy(what: str, force: bool) -> bool:
+    """True (after printing why) when a sweep should not start: the machine is busy and ``force`` is off."""
+    try:
+        check_quiet(what, force)
+    except BusyMachineError as e:
+        print(f"{what}: {e}", file=sys.stderr)
+        return True
+    return False

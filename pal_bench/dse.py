@@ -103,6 +103,26 @@ def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print) -> 
     return pd.DataFrame(rows)
 
 
+def validation_text(v: pd.DataFrame) -> str:
+    """The validation table (``results/dse_validation.csv``): predicted and measured throughput per split,
+    and whether the chosen split is the best measured (within 10%: the choice holds)."""
+    top = v.measured_transitions_per_s.max()
+    got = float(v[v.chosen].measured_transitions_per_s.iloc[0])
+    chosen = v[v.chosen].iloc[0]
+    verdict = "the best measured" if got >= top else f"at {got / top:.0%} of the best measured"
+    holds = "holds" if got >= 0.9 * top else "does not hold"
+    cols = ["actors", "learners", "transitions_per_s", "measured_transitions_per_s", "measured_updates_per_s",
+            "chosen"]
+    t = v[cols].rename(columns={"transitions_per_s": "predicted transitions/s",
+                                "measured_transitions_per_s": "measured transitions/s",
+                                "measured_updates_per_s": "measured updates/s"})
+    t["chosen"] = t.chosen.map({True: "**chosen**", False: ""})
+    return (f"The solver chose {int(chosen.actors)} actor(s) + {int(chosen.learners)} learner(s) from the f_a / f_l "
+            f"curves ({int(v.cores.max())} cores at most); running the trainer at every split, the chosen one is "
+            f"{verdict}, so the choice {holds} (threshold: within 10% of the best).\n\n"
+            + t.to_markdown(index=False, floatfmt=".0f") + "\n")
+
+
 def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, measured: pd.DataFrame | None = None):
     """Predicted throughput of every split against its core count, the frontier, the chosen split
     (star) and, when given, the throughput measured at each split."""

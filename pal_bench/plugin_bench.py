@@ -9,8 +9,9 @@ buffer instance's methods) and the speedup default / PAL.
 
 The two runs of a configuration are built side by side and their timed iterations alternate
 (ABBA), so load on a shared machine hits both alike. ``pal-bench plugin-bench [--full]`` writes
-``results/plugin.csv`` (one row per configuration and buffer), ``results/plugin.md`` and
-``results/figures/plugin.png``. Quick (default): 2 warm-up and 5 timed iterations of 200 env
+``results/plugin.csv`` (one row per configuration and buffer, with every timed iteration) and
+``results/figures/plugin.png``; the table (``pal_bench.tables``) is printed and lives in docs/plugin.md.
+Quick (default): 2 warm-up and 5 timed iterations of 200 env
 steps each, env runners 0 and 1; ``--full``: 10 timed iterations of 1000 steps, env runners
 0..cores-1 (at least 0 and 1).
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.ray_session import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +155,8 @@ def timing(times: list[float], buffer_s: float) -> dict:
     """Median and IQR of the iteration times (s) and the buffer's share of their sum."""
     q75, q25 = np.percentile(times, [75, 25])
     return {"iteration_s": float(np.median(times)), "iteration_iqr_s": float(q75 - q25),
-            "buffer_share": buffer_s / sum(times), "iterations": len(times)}
+            "buffer_share": buffer_s / sum(times), "iterations": len(times),
+            "times_s": " ".join(f"{t:.5f}" for t in times)}
 
 
 def cases(full: bool, cores: int) -> list[Case]:
@@ -168,7 +171,16 @@ def cases(full: bool, cores: int) -> list[Case]:
     return out
 
 
+def _times(cell) -> list[float]:
+    return [float(x) for x in str(cell).split()] if isinstance(cell, str) and cell.strip() else []
+
+
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration: median ms with each buffer, speedup default / PAL with a bootstrap 95%
+    interval over the timed iterations (``speedup_low``/``_high``; NaN for results stored without their
+    iteration times), buffer shares, the Amdahl bound, and a ``note`` where the speedup exceeds the bound."""
+    from pal_bench.stats import ratio_ci
+
     keys = ["framework", "env", "batch_size", "env_runners"]
     d = df[df.buffer == "default"].set_index(keys)
     p = df[df.buffer == "pal"].set_index(keys)
@@ -177,6 +189,18 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
                       "buffer_share_default": d.buffer_share, "buffer_share_pal": p.buffer_share}).reset_index()
     # the speedup if the buffer took no time at all (Amdahl bound for replacing the buffer)
     t["bound"] = 1 / (1 - t.buffer_share_default)
+    lows, highs = [], []
+    for key in zip(*(t[k] for k in keys)):
+        a = _times(d.loc[key].get("times_s")) if "times_s" in d else []
+        b = _times(p.loc[key].get("times_s")) if "times_s" in p else []
+        _, lo, hi = ratio_ci(a, b) if a and b else (np.nan, np.nan, np.nan)
+        lows.append(lo)
+        highs.append(hi)
+    t["speedup_low"], t["speedup_high"] = lows, highs
+    t["note"] = [("interval above the Amdahl bound: a measurement problem, not a result" if lo > bound else "")
+                 if np.isfinite(lo) else ("above the Amdahl bound (no interval stored): not a result"
+                                          if s > bound else "")
+                 for s, lo, bound in zip(t.speedup, t.speedup_low, t.bound)]
     return t
 
 
@@ -210,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=["rllib-dqn", "rllib-sac", "tianshou-dqn"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "results")
+    add_force_flag(ap)
     args = ap.parse_args(argv)
+    if refuse_if_busy("pal-bench plugin-bench", args.force):
+        return 2
+    measured = Conditions("plug-in benchmark")
     warmup, iters, steps = (3, 10, 1_000) if args.full else (2, 5, 200)
     from pal_bench.scaling import usable_cores
 
@@ -238,16 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "plugin.csv", index=False, float_format="%.5f")
-    t = speedup_table(df)
-    import platform
+    measured.write(args.out / "plugin.csv")
+    from pal_bench.tables import plugin_block
 
-    text = (f"`pal-bench plugin-bench{' --full' if args.full else ''}` on {platform.node()} ({os.cpu_count()} cores): "
-            f"median of {iters} training iterations of {steps} env steps each (after {warmup} warm-up iterations "
-            f"past learning_starts), same seed and config; buffer_share = time inside the buffer's add/sample/"
-            f"update_priorities / iteration time; bound = speedup if the buffer took no time.\n\n"
-            + t.to_markdown(index=False, floatfmt=".2f") + "\n")
-    (args.out / "plugin.md").write_text(text)
-    print(text)
+    print(plugin_block(args.out))
+    t = speedup_table(df)
     print(f"figure: {draw(t, args.out / 'figures' / 'plugin.png')}")
     return 0
 

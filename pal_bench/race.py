@@ -11,8 +11,9 @@ before the contestant is built (framework start-up included, also reported alone
 
 Each run is a separate process (``python -m pal_bench.race --worker ...``), so Ray, torch
 thread pools and imports of one contestant cannot slow another. Results: ``results/race.csv``
-(one row per run), ``results/race_curves.csv`` (every evaluation), ``results/race.md`` and
-``results/figures/race.png`` (return against wall-clock time). ``--quick`` is CartPole-v1 with
+(one row per run), ``results/race_curves.csv`` (every evaluation) and ``results/figures/race.png``
+(return against wall-clock time); the table (``pal_bench.tables``) is printed and lives in docs/race.md.
+``--quick`` is CartPole-v1 with
 one seed; the full profile is LunarLander-v3 at target 200 with 3 seeds.
 """
 
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTESTANTS = ("pal", "rllib", "rllib-pal", "tianshou")
@@ -338,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--split", help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice)")
-    ap.add_argument("--report", action="store_true", help="only rewrite the table and figure from stored CSVs")
+    ap.add_argument("--report", action="store_true", help="only print the table and redraw the figure from stored CSVs")
+    add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
@@ -352,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         run = run_one(args.worker, task, args.seed, split)
         args.worker_out.write_text(json.dumps(run))
         return 0
+    if refuse_if_busy("pal-bench race", args.force):
+        return 2
+    measured = Conditions(f"race ({task_name})")
     seeds = args.seeds or (1 if task_name == "quick" else 3)
     names = args.only or list(CONTESTANTS)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -377,31 +384,22 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "" if task_name == "full" else f"_{task_name}"
     runs_df.to_csv(args.out / f"race{suffix}.csv", index=False, float_format="%.2f")
     curves_df.to_csv(args.out / f"race{suffix}_curves.csv", index=False, float_format="%.3f")
-    return report(args.out, task_name, seeds)
+    measured.write(args.out / f"race{suffix}.csv")
+    return report(args.out, task_name)
 
 
-def report(out: Path, task_name: str, seeds: int | None = None) -> int:
-    """Write ``race[_quick].md`` and the figure from the stored ``race[_quick].csv`` / ``_curves.csv``."""
-    import platform
+def report(out: Path, task_name: str) -> int:
+    """Print the table (``pal_bench.tables``) and redraw the figure from the stored ``race[_quick].csv`` /
+    ``_curves.csv``."""
+    from pal_bench.tables import race_block
 
     task = TASKS[task_name]
     suffix = "" if task_name == "full" else f"_{task_name}"
-    runs_df = pd.read_csv(out / f"race{suffix}.csv")
     curves_df = pd.read_csv(out / f"race{suffix}_curves.csv")
-    seeds = seeds or runs_df.seed.nunique()
-    split = runs_df.loc[runs_df.contestant == "pal", "split"].dropna()
-    table = race_table(runs_df)
-    quick = " --quick" if task_name == "quick" else ""
-    text = (f"`pal-bench race{quick} --seeds {seeds}` on {platform.node() or 'this machine'} ({os.cpu_count()} "
-            f"cores), DQN on {task.env}, target {task.target:g}, budget {task.max_steps} steps / "
-            f"{task.max_wall_s:.0f} s per run; PAL split {split.iloc[0] if len(split) else '?'}. pal_speedup = "
-            f"contestant's median wall time to target / PAL's; pal_speedup_at_least, for a contestant that never "
-            f"reached the target, = the time it ran without reaching it / PAL's.\n\n"
-            + table.to_markdown(index=False, floatfmt=".1f") + "\n")
-    (out / f"race{suffix}.md").write_text(text)
-    print(text)
+    print(race_block(out, f"race{suffix}.csv"))
     print(f"figure: {draw(curves_df, task_name, task, out / 'figures' / f'race{suffix}.png')}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

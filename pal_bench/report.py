@@ -60,6 +60,19 @@ def load(path: Path) -> tuple[pd.DataFrame, dict]:
     return pd.DataFrame(rows), data["machine_info"] | {"datetime": data.get("datetime", "")}
 
 
+def load_samples(path: Path) -> dict[tuple[str, str, int], list[float]]:
+    """Per (peer, op, capacity): the stored sample of round times in µs (``stats.data_sample``, kept by
+    ``pal_bench.bench``), for bootstrap intervals; cases without one are left out."""
+    data = json.loads(path.read_text())
+    out = {}
+    for b in data["benchmarks"]:
+        sample = b["stats"].get("data_sample")
+        if sample:
+            info = b["extra_info"]
+            out[(info["peer"], info["op"], info["capacity"])] = [x * 1e6 for x in sample]
+    return out
+
+
 def load_all(results: Path) -> tuple[pd.DataFrame, dict]:
     files = sorted({f for pattern in SUITE_FILES for f in results.glob(pattern)})
     if not files:

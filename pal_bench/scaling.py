@@ -41,6 +41,7 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.ray_session import usable_cores
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.rate import RateController
@@ -438,14 +439,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
                     help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
                          "end_to_end_ray.csv for --backend ray)")
+    add_force_flag(ap)
     args = ap.parse_args(argv)
+    if refuse_if_busy("pal_bench.scaling", args.force):
+        return 2
     cfg = make_config(args.algo, args.env, env_backend=args.env_backend, backend=args.backend,
                       ray_address=args.ray_address)
+    measured = Conditions("scaling")
     suffix = "_ray" if args.backend == "ray" else ""
     if args.end_to_end:
         e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
         args.out.mkdir(parents=True, exist_ok=True)
         e2e.to_csv(args.out / f"end_to_end{suffix}.csv", index=False, float_format="%.2f")
+        measured.write(args.out / f"end_to_end{suffix}.csv")
         print(e2e.to_string(index=False))
         print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'end_to_end{suffix}.png')}")
         if (fig := backends_figure(args.out)) is not None:
@@ -455,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
     df.to_csv(args.out / name, index=False, float_format="%.3f")
+    measured.write(args.out / name)
     print(df.to_string(index=False))
     print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
     threads_csv, ray_csv = args.out / "scaling.csv", args.out / "scaling_ray.csv"

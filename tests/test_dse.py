@@ -1,5 +1,6 @@
 """The core-split solver on synthetic curves with known answers."""
 
+import json
 import math
 
 import pytest
@@ -68,10 +69,12 @@ def test_dse_validate_runs_the_trainer_at_every_split(tmp_path, monkeypatch, cap
     rows = [{"curve": c, "threads": 1, "throughput": v} for c, v in (("f_a", 1000.0), ("f_l", 100.0))]
     pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
     monkeypatch.chdir(tmp_path)
-    assert main(["dse", "--curves", "scaling.csv", "--max-cores", "2", "--validate", "300"]) == 0
+    assert main(["dse", "--curves", "scaling.csv", "--max-cores", "2", "--validate", "300", "--force"]) == 0
     v = pd.read_csv(tmp_path / "results" / "dse_validation.csv")
     assert len(v) == 1 and v.measured_transitions_per_s.iloc[0] > 0 and bool(v.chosen.iloc[0])
-    assert "best measured" in (tmp_path / "results" / "dse.md").read_text()
+    assert "the best measured" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "results" / "dse_validation.csv.meta.json").read_text())
+    assert {"load_before", "load_after", "machine", "commit", "versions", "noisy"} <= set(meta)
     assert (tmp_path / "results" / "figures" / "dse.png").stat().st_size > 1000
 
 

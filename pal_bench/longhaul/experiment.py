@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
 from pal_bench.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
 from pal_bench.ray_session import session
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
     ap.add_argument("--out", default="results")
+    add_force_flag(ap)
     args = ap.parse_args(argv)
     prof = dict(PROFILES["quick" if args.quick else "full"])
     for k in ("env", "steps", "actors", "actor_rate"):
@@ -234,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
               f"topologies: {', '.join(TOPOLOGIES)}", file=sys.stderr)
         return 2
 
+    if refuse_if_busy("pal-bench longhaul", args.force):
+        return 2
+    measured = Conditions("long-haul replay")
     rows, timeline = [], []
     out = Path(args.out)
     with session(args.ray_address, log_to_driver=False):
@@ -251,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"back, learner idle {row['learner_idle_frac']:.0%}, eval {row['final_eval_return']:.1f}",
                       file=sys.stderr, flush=True)
                 summary, curves = _write(rows, timeline, out)      # after every run: a long profile keeps its part
+                measured.write(out / "longhaul.csv")
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(compare(summary))
     for p in draw(summary, curves, out / "figures"):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "results" / "runs"
 
@@ -81,16 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", choices=sorted(PRESETS), help="presets to run (default: all)")
     ap.add_argument("--report", action="store_true", help="only rebuild the tables from stored runs")
+    add_force_flag(ap)
     args = ap.parse_args(argv)
+    measured = None
     if not args.report:
         from pal_bench.cli import main as cli
 
+        if refuse_if_busy("pal_bench.train.sweep", args.force):
+            return 2
+        measured = Conditions("trainer reference runs")
         for name in args.only or PRESETS:
             print("$", shlex.join(command(name)), flush=True)
             rc = cli(command(name)[1:] + ["--out-dir", str(RUNS)])
             if rc:
                 return rc
     print(write_tables(summarise()))
+    if measured is not None:
+        measured.write(ROOT / "results" / "training.csv")
     return 0
 
 
