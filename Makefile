@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # torch is pinned: this exact version installs as a CPU build; a bare `torch` pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test bench bench-compare figures lint install clean train-results scaling plugin-bench race
+.PHONY: test bench bench-compare figures report lint install clean train-results scaling plugin-bench race
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,9 +47,14 @@ plugin-bench: $(VENV)/.installed
 race: $(VENV)/.installed
 	$(VENV)/bin/pal-bench race --quick
 
+# every table of README.md and docs/ and every figure, from the stored results alone (measures nothing)
 figures: $(VENV)/.installed
 	$(PY) -m pal_bench.report
 	test ! -f results/dse_validation.csv || $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --measured results/dse_validation.csv
+
+# the same, plus one static page of everything: results/report/index.html
+report: $(VENV)/.installed
+	$(VENV)/bin/pal-bench report
 
 clean:
 	rm -rf build pal_bench/*.so pyx/*.c *.egg-info $(VENV)

@@ -133,6 +133,10 @@ FORWARDED = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "report":
+        from pal_bench import report
+
+        return report.main(["--html", *argv[1:]])
     if argv and argv[0] in FORWARDED:
         import importlib
 
@@ -184,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     from pal_bench.conditions import add_force_flag
 
     add_force_flag(d)
+    sub.add_parser("report", help="rebuild every table and figure from stored results and write "
+                                  "results/report/index.html (see `pal-bench report --help`)", add_help=False)
     p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")
     p.add_argument("run", help="a run directory, e.g. results/runs/<name>")
     args = ap.parse_args(argv)

@@ -1,18 +1,17 @@
-"""Tidy CSV, Markdown tables and figures from stored pytest-benchmark JSON: ``python -m pal_bench.report``.
+"""Everything published, rebuilt from stored results: ``python -m pal_bench.report`` (``make figures``).
 
-Reads only the files in ``results/`` (never re-measures), so it can be re-run at any time
-(``results/scaling.csv``, when present, is redrawn as ``results/figures/scaling.png``):
+Reads only the files in ``results/`` (never re-measures), so it can be re-run at any time:
 ``results/latency.csv`` (one row per suite x peer x operation x capacity x batch [x fan-out], with
 median, IQR and rounds; skipped cases as rows with their reason), ``results/latency_tables.md``,
-the figures in ``results/figures/`` (``pal_bench.figures``), and the block of README.md between
-the ``BEGIN latency table`` / ``END latency table`` markers.
+every figure (``pal_bench.figures`` and each study's drawer, for the stored CSVs that exist), and
+every generated block of README.md and ``docs/*.md`` (``pal_bench.tables``). ``--html`` (``pal-bench
+report``) also writes the static page ``results/report/index.html`` (``pal_bench.html_report``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -180,24 +179,6 @@ def tables_markdown(tidy: pd.DataFrame, machine: dict) -> str:
     return "\n".join(md)
 
 
-README_BLOCK = re.compile(r"(<!-- BEGIN latency table[^\n]*-->\n).*?(<!-- END latency table -->)", re.S)
-
-
-def update_readme(readme: Path, tables: str, figures: list[str]) -> bool:
-    """Replace README's block between the latency-table markers; False when the markers are missing."""
-    if not readme.exists():
-        return False
-    text = readme.read_text()
-    if not README_BLOCK.search(text):
-        return False
-    figs = "\n".join(f"![{Path(f).stem}]({f})" for f in figures)
-    body = ("Made by `make bench` (quick profile; `make figures` redraws from the stored files). "
-            "`results/latency.csv` holds the tidy rows, `results/*.json` the pytest-benchmark files with "
-            "machine info.\n\n" + figs + "\n\n" + tables.strip() + "\n")
-    readme.write_text(README_BLOCK.sub(lambda m: m.group(1) + body + m.group(2), text))
-    return True
-
-
 def draw_trainer_figures(results: Path) -> list[Path]:
     """Redraw the trainer-scaling and buffer-concurrency figures from whichever stored CSVs exist."""
     from pal_bench import concurrency
@@ -220,12 +201,48 @@ def draw_trainer_figures(results: Path) -> list[Path]:
     return figures
 
 
+def draw_study_figures(results: Path) -> list[Path]:
+    """Redraw the figures of the other studies from whichever stored CSVs exist."""
+    figures: list[Path] = []
+    if (results / "plugin.csv").exists():
+        from pal_bench.plugin_bench import draw as draw_plugin
+        from pal_bench.plugin_bench import speedup_table
+
+        table = speedup_table(pd.read_csv(results / "plugin.csv"))
+        figures.append(draw_plugin(table, results / "figures" / "plugin.png"))
+    for task in ("quick", "full"):
+        suffix = "" if task == "full" else f"_{task}"
+        if (results / f"race{suffix}_curves.csv").exists():
+            from pal_bench.race import TASKS
+            from pal_bench.race import draw as draw_race
+
+            figures.append(draw_race(pd.read_csv(results / f"race{suffix}_curves.csv"), task, TASKS[task],
+                                     results / "figures" / f"race{suffix}.png"))
+    for base in (results, results / "full"):
+        if (base / "longhaul.csv").exists() and (base / "longhaul_timeline.csv").exists():
+            from pal_bench.longhaul.experiment import draw as draw_longhaul
+
+            figures += draw_longhaul(pd.read_csv(base / "longhaul.csv"), pd.read_csv(base / "longhaul_timeline.csv"),
+                                     base / "figures")
+        if (base / "aggregation.csv").exists():
+            from pal_bench.aggregation import draw as draw_aggregation
+
+            figures += draw_aggregation(pd.read_csv(base / "aggregation.csv"), base / "figures")
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pal-bench report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=ROOT / "results")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="README to update ('' for none)")
-    ap.add_argument("--no-figures", action="store_true")
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="where README.md and docs/ are (their generated blocks are rebuilt)")
+    ap.add_argument("--no-figures", action="store_true", help="tables only")
+    ap.add_argument("--no-docs", action="store_true", help="leave README.md and docs/ alone")
+    ap.add_argument("--html", action="store_true", help="also write results/report/index.html")
     args = ap.parse_args(argv)
+    from pal_bench import tables
+
     try:
         tidy, machine = load_all(args.results)
     except FileNotFoundError as e:
@@ -237,20 +254,24 @@ def main(argv: list[str] | None = None) -> int:
     figures: list[Path] = []
     if not args.no_figures:
         figures = figs.draw_all(tidy, args.results / "figures", machine_line(machine))
-    if not args.no_figures and (args.results / "scaling.csv").exists():
-        from pal_bench.scaling import draw as draw_scaling
+        if (args.results / "scaling.csv").exists():
+            from pal_bench.scaling import draw as draw_scaling
 
-        scaling = pd.read_csv(args.results / "scaling.csv")
-        figures.append(draw_scaling(scaling, args.results / "figures" / "scaling.png"))
-    if not args.no_figures:
+            figures.append(draw_scaling(pd.read_csv(args.results / "scaling.csv"),
+                                        args.results / "figures" / "scaling.png"))
         figures += draw_trainer_figures(args.results)
-    print(text)
+        figures += draw_study_figures(args.results)
     for f in figures:
         print(f"figure: {f}")
-    if str(args.readme) and args.readme.name:
-        shown = [str(f.relative_to(args.readme.parent)) for f in figures if f.stem in figs.README_FIGURES]
-        if update_readme(args.readme, text, shown):
-            print(f"updated {args.readme}")
+    if not args.no_docs:
+        files = tables.doc_files(args.root)
+        changed = tables.regenerate([f for f in files if f.exists()], args.results)
+        print(f"generated blocks rebuilt in {len([f for f in files if f.exists()])} files; changed: "
+              + (", ".join(changed) if changed else "none"))
+    if args.html:
+        from pal_bench import html_report
+
+        print(f"report: {html_report.write(args.root, args.results)}")
     return 0
 
 

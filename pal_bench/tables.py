@@ -55,10 +55,8 @@ def source(results: Path, *names: str) -> str:
             meta = json.loads(path.read_text()).get("conditions")
         if meta:
             parts.append(f"`results/{name}`: {conditions.describe(meta)}")
-        else:
-            stamp = git_stamp(path)
-            parts.append(f"`results/{name}`: conditions not recorded (measured before they were" +
-                         (f"; {stamp})" if stamp else ")"))
+        else:       # (no git-derived text here: a generated block must not depend on the clone's history)
+            parts.append(f"`results/{name}`: conditions not recorded (measured before they were)")
     return "Source: " + "; ".join(parts) + "."
 
 
@@ -380,8 +378,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
 }
 
 
+DOC_ORDER = ("latency", "trainer", "scaling", "backends", "plugin", "race", "longhaul", "aggregation", "measuring")
+
+
 def doc_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """README.md, then the study pages in reading order (pages not listed in ``DOC_ORDER`` last)."""
+    pages = sorted((root / "docs").glob("*.md"), key=lambda p: (DOC_ORDER.index(p.stem) if p.stem in DOC_ORDER
+                                                                else len(DOC_ORDER), p.stem))
+    return [root / "README.md", *pages]
 
 
 def regenerate(files: list[Path] | None = None, results: Path = ROOT / "results",

@@ -25,9 +25,10 @@ def test_report_from_stored_json(tmp_path):
     (tmp_path / "latency_vs_capacity.json").write_text(json.dumps(
         {"machine_info": MACHINE, "datetime": "2026-11-30T00:00:00", "benchmarks": benchmarks, "skipped": skipped}))
     readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- BEGIN latency table: x -->\nOLD BLOCK\n<!-- END latency table -->\nrest\n")
+    readme.write_text("intro\n<!-- BEGIN generated:latency-headline -->\nOLD BLOCK\n"
+                      "<!-- END generated:latency-headline -->\nrest\n")
 
-    assert report.main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
+    assert report.main(["--results", str(tmp_path), "--root", str(tmp_path)]) == 0
 
     csv = pd.read_csv(tmp_path / "latency.csv")
     assert len(csv) == len(benchmarks) + len(skipped)
@@ -38,7 +39,8 @@ def test_report_from_stored_json(tmp_path):
     for name in ("latency_vs_capacity", "latency_vs_capacity_sample_update"):
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
     text = readme.read_text()
-    assert "OLD BLOCK" not in text and "figures/latency_vs_capacity.png" in text and text.endswith("rest\n")
+    assert "OLD BLOCK" not in text and "| insert 1 " in text and text.endswith("rest\n")
+    assert "conditions not recorded" in text      # this JSON has no "conditions"
 
 
 def test_report_without_results_is_a_clear_error(tmp_path, capsys):

@@ -1,0 +1,60 @@
+"""The published text: every generated block matches the stored results, links and figures resolve."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pal_bench import tables
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = tables.doc_files(ROOT)
+
+
+def test_every_generated_block_matches_the_stored_results():
+    """Rebuilds every block of README.md and docs/*.md from results/ in memory; `make figures` rewrites them."""
+    stale = tables.regenerate(DOCS, ROOT / "results", check=True)
+    assert stale == [], f"generated blocks differ from the stored results (run `make figures`): {stale}"
+
+
+def test_a_changed_result_makes_the_check_fail(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "longhaul.csv").write_text((ROOT / "results" / "longhaul.csv").read_text().replace("8000,", "8001,", 1))
+    doc = tmp_path / "page.md"
+    doc.write_text("x\n<!-- BEGIN generated:longhaul-quick -->\n<!-- END generated:longhaul-quick -->\n")
+    assert tables.regenerate([doc], results) == ["page.md:longhaul-quick"]
+    assert tables.regenerate([doc], results, check=True) == []
+    text = doc.read_text()
+    assert "8001" in text and "conditions not recorded" in text
+    doc.write_text(text.replace("8001", "9999"))         # a hand edit inside the block
+    assert tables.regenerate([doc], results, check=True) == ["page.md:longhaul-quick"]
+
+
+def test_unknown_block_names_are_an_error(tmp_path):
+    doc = tmp_path / "page.md"
+    doc.write_text("<!-- BEGIN generated:nope -->\n<!-- END generated:nope -->\n")
+    with pytest.raises(KeyError, match="nope"):
+        tables.regenerate([doc], ROOT / "results", check=True)
+
+
+def test_every_table_is_published_somewhere():
+    published = {name for path in DOCS for name in tables.names_in(path)}
+    assert published == set(tables.TABLES)
+
+
+def test_readme_is_short_and_links_every_study_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    for page in (ROOT / "docs").glob("*.md"):
+        assert f"(docs/{page.name})" in readme, page.name
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_links_and_figures_resolve(path):
+    text = path.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http", "#", "data:")):
+            continue
+        file = target.split("#")[0]
+        assert (path.parent / file).exists(), f"{path.name}: {target} does not exist"
