@@ -127,6 +127,35 @@ def latency_headline(results: Path) -> str:
             + source(results, "latency_vs_capacity.json") + "\n")
 
 
+def fanout_block(results: Path) -> str:
+    """The interleaved fan-out study: median µs per K and the ratio to the default K with a 95% interval."""
+    from pal_bench import DEFAULT_FANOUT
+
+    path = results / "fanout.csv"
+    if not path.exists():
+        return missing("fanout.csv", "python -m pal_bench.fanout")
+    df = pd.read_csv(path)
+    ops = [op for op in ("insert_one", "sample", "update", "sample_update") if op in set(df.op)]
+    rows = []
+    for k, g in df.groupby("fanout"):
+        row: dict = {"K": k}
+        for op in ops:
+            mine = g[g.op == op].us_per_call
+            ref = df[(df.fanout == DEFAULT_FANOUT) & (df.op == op)].us_per_call
+            row[f"{op} µs"] = mine.median()
+            if k != DEFAULT_FANOUT and len(ref):
+                row[f"{op} vs K={DEFAULT_FANOUT}"] = fmt_ci(*ratio_ci(mine, ref), 2)
+            else:
+                row[f"{op} vs K={DEFAULT_FANOUT}"] = "1 (default)" if k == DEFAULT_FANOUT else ""
+        rows.append(row)
+    n, rounds = int(df.capacity.iloc[0]), df["round"].nunique()
+    return (f"Median µs per call at capacity {n:.0e}, batch {int(df.batch.iloc[0])}, every K timed in each of {rounds} "
+            f"interleaved rounds ({int(df[df.op != 'insert_one'].calls.iloc[0])} calls per block, "
+            f"{int(df[df.op == 'insert_one'].calls.iloc[0])} for insert_one); ratio = this K's median / the default's, "
+            "bootstrap 95% interval over rounds (below 1: faster than the default).\n\n"
+            + md(pd.DataFrame(rows), ".2f") + "\n\n" + source(results, "fanout.csv") + "\n")
+
+
 def instructions_block(results: Path) -> str:
     path = results / "regression_baseline.json"
     if not path.exists():
@@ -360,6 +389,7 @@ def aggregation_full_block(results: Path) -> str:
 TABLES: dict[str, Callable[[Path], str]] = {
     "latency-headline": latency_headline,
     "latency": latency_block,
+    "fanout": fanout_block,
     "instructions": instructions_block,
     "training": training_block,
     "learning-sweeps": learning_sweeps_block,
