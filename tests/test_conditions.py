@@ -1,0 +1,59 @@
+"""What a measurement ran under, and the bootstrap intervals of ratios."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pal_bench import conditions, stats
+
+
+def test_a_busy_machine_is_refused_unless_forced(monkeypatch, capsys):
+    monkeypatch.setattr(conditions, "load1", lambda: 5.0)
+    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    with pytest.raises(conditions.BusyMachineError, match="--force"):
+        conditions.check_quiet("sweep")
+    assert conditions.refuse_if_busy("sweep", force=False) is True
+    assert conditions.refuse_if_busy("sweep", force=True) is False
+    err = capsys.readouterr().err
+    assert "sweep" in err and "load average is 5.00" in err and "marked noisy" in err
+
+
+def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monkeypatch):
+    loads = iter([0.2, 3.0])
+    monkeypatch.setattr(conditions, "load1", lambda: next(loads))
+    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    result = tmp_path / "x.csv"
+    result.write_text("a\n1\n")
+    with conditions.Conditions("test run", command="cmd --flag") as c:
+        pass
+    c.write(result)
+    meta = conditions.read_meta(result)
+    assert meta == json.loads((tmp_path / "x.csv.meta.json").read_text())
+    assert (meta["load_before"], meta["load_after"], meta["noisy"]) == (0.2, 3.0, True)
+    assert meta["command"] == "cmd --flag" and meta["machine"]["cpu"] and meta["versions"]["numpy"]
+    assert "**noisy**" in conditions.describe(meta) and "load 0.2 -> 3.0" in conditions.describe(meta)
+    assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "f.txt"
+    path.write_text("good")
+
+    def boom(*a):
+        raise OSError("disk full")
+    monkeypatch.setattr(conditions.os, "fsync", boom)
+    with pytest.raises(OSError):
+        conditions.atomic_write_text(path, "half")
+    assert path.read_text() == "good" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_ratio_interval_covers_the_true_ratio_and_needs_repetitions():
+    rng = np.random.default_rng(0)
+    slow, fast = rng.normal(30, 2, 200), rng.normal(10, 1, 200)
+    point, lo, hi = stats.ratio_ci(slow, fast)
+    assert lo < 3.0 < hi and lo < point < hi and hi - lo < 0.3
+    assert math.isnan(stats.ratio_ci([30.0], fast)[1])
+    assert stats.fmt_ci(point, lo, hi, 1).startswith(f"{point:.1f} [")
+    assert stats.fmt_ci(2.0, math.nan, math.nan) == "2.00" and stats.fmt_ci(math.nan, 1, 2) == "n/a"
