@@ -41,7 +41,8 @@ def fmt_n(n: float) -> str:
 
 
 def load(path: Path) -> tuple[pd.DataFrame, dict]:
-    """One row per benchmark (median/IQR/min in µs, rounds) and one per skipped case (with reason)."""
+    """One row per benchmark (median/IQR/min in µs, rounds, and ``sample_us``: the stored sample of round
+    times kept by ``pal_bench.bench`` for bootstrap intervals, or None) and one per skipped case (with reason)."""
     data = json.loads(path.read_text())
     rows = []
     for b in data["benchmarks"]:
@@ -51,25 +52,13 @@ def load(path: Path) -> tuple[pd.DataFrame, dict]:
             "capacity": info["capacity"], "batch": info["batch"], "fanout": info.get("fanout"),
             "median_us": st["median"] * 1e6, "iqr_us": st["iqr"] * 1e6, "min_us": st["min"] * 1e6,
             "rounds": st["rounds"], "profile": info.get("profile"), "status": "ok", "reason": "",
+            "sample_us": [x * 1e6 for x in st["data_sample"]] if st.get("data_sample") else None,
         })
     for s in data.get("skipped", []):
         rows.append({"suite": path.stem, "name": "", "peer": s["peer"], "op": s["op"], "capacity": s["capacity"],
                      "batch": s["batch"], "fanout": s.get("fanout"), "profile": s.get("profile"),
                      "status": "skipped", "reason": s["reason"]})
     return pd.DataFrame(rows), data["machine_info"] | {"datetime": data.get("datetime", "")}
-
-
-def load_samples(path: Path) -> dict[tuple[str, str, int], list[float]]:
-    """Per (peer, op, capacity): the stored sample of round times in µs (``stats.data_sample``, kept by
-    ``pal_bench.bench``), for bootstrap intervals; cases without one are left out."""
-    data = json.loads(path.read_text())
-    out = {}
-    for b in data["benchmarks"]:
-        sample = b["stats"].get("data_sample")
-        if sample:
-            info = b["extra_info"]
-            out[(info["peer"], info["op"], info["capacity"])] = [x * 1e6 for x in sample]
-    return out
 
 
 def load_all(results: Path) -> tuple[pd.DataFrame, dict]:
@@ -105,9 +94,13 @@ def pal_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def speedup_table(df: pd.DataFrame, ops=("insert_one", "insert_batch", "sample_update")) -> pd.DataFrame:
     """Rows: peer and operation; columns: capacity; cells: peer median / PAL median, or why not run."""
+    from pal_bench.stats import fmt_ci, ratio_ci
+
     med = ok(df).pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
     if "pal" not in med.columns:
         return pd.DataFrame()
+    samples = {(r.peer, r.op, r.capacity): r.sample_us for r in ok(df).itertuples()
+               if isinstance(getattr(r, "sample_us", None), list)}
     skipped = df[df.status == "skipped"].set_index(["peer", "op", "capacity"]).reason
     caps = sorted(df.capacity.unique())
     batch = int(df.batch.iloc[0])
@@ -117,7 +110,11 @@ def speedup_table(df: pd.DataFrame, ops=("insert_one", "insert_batch", "sample_u
             cells = {}
             for c in caps:
                 if (op, c) in med.index and peer in med.columns and pd.notna(med.loc[(op, c), peer]):
-                    cells[f"N={fmt_n(c)}"] = f"{med.loc[(op, c), peer] / med.loc[(op, c), 'pal']:.1f}"
+                    theirs, ours = samples.get((peer, op, c)), samples.get(("pal", op, c))
+                    if theirs and ours:
+                        cells[f"N={fmt_n(c)}"] = fmt_ci(*ratio_ci(theirs, ours), 1)
+                    else:
+                        cells[f"N={fmt_n(c)}"] = f"{med.loc[(op, c), peer] / med.loc[(op, c), 'pal']:.1f}"
                 elif (peer, op, c) in skipped.index:
                     why = skipped.loc[(peer, op, c)]
                     why = why.iloc[0] if isinstance(why, pd.Series) else why
@@ -152,7 +149,8 @@ def tables_markdown(tidy: pd.DataFrame, machine: dict) -> str:
                pal_table(cap).to_markdown(floatfmt=".2f"), ""]
         sp = speedup_table(cap)
         if not sp.empty:
-            md += ["### Speedup of PAL over each peer (peer median / PAL median, same run)", "",
+            md += ["### Speedup of PAL over each peer (peer median / PAL median, same run; bootstrap 95% interval "
+                   "over the stored rounds where kept)", "",
                    sp.to_markdown(), ""]
     bat = tidy[tidy.suite == "latency_vs_batch"]
     if not ok(bat).empty:
@@ -248,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 1
-    tidy.to_csv(args.results / "latency.csv", index=False, float_format="%.4f")
+    tidy.drop(columns="sample_us").to_csv(args.results / "latency.csv", index=False, float_format="%.4f")
     text = tables_markdown(tidy, machine)
     (args.results / "latency_tables.md").write_text(text)
     figures: list[Path] = []
