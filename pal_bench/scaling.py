@@ -210,22 +210,33 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     return out
 
 
-def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print) -> pd.DataFrame:
-    """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes)."""
+def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repeats: int = 1) -> pd.DataFrame:
+    """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
+    ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
+    ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups."""
     cores = usable_cores()
-    rows = []
+    got: dict[tuple[str, int], list[tuple[float, float, float | None]]] = {}
     with ray_session(cfg):
-        for x in range(1, max_threads + 1):
-            for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
-                progress(f"[{cfg.backend} {kind} x={x}/{max_threads}] measuring ...")
-                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-                v = fn(cfg, x, n)
-                # load1: the machine's 1-minute load average as the point started (other jobs share the cores)
-                rows.append({"curve": kind, "threads": x, "throughput": v, "cores_used": last_cores_used.get(kind),
-                             "cores": cores, "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env,
-                             "env_backend": cfg.env_backend, "backend": cfg.backend, "load1": load})
-                progress(f"[{cfg.backend} {kind} x={x}/{max_threads}] {v:.0f} "
-                         f"{'transitions' if kind == 'f_a' else 'updates'}/s")
+        for rep in range(repeats):
+            for x in range(1, max_threads + 1):
+                for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
+                    where = f"[{cfg.backend} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
+                                                                           if repeats > 1 else "]")
+                    progress(f"{where} measuring ...")
+                    # the machine's 1-minute load average as the point started (other jobs share the cores)
+                    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+                    v = fn(cfg, x, n)
+                    got.setdefault((kind, x), []).append((v, load, last_cores_used.get(kind)))
+                    progress(f"{where} {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
+    rows = []
+    for (kind, x), runs in sorted(got.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        values = [r[0] for r in runs]
+        used = [r[2] for r in runs if r[2] is not None]
+        rows.append({"curve": kind, "threads": x, "throughput": float(np.median(values)),
+                     "throughput_reps": " ".join(f"{v:.3f}" for v in values),
+                     "cores_used": float(np.median(used)) if used else None, "cores": cores,
+                     "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env, "env_backend": cfg.env_backend,
+                     "backend": cfg.backend, "load1": max(r[1] for r in runs)})
     df = pd.DataFrame(rows)
     base = df[df.threads == 1].set_index("curve").throughput
     df["speedup"] = df.throughput / df.curve.map(base)
@@ -430,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-threads", type=int, default=usable_cores())
     ap.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point")
     ap.add_argument("--updates", type=int, default=1_000, help="updates per f_l point")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved rounds per point, for the speedups' intervals (default 3)")
     ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
                     help="async: actors step their environments in subprocesses (outside the GIL)")
     ap.add_argument("--backend", choices=["threads", "ray"], default="threads",
@@ -457,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         if (fig := backends_figure(args.out)) is not None:
             print(f"figure: {fig}")
         return 0
-    df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr))
+    df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr),
+               repeats=args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
     df.to_csv(args.out / name, index=False, float_format="%.3f")

@@ -212,9 +212,19 @@ def learning_sweeps_block(results: Path) -> str:
 
 # ------------------------------------------------------------------ scaling, core split, concurrency
 
+def _reps(cell) -> list[float]:
+    return [float(v) for v in str(cell).split()] if isinstance(cell, str) else []
+
+
 def _curves(df: pd.DataFrame) -> pd.DataFrame:
+    """f_a / f_l rows; the speedup over 1 worker with a bootstrap interval where the repetitions are stored."""
+    speedups = []
+    for r in df.itertuples():
+        base = df[(df.curve == r.curve) & (df.threads == 1)]
+        mine, ref = _reps(getattr(r, "throughput_reps", None)), _reps(base.iloc[0].get("throughput_reps"))
+        speedups.append(fmt_ci(*ratio_ci(mine, ref)) if r.threads > 1 and mine and ref else f"{r.speedup:.2f}")
     t = pd.DataFrame({"curve": df.curve, "workers": df.threads, "throughput": df.throughput,
-                      "speedup": df.speedup, "efficiency": df.efficiency})
+                      "speedup [95% CI]": speedups, "efficiency": df.efficiency})
     if "cores_used" in df and df.cores_used.notna().any():
         t["cores used"] = df.cores_used
     t["oversubscribed"] = df.oversubscribed.map({True: "yes", False: ""})
@@ -227,6 +237,7 @@ def scaling_block(results: Path) -> str:
     parts = []
     for name, what in (("scaling.csv", "environments in the actor threads"),
                        ("scaling_async_env.csv", "environments in subprocesses (`--env-backend async`)")):
+        # (speedup intervals: bootstrap over the interleaved rounds of `--repeats`, where stored)
         if (results / name).exists():
             df = pd.read_csv(results / name)
             parts.append(f"Thread backend, {df.algo.iloc[0]} on {df.env.iloc[0]}, {what}: f_a in transitions/s, "

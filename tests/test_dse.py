@@ -97,3 +97,16 @@ def test_dse_on_ray_curves_names_their_backend(tmp_path, monkeypatch, capsys):
     assert main(["dse", "--curves", "both.csv", "--max-cores", "2"]) == 2
     assert main(["dse", "--curves", "both.csv", "--max-cores", "2", "--ratio", "0.25", "--backend", "threads"]) == 0
     assert "(backend threads)" in capsys.readouterr().out
+
+
+def test_scaling_sweep_repeats_each_point_and_the_table_gives_intervals(tmp_path):
+    from pal_bench import scaling
+    from pal_bench.tables import scaling_block
+    from pal_bench.train import make_config
+
+    df = scaling.sweep(make_config("dqn", "CartPole-v1"), 2, 300, 10, progress=lambda m: None, repeats=2)
+    assert sorted(zip(df.curve, df.threads)) == [("f_a", 1), ("f_a", 2), ("f_l", 1), ("f_l", 2)]
+    assert all(len(r.split()) == 2 for r in df.throughput_reps)
+    df.to_csv(tmp_path / "scaling.csv", index=False)
+    text = scaling_block(tmp_path)
+    assert text.count(" [") >= 2          # the 2-worker speedups carry an interval

@@ -1,7 +1,6 @@
 """RLlib drop-in ``PALPrioritizedEpisodeReplayBuffer``: episode chunks, n-step returns, priorities, state, DQN."""
 
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -266,20 +265,9 @@ BUFFER_TYPE = "pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer"
 
 
 def dqn_config(seed: int = 0):
-    from ray.rllib.algorithms.dqn import DQNConfig
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from learning_runs import rllib_dqn_config
 
-    return (
-        DQNConfig().environment("CartPole-v1")
-        .env_runners(num_env_runners=0, rollout_fragment_length=4)
-        .training(lr=1e-3, train_batch_size_per_learner=64, n_step=3, target_network_update_freq=500,
-                  num_steps_sampled_before_learning_starts=500, epsilon=[(0, 1.0), (3000, 0.02)],
-                  replay_buffer_config={"type": BUFFER_TYPE, "capacity": 20_000, "alpha": 0.6, "beta": 0.4,
-                                        "seed": seed})
-        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[64], head_fcnet_hiddens=[64]))
-        .reporting(min_sample_timesteps_per_iteration=1000, metrics_num_episodes_for_smoothing=20)
-        .debugging(seed=seed)
-    )
+    return rllib_dqn_config(seed)
 
 
 @pytest.fixture(scope="module")
@@ -301,20 +289,13 @@ def local_ray():
 
 @pytest.fixture(scope="module")
 def trained_dqn(local_ray):
-    """DQN on CartPole-v1 with the drop-in, trained until the mean return reaches 100 (at most 6000 steps).
+    """DQN on CartPole-v1 with the drop-in (seed 0), trained until the smoothed return reaches 100, at most
+    6 iterations of 1000 env steps (``tests/learning_runs.py``, which also sweeps it over seeds)."""
+    from learning_runs import rllib_dqn_cartpole
 
-    Measured (seed 0): 24.6, 39.8, 155.0 after 1000, 2000, 3000 env steps; 25-35 s on 2 busy cores, Ray
-    start and build included.
-    """
-    t0 = time.perf_counter()
-    algo = dqn_config().build_algo()
-    returns = []
-    for _ in range(6):
-        returns.append(algo.train()["env_runners"]["episode_return_mean"])
-        if returns[-1] >= 100:
-            break
-    yield algo, returns, time.perf_counter() - t0
-    algo.stop()
+    r = rllib_dqn_cartpole(seed=0)
+    yield r["algo"], r["returns"], r["seconds"]
+    r["algo"].stop()
 
 
 def test_dqn_learns_cartpole_with_the_drop_in(trained_dqn):
