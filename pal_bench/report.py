@@ -92,15 +92,26 @@ def pal_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def speedup_ci(df: pd.DataFrame, peer: str, op: str, capacity: int) -> tuple[float, float, float]:
+    """PAL's speedup over ``peer`` (peer median / PAL median) with a bootstrap 95% interval over the stored
+    round samples; (point, nan, nan) where a sample was not kept."""
+    from pal_bench.stats import ratio_ci
+
+    rows = ok(df)[(ok(df).op == op) & (ok(df).capacity == capacity)].set_index("peer")
+    theirs, ours = rows.loc[peer], rows.loc["pal"]
+    if isinstance(theirs.get("sample_us"), list) and isinstance(ours.get("sample_us"), list):
+        return ratio_ci(theirs.sample_us, ours.sample_us)
+    return theirs.median_us / ours.median_us, float("nan"), float("nan")
+
+
 def speedup_table(df: pd.DataFrame, ops=("insert_one", "insert_batch", "sample_update")) -> pd.DataFrame:
-    """Rows: peer and operation; columns: capacity; cells: peer median / PAL median, or why not run."""
-    from pal_bench.stats import fmt_ci, ratio_ci
+    """Rows: peer and operation; columns: capacity; cells: peer median / PAL median (with a bootstrap 95%
+    interval where round samples were kept), or why not run."""
+    from pal_bench.stats import fmt_ci
 
     med = ok(df).pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
     if "pal" not in med.columns:
         return pd.DataFrame()
-    samples = {(r.peer, r.op, r.capacity): r.sample_us for r in ok(df).itertuples()
-               if isinstance(getattr(r, "sample_us", None), list)}
     skipped = df[df.status == "skipped"].set_index(["peer", "op", "capacity"]).reason
     caps = sorted(df.capacity.unique())
     batch = int(df.batch.iloc[0])
@@ -110,11 +121,7 @@ def speedup_table(df: pd.DataFrame, ops=("insert_one", "insert_batch", "sample_u
             cells = {}
             for c in caps:
                 if (op, c) in med.index and peer in med.columns and pd.notna(med.loc[(op, c), peer]):
-                    theirs, ours = samples.get((peer, op, c)), samples.get(("pal", op, c))
-                    if theirs and ours:
-                        cells[f"N={fmt_n(c)}"] = fmt_ci(*ratio_ci(theirs, ours), 1)
-                    else:
-                        cells[f"N={fmt_n(c)}"] = f"{med.loc[(op, c), peer] / med.loc[(op, c), 'pal']:.1f}"
+                    cells[f"N={fmt_n(c)}"] = fmt_ci(*speedup_ci(df, peer, op, c), 1)
                 elif (peer, op, c) in skipped.index:
                     why = skipped.loc[(peer, op, c)]
                     why = why.iloc[0] if isinstance(why, pd.Series) else why

@@ -17,7 +17,6 @@ under (machine, date, load before/after, commit; ``pal_bench.conditions``); a re
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 from collections.abc import Callable
@@ -101,7 +100,6 @@ def latency_headline(results: Path) -> str:
         return missing("latency_vs_capacity.json", "make bench")
     df, _ = report.load(path)
     ok = df[df.status == "ok"]
-    samples = {(r.peer, r.op, r.capacity): r.sample_us for r in ok.itertuples() if isinstance(r.sample_us, list)}
     rows = []
     for op in HEADLINE_OPS:
         pal = ok[(ok.peer == "pal") & (ok.op == op)]
@@ -115,10 +113,9 @@ def latency_headline(results: Path) -> str:
             n = caps[-1]
             p_us = float(pal[pal.capacity == n].median_us.iloc[0])
             q_us = float(theirs[theirs.capacity == n].median_us.iloc[0])
-            a, b = samples.get((peer, op, n)), samples.get(("pal", op, n))
-            point, lo, hi = ratio_ci(a, b) if a is not None and b is not None else (q_us / p_us, math.nan, math.nan)
             rows.append({"operation": report.op_label(op, 256), "peer": peer, "capacity": f"N={report.fmt_n(n)}",
-                         "PAL µs": p_us, "peer µs": q_us, "PAL speedup [95% CI]": fmt_ci(point, lo, hi, 1)})
+                         "PAL µs": p_us, "peer µs": q_us,
+                         "PAL speedup [95% CI]": fmt_ci(*report.speedup_ci(df, peer, op, n), 1)})
     if not rows:
         return missing("latency_vs_capacity.json", "make bench")
     return ("Median latency, full buffer, LunarLander-sized transitions, alpha 0.6, beta 0.4, at the largest capacity "
