@@ -290,7 +290,13 @@ def local_ray():
 @pytest.fixture(scope="module")
 def trained_dqn(local_ray):
     """DQN on CartPole-v1 with the drop-in (seed 0), trained until the smoothed return reaches 100, at most
-    6 iterations of 1000 env steps (``tests/learning_runs.py``, which also sweeps it over seeds)."""
+    8 iterations of 1000 env steps (``tests/learning_runs.py``, which also sweeps it over seeds).
+
+    Seed sweep (`python tests/learning_runs.py rllib --seeds 0-9`, AMD EPYC, 2026-12-01): every seed
+    reached 100, after 3 iterations (6 seeds), 4 (2) or 5 (2): median 3, worst 5 of the 8 allowed; the
+    first iteration's return (epsilon still near 1) was 20.2-26.6, so ``< 50`` holds with margin. The
+    best return when stopping: min 102.0, median 139.6.
+    """
     from learning_runs import rllib_dqn_cartpole
 
     r = rllib_dqn_cartpole(seed=0)
