@@ -132,13 +132,15 @@ class TestLocalRay:
     def test_dqn_cartpole_2_actor_processes_1_learner_learns(self, tmp_path):
         """DQN on CartPole-v1, 2 actor processes + 1 learner, 20k steps, seed 1 (``tests/learning_runs.py``).
 
-        THRESHOLD_DOC
+        Asserted: the best of 4 greedy evaluations (3 episodes each) >= 60; a random policy scores about
+        20. Seed sweep (`python tests/learning_runs.py ray --seeds 0-9`, AMD EPYC, 2026-12-01): min 90.0,
+        median 109.0, max 464.3 (Ray's actors are not lockstepped, so a seed's run also varies with timing).
         """
         from learning_runs import ray_dqn_cartpole
 
         r = ray_dqn_cartpole(seed=1, out_dir=str(tmp_path))
         s, cfg = r["summary"], r["cfg"]
-        assert r["best"] >= RAY_THRESHOLD, s["eval"]            # a random policy scores about 20
+        assert r["best"] >= 60, s["eval"]            # a random policy scores about 20
         assert s["backend"] == "ray" and s["env_steps"] == 20_000 and s["restarts"] == []
         assert s["updates"] >= 0.95 * (20_000 - cfg.learning_starts) * cfg.updates_per_step
         for phase in ("transport", "serialize", "env_step"):
