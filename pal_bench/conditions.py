@@ -107,8 +107,23 @@ def check_quiet(what: str, force: bool = False) -> float:
     return load
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds used by this process and its reaped children so far."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 class Conditions:
-    """Conditions of one measurement: load before (at construction or ``__enter__``) and after (at ``finish``)."""
+    """Conditions of one measurement: load before (at construction) and after (at ``finish``).
+
+    The load average counts the measurement's own busy cores too, so the result is marked noisy when
+    the load before exceeded half the usable cores (the machine was busy as it started), or when the
+    load after, less the cores this process and its children kept busy on average (``own_cores``:
+    CPU seconds / wall seconds), did (something else started meanwhile). Work in processes that are not
+    our children (Ray's workers) is not in ``own_cores``, so such runs err on the side of noisy.
+    """
 
     def __init__(self, what: str, command: str | None = None):
         self.what = what
@@ -116,7 +131,9 @@ class Conditions:
         self.started = _dt.datetime.now(_dt.timezone.utc)
         self.load_before = load1()
         self.load_after: float | None = None
+        self.own_cores: float | None = None
         self.finished: _dt.datetime | None = None
+        self._cpu0, self._t0 = _cpu_seconds(), _dt.datetime.now().timestamp()
 
     def __enter__(self) -> Conditions:
         return self
@@ -128,17 +145,23 @@ class Conditions:
     def finish(self) -> dict:
         self.load_after = load1()
         self.finished = _dt.datetime.now(_dt.timezone.utc)
+        wall = max(_dt.datetime.now().timestamp() - self._t0, 1e-9)
+        self.own_cores = (_cpu_seconds() - self._cpu0) / wall
         return self.as_dict()
 
+    def noisy(self) -> bool:
+        others_after = None if self.load_after is None else self.load_after - (self.own_cores or 0.0)
+        return max(self.load_before, others_after if others_after is not None else 0.0) > noisy_limit()
+
     def as_dict(self) -> dict:
-        loads = [x for x in (self.load_before, self.load_after) if x is not None]
         return {
             "what": self.what, "command": self.command,
             "started": self.started.isoformat(timespec="seconds"),
             "finished": self.finished.isoformat(timespec="seconds") if self.finished else None,
             "load_before": round(self.load_before, 2),
             "load_after": None if self.load_after is None else round(self.load_after, 2),
-            "noisy": max(loads) > noisy_limit(),
+            "own_cores": None if self.own_cores is None else round(self.own_cores, 2),
+            "noisy": self.noisy(),
             "noisy_limit": noisy_limit(),
             "commit": commit(), "machine": machine(), "versions": versions(),
         }

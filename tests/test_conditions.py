@@ -23,6 +23,7 @@ def test_a_busy_machine_is_refused_unless_forced(monkeypatch, capsys):
 def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monkeypatch):
     loads = iter([0.2, 3.0])
     monkeypatch.setattr(conditions, "load1", lambda: next(loads))
+    monkeypatch.setattr(conditions, "_cpu_seconds", lambda: 0.0)      # this process was idle: the load was others
     monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
     result = tmp_path / "x.csv"
     result.write_text("a\n1\n")
@@ -35,6 +36,18 @@ def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monk
     assert meta["command"] == "cmd --flag" and meta["machine"]["cpu"] and meta["versions"]["numpy"]
     assert "**noisy**" in conditions.describe(meta) and "load 0.2 -> 3.0" in conditions.describe(meta)
     assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_measurements_own_load_does_not_make_it_noisy(monkeypatch):
+    loads = iter([0.3, 1.8])
+    monkeypatch.setattr(conditions, "load1", lambda: next(loads))
+    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    cpu = iter([0.0, 90.0])                           # 90 CPU seconds ...
+    monkeypatch.setattr(conditions, "_cpu_seconds", lambda: next(cpu))
+    c = conditions.Conditions("own load")
+    c._t0 -= 60                                       # ... over 60 s: 1.5 cores of the 1.8 were ours
+    meta = c.finish()
+    assert meta["own_cores"] == pytest.approx(1.5, abs=0.05) and meta["noisy"] is False
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
