@@ -29,14 +29,18 @@ def cfg_for(tmp_path, algo="dqn", env="CartPole-v1", **kw):
 def test_dqn_cartpole_2_actors_2_learners_learns(tmp_path, aggregation):
     """DQN on CartPole-v1, 2 actor threads + 2 learner threads, 40k env steps at 0.5 updates per step, seed 1.
 
-    Asserted: the best of 8 greedy evaluations (2 episodes each) >= 150; a random policy scores about 20.
-    SWEEP_DOC
+    Asserted: the best of 8 greedy evaluations (2 episodes each) >= 130; a random policy scores about 20.
+    2 actors + 2 learners are not lockstepped, so a seed's run also varies with thread timing (machine load).
+    Seed sweep (`python tests/learning_runs.py trainer-sync --seeds 0-9 --jobs 2`, and trainer-async; two
+    runs at once on the 2 cores; AMD EPYC, 2026-12-01): sync min 189.5, median 316.5; async min 182.5,
+    median 317.0; so 130 sits 29% below the worst of the 20 runs. (At 0.25 updates per step 1 of 8 async
+    seeds plateaued below 150 in an earlier sweep: hence 0.5.)
     """
     from learning_runs import trainer_dqn_cartpole
 
     r = trainer_dqn_cartpole(seed=1, aggregation=aggregation, out_dir=str(tmp_path))
     s = r["summary"]
-    assert r["best"] >= 150, r["curve"]
+    assert r["best"] >= 130, r["curve"]
     assert s["env_steps"] == 40_000 and s["updates"] > 16_000
     assert s["dropped_stale_gradients"] < 0.05 * s["updates"]
     assert (Path(r["run_dir"]) / "eval.csv").exists()
