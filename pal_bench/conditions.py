@@ -115,14 +115,64 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+class _TreeCpu:
+    """CPU seconds of this process's live descendants, sampled every ``period`` s by a daemon thread
+    (Linux /proc): processes such as Ray's workers, which this process never reaps, so that rusage
+    misses them. ``stop()`` returns the CPU seconds every descendant seen used since the start."""
+
+    def __init__(self, period: float = 0.5):
+        import threading
+
+        self.seen: dict[tuple[int, str], float] = {}
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._thread = threading.Thread(target=self._run, args=(period,), name="pal-conditions", daemon=True)
+        self.before: dict[tuple[int, str], float] = {}
+        if Path("/proc/self/stat").exists():
+            self.sample()
+            self.before = dict(self.seen)     # descendants alive at the start count from here on
+            self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.sample()
+
+    def sample(self) -> None:
+        parents: dict[int, int] = {}
+        stats: dict[int, list[str]] = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(d.name)] = int(fields[1])
+            stats[int(d.name)] = fields
+        me = os.getpid()
+        for pid, fields in stats.items():
+            p, hops = parents.get(pid), 0
+            while p not in (None, 0, 1, me) and hops < 64:
+                p, hops = parents.get(p), hops + 1
+            if p == me and pid != me:      # a descendant: utime + stime (+ its reaped children's)
+                cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._tick
+                self.seen[(pid, fields[19])] = cpu
+
+    def stop(self) -> float:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+        return sum(cpu - self.before.get(key, 0.0) for key, cpu in self.seen.items())
+
+
 class Conditions:
     """Conditions of one measurement: load before (at construction) and after (at ``finish``).
 
     The load average counts the measurement's own busy cores too, so the result is marked noisy when
     the load before exceeded half the usable cores (the machine was busy as it started), or when the
-    load after, less the cores this process and its children kept busy on average (``own_cores``:
+    load after, less the cores this process and its descendants kept busy on average (``own_cores``:
     CPU seconds / wall seconds), did (something else started meanwhile). Work in processes that are not
-    our children (Ray's workers) is not in ``own_cores``, so such runs err on the side of noisy.
+    our children but descendants (Ray's workers) is sampled from /proc every 0.5 s.
     """
 
     def __init__(self, what: str, command: str | None = None):
@@ -134,6 +184,7 @@ class Conditions:
         self.own_cores: float | None = None
         self.finished: _dt.datetime | None = None
         self._cpu0, self._t0 = _cpu_seconds(), _dt.datetime.now().timestamp()
+        self._tree = _TreeCpu()
 
     def __enter__(self) -> Conditions:
         return self
@@ -146,7 +197,9 @@ class Conditions:
         self.load_after = load1()
         self.finished = _dt.datetime.now(_dt.timezone.utc)
         wall = max(_dt.datetime.now().timestamp() - self._t0, 1e-9)
-        self.own_cores = (_cpu_seconds() - self._cpu0) / wall
+        # reaped children are in rusage, live or unreaped descendants in the sampler; a child counted by
+        # both (sampled, then reaped) is counted twice, which errs on the side of "our own load"
+        self.own_cores = (_cpu_seconds() - self._cpu0 + self._tree.stop()) / wall
         return self.as_dict()
 
     def noisy(self) -> bool:

@@ -24,9 +24,12 @@ from _tree_core cimport (
 
 cnp.import_array()
 
-# Chosen by measurement (suites/test_latency_vs_fanout.py on a 2-core x86-64, capacity 1e6,
-# batch 256): K = 8, 16 and 32 are within noise of each other (sample + update 67-81 µs across
-# runs), K = 2 and 64 about twice as slow; 16 keeps the tree shallowest of the three.
+# Chosen by measurement: `python -m pal_bench.fanout` (one full buffer per K at capacity 1e6, batch 256,
+# every K timed in each of 100 interleaved rounds; AMD EPYC, 2 cores, load < 1, 2026-12-01;
+# results/fanout.csv, table in docs/latency.md). Against K = 16, sample + update took 0.97x
+# [0.87, 1.10] at K = 8 (within noise), 1.06x [0.96, 1.19] at K = 32, 1.11x [0.97, 1.26] at K = 4,
+# and 1.21x / 1.94x at K = 64 / 2 (intervals above 1); update alone: K = 32 1.30x, K = 4 1.19x.
+# K = 8 and 16 are indistinguishable; 16 keeps the tree one level shallower.
 DEFAULT_FANOUT = 16
 
 

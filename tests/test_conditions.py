@@ -70,3 +70,16 @@ def test_ratio_interval_covers_the_true_ratio_and_needs_repetitions():
     assert math.isnan(stats.ratio_ci([30.0], fast)[1])
     assert stats.fmt_ci(point, lo, hi, 1).startswith(f"{point:.1f} [")
     assert stats.fmt_ci(2.0, math.nan, math.nan) == "2.00" and stats.fmt_ci(math.nan, 1, 2) == "n/a"
+
+
+def test_descendants_cpu_is_counted_as_our_own():
+    import subprocess
+    import sys
+    import time
+
+    c = conditions.Conditions("busy child")
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    time.sleep(1.2)                                   # sampled while alive, then never reaped by rusage ...
+    tree = c._tree.stop()
+    child.wait()
+    assert tree > 0.5                                 # ... but its CPU time was seen
