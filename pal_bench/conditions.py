@@ -68,11 +68,14 @@ def memory_gib() -> float | None:
 
 
 def commit() -> str:
-    """The checked-out commit, with ``+dirty`` when the tracked tree has changes ('' outside git)."""
+    """The checked-out commit, with ``+dirty`` when tracked code has changes ('' outside git). Changes to
+    stored results and to the published text (results/, docs/, README.md) do not count: measuring
+    commands write those themselves."""
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!results", ":!docs", ":!README.md"], cwd=ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -180,6 +183,7 @@ class Conditions:
         self.command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
         self.started = _dt.datetime.now(_dt.timezone.utc)
         self.load_before = load1()
+        self.commit = commit()           # the code that measured, read before any result is written
         self.load_after: float | None = None
         self.own_cores: float | None = None
         self.finished: _dt.datetime | None = None
@@ -216,7 +220,7 @@ class Conditions:
             "own_cores": None if self.own_cores is None else round(self.own_cores, 2),
             "noisy": self.noisy(),
             "noisy_limit": noisy_limit(),
-            "commit": commit(), "machine": machine(), "versions": versions(),
+            "commit": self.commit, "machine": machine(), "versions": versions(),
         }
 
     def write(self, result: Path) -> Path:
