@@ -110,6 +110,17 @@ def check_quiet(what: str, force: bool = False) -> float:
     return load
 
 
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have kept cores busy since boot (/proc/stat), or None."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)          # idle + iowait
+    busy = sum(fields[:8]) - idle                                      # guest time is inside user time
+    return busy / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
 def _cpu_seconds() -> float:
     """CPU seconds used by this process and its reaped children so far."""
     import resource
@@ -171,11 +182,12 @@ class _TreeCpu:
 class Conditions:
     """Conditions of one measurement: load before (at construction) and after (at ``finish``).
 
-    The load average counts the measurement's own busy cores too, so the result is marked noisy when
-    the load before exceeded half the usable cores (the machine was busy as it started), or when the
-    load after, less the cores this process and its descendants kept busy on average (``own_cores``:
-    CPU seconds / wall seconds), did (something else started meanwhile). Work in processes that are not
-    our children but descendants (Ray's workers) is sampled from /proc every 0.5 s.
+    The load average counts the measurement's own runnable threads too (more than its cores when it
+    oversubscribes them), so the result is marked noisy when the load before exceeded half the usable
+    cores (the machine was busy as it started), or when *other* processes kept more than half the cores
+    busy on average while it ran: ``other_cores`` = the machine's busy CPU seconds (/proc/stat) less those
+    of this process and its descendants (``own_cores``; descendants that are not our reaped children,
+    such as Ray's workers, are sampled from /proc every 0.5 s), over the wall time.
     """
 
     def __init__(self, what: str, command: str | None = None):
@@ -188,6 +200,8 @@ class Conditions:
         self.own_cores: float | None = None
         self.finished: _dt.datetime | None = None
         self._cpu0, self._t0 = _cpu_seconds(), _dt.datetime.now().timestamp()
+        self._busy0 = _machine_busy_seconds()
+        self.other_cores: float | None = None
         self._tree = _TreeCpu()
 
     def __enter__(self) -> Conditions:
@@ -204,11 +218,21 @@ class Conditions:
         # reaped children are in rusage, live or unreaped descendants in the sampler; a child counted by
         # both (sampled, then reaped) is counted twice, which errs on the side of "our own load"
         self.own_cores = (_cpu_seconds() - self._cpu0 + self._tree.stop()) / wall
+        busy = _machine_busy_seconds()
+        if busy is not None and self._busy0 is not None:
+            self.other_cores = max(0.0, (busy - self._busy0) / wall - self.own_cores)
         return self.as_dict()
 
     def noisy(self) -> bool:
-        others_after = None if self.load_after is None else self.load_after - (self.own_cores or 0.0)
-        return max(self.load_before, others_after if others_after is not None else 0.0) > noisy_limit()
+        """Busy as it started (load before), or other processes kept more than half the cores busy on
+        average while it ran (``other_cores``; where /proc/stat is missing: load after less ``own_cores``)."""
+        if self.other_cores is not None:
+            during = self.other_cores
+        elif self.load_after is not None:
+            during = self.load_after - (self.own_cores or 0.0)
+        else:
+            during = 0.0
+        return max(self.load_before, during) > noisy_limit()
 
     def as_dict(self) -> dict:
         return {
@@ -218,6 +242,7 @@ class Conditions:
             "load_before": round(self.load_before, 2),
             "load_after": None if self.load_after is None else round(self.load_after, 2),
             "own_cores": None if self.own_cores is None else round(self.own_cores, 2),
+            "other_cores": None if self.other_cores is None else round(self.other_cores, 2),
             "noisy": self.noisy(),
             "noisy_limit": noisy_limit(),
             "commit": self.commit, "machine": machine(), "versions": versions(),

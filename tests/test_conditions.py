@@ -24,6 +24,7 @@ def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monk
     loads = iter([0.2, 3.0])
     monkeypatch.setattr(conditions, "load1", lambda: next(loads))
     monkeypatch.setattr(conditions, "_cpu_seconds", lambda: 0.0)      # this process was idle: the load was others
+    monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: None)   # no /proc/stat: the load decides
     monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
     result = tmp_path / "x.csv"
     result.write_text("a\n1\n")
@@ -44,10 +45,27 @@ def test_the_measurements_own_load_does_not_make_it_noisy(monkeypatch):
     monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
     cpu = iter([0.0, 90.0])                           # 90 CPU seconds ...
     monkeypatch.setattr(conditions, "_cpu_seconds", lambda: next(cpu))
+    busy = iter([1000.0, 1000.0 + 96.0])               # the machine: 96 busy CPU seconds, 90 of them ours
+    monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: next(busy))
     c = conditions.Conditions("own load")
     c._t0 -= 60                                       # ... over 60 s: 1.5 cores of the 1.8 were ours
     meta = c.finish()
     assert meta["own_cores"] == pytest.approx(1.5, abs=0.05) and meta["noisy"] is False
+    assert meta["other_cores"] == pytest.approx(0.1, abs=0.05)
+
+
+def test_other_processes_busy_during_the_run_make_it_noisy(monkeypatch):
+    loads = iter([0.3, 1.9])
+    monkeypatch.setattr(conditions, "load1", lambda: next(loads))
+    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    cpu = iter([0.0, 30.0])                           # we used half a core over 60 s ...
+    monkeypatch.setattr(conditions, "_cpu_seconds", lambda: next(cpu))
+    busy = iter([0.0, 110.0])                         # ... the machine 110 CPU seconds: others 80 (1.33 cores)
+    monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: next(busy))
+    c = conditions.Conditions("contended")
+    c._t0 -= 60
+    meta = c.finish()
+    assert meta["other_cores"] == pytest.approx(1.33, abs=0.05) and meta["noisy"] is True
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
