@@ -1,7 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Thread-safe replay buffers: ``PrioritizedReplayBuffer`` (K-ary sum tree) and ``ReplayBuffer``.
+"""Replay buffers: ``PrioritizedReplayBuffer`` (K-ary sum tree) and ``ReplayBuffer``, in one process or
+shared across processes.
 
-Storage is one preallocated numpy array per field (struct of arrays), used as a ring.
+Memory
+------
+Everything that defines a buffer's state lives in one block: a header (sizes, counters, max
+priority, lock statistics, the table of writers' reservations, the mutex), the slot table (slot ->
+transition id), the transitions and the sum tree. Transitions are stored row-major: all fields of
+one transition in one record (each field aligned to its item size, the record to 8 bytes), so a
+sampled row costs one or two cache lines instead of one per field; ``buf.storage[name]`` is a
+strided numpy view of one field. A private buffer's block is an anonymous private mapping (copied
+on write by ``fork``); ``shared=True`` puts it in a named POSIX shared-memory segment
+(``/dev/shm/<name>``) that ``attach(name)`` maps in another process.
 
 Indices
 -------
@@ -12,44 +22,67 @@ been overwritten since is *stale*, and its update is dropped (counted in the ret
 
 Concurrency
 -----------
-One mutex guards the tree and the slot bookkeeping (slot -> id, ring position, size). It is
-never held around Python-level work. ``add_batch`` reserves its slots under the lock, copies
-the rows with the lock and the GIL released, then commits under the lock. ``sample`` draws and
-descends the tree under the lock, gathers rows with the lock and the GIL released, then
-re-checks under the lock that each slot still holds the id it had when drawn (a seqlock); rows
-that were overwritten meanwhile are drawn again, so a sampled transition is never torn.
+One mutex guards the tree, the slot table and the counters; it is a robust, process-shared POSIX
+mutex in the block, and never held around Python-level work. ``add_batch`` reserves its slots under
+the lock (recorded in the reservation table with the writer's pid), copies the rows with the lock
+and the GIL released, then commits under the lock. ``sample`` draws and descends the tree under the
+lock, gathers rows with the lock and the GIL released, then re-checks under the lock that each slot
+still holds the id it had when drawn (a seqlock); rows overwritten meanwhile are drawn again, so a
+sampled transition is never torn.
+
+A process that dies holding the lock (``EOWNERDEAD``) or in the middle of a reserved copy is
+repaired by the next process that needs it: its reserved slots become empty, the tree is rebuilt
+from its leaves and the counters from the slot table. After ``os.fork()`` a *private* buffer in the
+child is a copy: its mutex is re-initialised (a thread of the parent may have held it) and slots a
+parent thread was writing become empty; a *shared* buffer stays shared. Either way the child draws
+from a new random stream.
 """
 
+import atexit
+import io
 import json
 import math
+import mmap
+import os
+import weakref
 import zipfile
 
 import numpy as np
 
 cimport numpy as cnp
-from cpython.pythread cimport (
-    NOWAIT_LOCK,
-    WAIT_LOCK,
-    PyThread_acquire_lock,
-    PyThread_allocate_lock,
-    PyThread_free_lock,
-    PyThread_release_lock,
-    PyThread_type_lock,
-)
+from libc.errno cimport EEXIST, ENOENT, ESRCH, errno
 from libc.math cimport INFINITY, NAN, pow
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
+from posix.fcntl cimport O_CREAT, O_EXCL, O_RDONLY, O_RDWR
+from posix.mman cimport shm_open, shm_unlink
+from posix.signal cimport kill
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from posix.unistd cimport close as c_close
+from posix.unistd cimport ftruncate, getpid
 
+from _common cimport DEFAULT_FANOUT_C, MAX_FAST_FIELDS, SCALAR_SCRATCH, SLOT_EMPTY, SLOT_INFLIGHT
+from _lock cimport (
+    EOWNERDEAD,
+    mutex_init,
+    mutex_lock_gil,
+    pthread_atfork,
+    pthread_mutex_consistent,
+    pthread_mutex_lock,
+    pthread_mutex_t,
+    pthread_mutex_trylock,
+    pthread_mutex_unlock,
+)
 from _rng cimport Rng, rng_seed, rng_uniform
 from _tree_core cimport (
     TreeLayout,
+    __builtin_prefetch,
     leaf_pos,
     tree_check,
     tree_find_batch,
     tree_get,
-    tree_init,
+    tree_layout,
     tree_min_nonzero,
     tree_rebuild,
     tree_set,
@@ -62,35 +95,105 @@ cnp.import_array()
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
-DEF_FANOUT = 16  # keep equal to pal_bench._sumtree.DEFAULT_FANOUT (checked by a test)
+cdef extern from "<unistd.h>" nogil:
+    int usleep(unsigned int usec)
+
+cdef extern from "<float.h>":
+    double DBL_MAX
+
+cdef extern from "<errno.h>" nogil:
+    enum:
+        EBUSY
+
+DEF_FANOUT = DEFAULT_FANOUT_C
 FILE_FORMAT = "pal_bench.replay"
 FILE_VERSION = 1
 RESERVED_NAMES = ("indices", "weights", "priorities")
+SEGMENT_MAGIC = 0x3146554252534c50    # "PLSRBUF1"
+SEGMENT_VERSION = 1
 
 cdef enum:
-    SLOT_EMPTY = -1       # never written
-    SLOT_INFLIGHT = -2    # reserved by a writer that is copying its rows
-    MAX_FAST_FIELDS = 32  # ``add`` fast path limit; more fields go through ``add_batch``
+    MAX_RESERVATIONS = 64     # concurrent add_batch copies (threads or processes) at one time
+    HEADER_BYTES = 16384      # room for the header at the start of the block
+    SPIN_BEFORE_REAP = 64     # waits on an in-flight slot before checking for dead writers
 
 
-cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
-    # Constant-size memcpy compiles to plain moves for the common row sizes.
-    if n == 8:
-        memcpy(dst, src, 8)
-    elif n == 4:
-        memcpy(dst, src, 4)
-    elif n == 1:
-        memcpy(dst, src, 1)
-    elif n == 32:
-        memcpy(dst, src, 32)
-    else:
-        memcpy(dst, src, n)
+cdef struct Reservation:
+    int64_t pid               # the writer's process id; 0: free entry
+    int64_t first             # first transition id it copies (the ones it keeps)
+    int64_t count             # how many
+
+
+cdef struct Header:
+    uint64_t magic
+    int64_t version
+    int64_t ready             # 1 once the creator has initialised everything
+    int64_t kind              # 1 prioritized, 0 uniform
+    int64_t capacity
+    int64_t fanout
+    double alpha
+    double eps
+    int64_t record_bytes
+    int64_t n_fields
+    int64_t spec_offset
+    int64_t spec_bytes
+    int64_t slots_offset
+    int64_t records_offset
+    int64_t sums_offset
+    int64_t mins_offset
+    int64_t stamps_offset
+    int64_t total_bytes
+    int64_t creator_pid
+    int64_t handles           # handles ever opened on the block (the creator is 0): seeds per-process streams
+    # ---- below: guarded by the mutex
+    int64_t next_id           # id of the next transition to be reserved
+    int64_t size              # filled slots
+    int64_t inflight          # add_batch calls between reserve and commit
+    double max_priority       # largest raw priority applied so far (starts at 1.0)
+    uint64_t stamp            # the tree's dedupe stamp (shared: every process marks with fresh stamps)
+    int64_t lock_count, lock_contended, lock_wait_ns, lock_hold_ns, lock_hold_sampled
+    int64_t lock_t0           # when the current hold started, if it is one of the timed ones (else 0)
+    int64_t repairs           # dead holders / writers repaired
+    Reservation res[MAX_RESERVATIONS]
+    pthread_mutex_t mutex
+
+
+# fork generation: incremented in every child right after fork (pthread_atfork), so a handle notices
+cdef int64_t _fork_generation = 0
+
+cdef void _after_fork_child() noexcept nogil:
+    global _fork_generation
+    _fork_generation += 1
+
+pthread_atfork(NULL, NULL, _after_fork_child)
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline bint _pid_dead(int64_t pid) noexcept nogil:
+    return pid > 0 and kill(<int>pid, 0) != 0 and errno == ESRCH
+
+
+cdef inline int64_t _round_up(int64_t n, int64_t k) noexcept nogil:
+    return (n + k - 1) // k * k
+
+
+cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
+    # Constant-size memcpy compiles to plain moves for the common row sizes.
+    if n == 4:
+        memcpy(dst, src, 4)
+    elif n == 8:
+        memcpy(dst, src, 8)
+    elif n == 1:
+        memcpy(dst, src, 1)
+    elif n == 32:
+        memcpy(dst, src, 32)
+    else:
+        memcpy(dst, src, n)
 
 
 def _normalise_fields(fields) -> dict:
@@ -106,148 +209,516 @@ def _normalise_fields(fields) -> dict:
             shape, dtype = spec
         except (TypeError, ValueError):
             raise ValueError(f"field {name!r}: spec must be (shape, dtype), got {spec!r}") from None
-        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-        if any(s < 1 for s in shape):
-            raise ValueError(f"field {name!r}: shape {shape} must have positive dimensions")
-        dtype = np.dtype(dtype)
+        try:
+            shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+            dtype = np.dtype(dtype)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"field {name!r}: bad shape or dtype in {spec!r} ({e})") from None
+        if len(shape) > 16 or any(s < 1 for s in shape):
+            raise ValueError(f"field {name!r}: shape {shape} must have at most 16 positive dimensions")
         if dtype.hasobject or dtype.itemsize == 0:
             raise ValueError(f"field {name!r}: dtype {dtype} cannot be stored")
         out[name] = (shape, dtype)
     return out
 
 
+def _record_layout(dict specs):
+    """``({name: offset in the record}, record bytes)``: fields in order, each aligned to its dtype's
+    alignment (at most 16 bytes), the record to 8 bytes (16 if a field needs it)."""
+    offsets, pos, align_max = {}, 0, 8
+    for name, (shape, dtype) in specs.items():
+        align = max(1, min(dtype.alignment, 16))
+        align_max = max(align_max, align)
+        pos = (pos + align - 1) // align * align
+        offsets[name] = pos
+        pos += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    return offsets, max(align_max, (pos + align_max - 1) // align_max * align_max)
+
+
+def _spec_json(dict specs, dict offsets) -> bytes:
+    return json.dumps([[n, list(s), d.str, offsets[n]] for n, (s, d) in specs.items()]).encode()
+
+
+def _segment_path(str name) -> str:
+    if not isinstance(name, str) or not name or "/" in name or len(name) > 200:
+        raise ValueError(f"shared buffer name must be a non-empty string without '/', got {name!r}")
+    return "/" + name
+
+
+cdef int _shm_create(bytes path, int64_t nbytes) except -2:
+    """A new segment of ``nbytes`` (zero-filled); -1 if the name exists. Returns the fd."""
+    cdef int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0o600)
+    if fd < 0:
+        if errno == EEXIST:
+            return -1
+        raise OSError(errno, f"shm_open({path.decode()!r}) failed: {os.strerror(errno)}")
+    if ftruncate(fd, nbytes) != 0:
+        err = errno
+        c_close(fd)
+        shm_unlink(path)
+        raise OSError(err, f"cannot size shared segment {path.decode()!r} to {nbytes} bytes: {os.strerror(err)}")
+    return fd
+
+
+_created = weakref.WeakSet()      # creators of live shared segments, closed (and unlinked) at exit
+
+
+@atexit.register
+def _close_created_segments():
+    for buf in list(_created):
+        try:
+            buf.close()
+        except Exception:
+            pass
+
+
 cdef class _ReplayCore:
     """Shared machinery of both buffers; use ``ReplayBuffer`` or ``PrioritizedReplayBuffer``."""
 
+    cdef object __weakref__
+    cdef object _mm               # the mapping (mmap.mmap): owns the block; field views hold it too
+    cdef unsigned char[::1] _mv   # exported view of the mapping, for the C pointer
+    cdef char* _base
+    cdef Header* _h
+    cdef int64_t* _slot_ids
+    cdef char* _records
     cdef readonly int64_t capacity
-    cdef int64_t _next_id          # id of the next transition to be reserved
-    cdef int64_t _size             # filled slots
-    cdef int64_t _inflight         # add_batch calls between reserve and commit
+    cdef int64_t _rb_total        # record bytes
     cdef int _n_fields
-    cdef char** _data
+    cdef int64_t* _off            # per field: offset in the record, row bytes, type number, ndim
     cdef int64_t* _row_bytes
     cdef int* _typenum
     cdef int* _ndim
-    cdef int64_t* _slot_ids
-    cdef PyThread_type_lock _mutex
     cdef Rng _rng
+    cdef uint64_t _seed
     cdef bint _prioritized
     cdef TreeLayout _tree
     cdef double _alpha
     cdef double _eps
-    cdef double _max_priority      # largest raw priority applied so far (starts at 1.0)
-    cdef object _owners
+    cdef double _prio_limit       # largest stored priority: capacity of them still sum to a finite total
     cdef tuple _names
     cdef dict _specs
     cdef dict _storage
     cdef object _slot_ids_arr
-    # lock statistics (updated under the lock): acquisitions, how many had to wait, ns waited/held
-    cdef int64_t _lock_count, _lock_contended, _lock_wait_ns, _lock_hold_ns, _lock_hold_sampled, _lock_t0
-
-    cdef void _acquire(self) noexcept nogil:
-        """Take the mutex (GIL not held); time the wait only when it is contended."""
-        cdef int64_t t0
-        if not PyThread_acquire_lock(self._mutex, NOWAIT_LOCK):
-            t0 = _now_ns()
-            PyThread_acquire_lock(self._mutex, WAIT_LOCK)
-            self._lock_wait_ns += _now_ns() - t0
-            self._lock_contended += 1
-        self._start_hold()
-
-    cdef inline void _start_hold(self) noexcept nogil:
-        # the hold time is timed on one section in 16 (a clock read costs ~50-100 ns here) and scaled
-        self._lock_count += 1
-        self._lock_t0 = _now_ns() if (self._lock_count & 15) == 0 else 0
-
-    cdef void _acquire_gil(self):
-        """Take the mutex while holding the GIL: try without blocking, else wait with the GIL released."""
-        cdef int64_t t0
-        if not PyThread_acquire_lock(self._mutex, NOWAIT_LOCK):
-            with nogil:
-                t0 = _now_ns()
-                PyThread_acquire_lock(self._mutex, WAIT_LOCK)
-                self._lock_wait_ns += _now_ns() - t0
-            self._lock_contended += 1
-        self._start_hold()
-
-    cdef void _release(self) noexcept nogil:
-        if self._lock_t0:
-            self._lock_hold_ns += _now_ns() - self._lock_t0
-            self._lock_hold_sampled += 1
-        PyThread_release_lock(self._mutex)
-
-    def lock_stats(self) -> dict:
-        """Contention on the buffer's mutex since creation: ``acquisitions``, ``contended`` (had to
-        wait), ``wait_s`` (total time spent waiting) and ``hold_s`` (total time held, estimated from
-        one section in 16, timed, and scaled to all of them). Read without
-        taking the lock (so reading does not count), hence a snapshot that may lag by one section."""
-        cdef double hold = self._lock_hold_ns * (<double>self._lock_count / self._lock_hold_sampled) \
-            if self._lock_hold_sampled else 0.0
-        return {"acquisitions": self._lock_count, "contended": self._lock_contended,
-                "wait_s": self._lock_wait_ns * 1e-9, "hold_s": hold * 1e-9}
+    cdef object _dtypes           # per field: the numpy dtype (for add's fast path)
+    cdef str _name                # shared segment name ('' for a private buffer)
+    cdef bint _creator
+    cdef bint _closed
+    cdef int64_t _pid             # the process this handle last ran in
+    cdef int64_t _gen             # fork generation it last ran in
+    cdef public double _debug_copy_pause_s    # tests: sleep this long in add_batch between reserve and copy
 
     def __cinit__(self, *args, **kwargs):
-        self._mutex = PyThread_allocate_lock()
-        if self._mutex == NULL:
-            raise MemoryError()
-        self._data = NULL
+        self._off = NULL
         self._row_bytes = NULL
         self._typenum = NULL
         self._ndim = NULL
+        self._h = NULL
+        self._name = ""
+        self._closed = True
 
     def __dealloc__(self):
-        if self._mutex != NULL:
-            PyThread_free_lock(self._mutex)
-        free(self._data)
+        if self._creator and self._name and not self._closed:
+            shm_unlink(_segment_path(self._name).encode())
+        free(self._off)
         free(self._row_bytes)
         free(self._typenum)
         free(self._ndim)
 
-    cdef _setup(self, capacity, fields, seed, bint prioritized, double alpha, double eps, fanout):
+    # ------------------------------------------------------------------ creation and attachment
+
+    cdef _setup(self, capacity, fields, seed, bint prioritized, double alpha, double eps, fanout,
+                bint shared, name):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
             raise TypeError(f"capacity must be an int, got {capacity!r}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if capacity < 1 or capacity > 2**40:
+            raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
         specs = _normalise_fields(fields)
-        if seed is None:
-            seed = int(np.random.SeedSequence().entropy) & 0xFFFFFFFFFFFFFFFF
-        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        self.capacity = capacity
-        self._specs = specs
-        self._names = tuple(specs)
-        self._n_fields = len(specs)
-        self._prioritized = prioritized
-        self._alpha = alpha
-        self._eps = eps
-        self._max_priority = 1.0
+        seed = self._check_seed(seed)
+        if name is not None and not shared:
+            raise ValueError("name is only for shared=True buffers")
+        offsets, record_bytes = _record_layout(specs)
+        cdef bytes spec = _spec_json(specs, offsets)
+        cdef int64_t spec_offset, slots_offset, records_offset, sums_offset, mins_offset, stamps_offset, total
+        cdef TreeLayout t
+        n_sums = n_mins = n_stamps = 0
         if prioritized:
-            self._owners = tree_init(&self._tree, capacity, fanout)
-        self._data = <char**>malloc(self._n_fields * sizeof(char*))
+            n_sums, n_mins, n_stamps = tree_layout(&t, capacity, fanout)
+        cdef int64_t pos = HEADER_BYTES
+        spec_offset = pos
+        pos = _round_up(pos + len(spec), 64)
+        slots_offset = pos
+        pos = _round_up(pos + 8 * capacity, 64)
+        records_offset = pos
+        pos = _round_up(pos + record_bytes * capacity, 64)
+        sums_offset = pos
+        pos = _round_up(pos + 8 * n_sums, 64)
+        mins_offset = pos
+        pos = _round_up(pos + 8 * n_mins, 64)
+        stamps_offset = pos
+        pos = _round_up(pos + 8 * n_stamps, 64)
+        total = pos
+        if shared:
+            self._name = name if name is not None else f"pal-{os.getpid()}-{os.urandom(4).hex()}"
+            mm = self._create_segment(self._name, total)
+        else:
+            mm = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE)
+            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE") and total >= 4 << 20:
+                mm.madvise(mmap.MADV_HUGEPAGE)
+        self._map(mm)
+        cdef Header* h = self._h
+        h.magic = SEGMENT_MAGIC
+        h.version = SEGMENT_VERSION
+        h.kind = 1 if prioritized else 0
+        h.capacity = capacity
+        h.fanout = fanout if prioritized else 0
+        h.alpha = alpha
+        h.eps = eps
+        h.record_bytes = record_bytes
+        h.n_fields = len(specs)
+        h.spec_offset = spec_offset
+        h.spec_bytes = len(spec)
+        h.slots_offset = slots_offset
+        h.records_offset = records_offset
+        h.sums_offset = sums_offset
+        h.mins_offset = mins_offset
+        h.stamps_offset = stamps_offset
+        h.total_bytes = total
+        h.creator_pid = os.getpid()
+        h.handles = 1
+        h.next_id = 0
+        h.size = 0
+        h.inflight = 0
+        h.max_priority = 1.0
+        h.stamp = 0
+        memcpy(self._base + spec_offset, <const char*>spec, len(spec))
+        if mutex_init(&h.mutex, True) != 0:
+            raise OSError("cannot initialise the buffer's mutex")
+        slot_view = np.frombuffer(mm, dtype=np.int64, count=capacity, offset=slots_offset)
+        slot_view[:] = SLOT_EMPTY
+        if prioritized:
+            np.frombuffer(mm, dtype=np.float64, count=n_mins, offset=mins_offset)[:] = INFINITY
+        self._bind(seed, 0)
+        h.ready = 1
+
+    cdef object _create_segment(self, str name, int64_t total):
+        """Create the named segment, replacing a stale one whose creator is gone; map it."""
+        path = _segment_path(name).encode()
+        cdef int fd = _shm_create(path, total)
+        if fd == -1:
+            if not _remove_if_stale(name):
+                raise FileExistsError(f"a shared buffer named {name!r} exists and its creator is alive; "
+                                      f"attach to it with attach({name!r}) or choose another name")
+            fd = _shm_create(path, total)
+            if fd == -1:
+                raise FileExistsError(f"a shared buffer named {name!r} was created meanwhile")
+        try:
+            mm = mmap.mmap(fd, total)
+        except BaseException:
+            shm_unlink(path)
+            raise
+        finally:
+            c_close(fd)
+        self._creator = True
+        _created.add(self)
+        return mm
+
+    cdef _map(self, mm):
+        self._mm = mm
+        self._mv = mm
+        self._base = <char*>&self._mv[0]
+        self._h = <Header*>self._base
+        self._closed = False
+
+    cdef _bind(self, seed, int64_t handle_index):
+        """Per-handle view of a mapped, initialised block: field and tree pointers, numpy views, RNG."""
+        cdef Header* h = self._h
+        spec = json.loads(bytes(self._mv[h.spec_offset:h.spec_offset + h.spec_bytes]))
+        self.capacity = h.capacity
+        self._prioritized = h.kind == 1
+        self._alpha = h.alpha
+        self._eps = h.eps
+        self._rb_total = h.record_bytes
+        self._specs = {n: (tuple(s), np.dtype(d)) for n, s, d, _ in spec}
+        self._names = tuple(self._specs)
+        self._dtypes = tuple(d for _, (_, d) in self._specs.items())
+        self._n_fields = len(spec)
+        self._off = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
         self._row_bytes = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
         self._typenum = <int*>malloc(self._n_fields * sizeof(int))
         self._ndim = <int*>malloc(self._n_fields * sizeof(int))
-        if self._data == NULL or self._row_bytes == NULL or self._typenum == NULL or self._ndim == NULL:
+        if self._off == NULL or self._row_bytes == NULL or self._typenum == NULL or self._ndim == NULL:
             raise MemoryError()
+        self._slot_ids = <int64_t*>(self._base + h.slots_offset)
+        self._records = self._base + h.records_offset
+        self._slot_ids_arr = np.frombuffer(self._mm, dtype=np.int64, count=h.capacity, offset=h.slots_offset)
         self._storage = {}
         cdef int f = 0
-        cdef cnp.ndarray arr
-        for name, (shape, dtype) in specs.items():
-            arr = np.zeros((capacity,) + shape, dtype=dtype)
-            self._storage[name] = arr
-            self._data[f] = <char*>cnp.PyArray_DATA(arr)
+        for name, shape, dstr, off in spec:
+            dtype = np.dtype(dstr)
+            shape = tuple(shape)
+            self._off[f] = off
             self._row_bytes[f] = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
             self._typenum[f] = dtype.num
             self._ndim[f] = len(shape)
+            inner = tuple(int(x) for x in np.empty(shape, dtype=dtype).strides) if shape else ()
+            self._storage[name] = np.ndarray((h.capacity,) + shape, dtype=dtype, buffer=self._mm,
+                                             offset=h.records_offset + off, strides=(h.record_bytes,) + inner)
             f += 1
-        self._slot_ids_arr = np.full(capacity, SLOT_EMPTY, dtype=np.int64)
-        self._slot_ids = <int64_t*>cnp.PyArray_DATA(self._slot_ids_arr)
-        rng_seed(&self._rng, <uint64_t>int(seed))
+        if self._prioritized:
+            tree_layout(&self._tree, h.capacity, h.fanout)
+            self._tree.sums = <double*>(self._base + h.sums_offset)
+            self._tree.mins = <double*>(self._base + h.mins_offset)
+            self._tree.stamps = <uint64_t*>(self._base + h.stamps_offset)
+            self._prio_limit = DBL_MAX / (2.0 * h.capacity)
+        self._seed = <uint64_t>int(seed)
+        self._seed_stream(handle_index)
+        self._pid = getpid()
+        self._gen = _fork_generation
+        self._debug_copy_pause_s = 0.0
+
+    cdef void _seed_stream(self, int64_t index) noexcept nogil:
+        """The handle's random stream: splitmix64 of the seed, then ``index`` jumps of the state by
+        mixing in a distinct constant (handle 0: exactly ``rng_seed(seed)``, as a private buffer)."""
+        rng_seed(&self._rng, self._seed)
+        cdef int64_t i
+        cdef Rng other
+        if index:
+            rng_seed(&other, self._seed ^ (<uint64_t>0xD1B54A32D192ED03 * <uint64_t>index))
+            for i in range(4):
+                self._rng.s[i] ^= other.s[i]
+            if self._rng.s[0] == 0 and self._rng.s[1] == 0 and self._rng.s[2] == 0 and self._rng.s[3] == 0:
+                self._rng.s[0] = 1
+
+    @staticmethod
+    def _check_seed(seed):
+        if seed is None:
+            return int(np.random.SeedSequence().entropy) & 0xFFFFFFFFFFFFFFFF
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        return int(seed) & 0xFFFFFFFFFFFFFFFF
+
+    @classmethod
+    def attach(cls, name, seed=None):
+        """A handle on the shared buffer ``name`` created by another process (spawned, or this one).
+
+        The handle has the full API; it only detaches on ``close()`` (the creator owns the segment).
+        It samples from its own random stream: ``seed`` and the number of handles opened on the
+        segment before it (None: a seed from the OS).
+        """
+        path = _segment_path(name).encode()
+        cdef int fd = shm_open(path, O_RDWR, 0)
+        if fd < 0:
+            raise FileNotFoundError(f"no shared buffer named {name!r} (/dev/shm/{name})")
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise ValueError(f"/dev/shm/{name} is not a PAL-Bench buffer (too small)")
+            mm = mmap.mmap(fd, size)
+        finally:
+            c_close(fd)
+        cdef _ReplayCore buf = cls.__new__(cls)
+        buf._map(mm)
+        buf._name = name
+        cdef Header* h = buf._h
+        if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION or h.total_bytes != size:
+            buf._closed = True
+            raise ValueError(f"/dev/shm/{name} is not a PAL-Bench buffer of this version")
+        if not h.ready:
+            buf._closed = True
+            raise ValueError(f"shared buffer {name!r} is not initialised yet")
+        if (h.kind == 1) != (cls is PrioritizedReplayBuffer):
+            buf._closed = True
+            kind = "PrioritizedReplayBuffer" if h.kind == 1 else "ReplayBuffer"
+            raise ValueError(f"shared buffer {name!r} is a {kind}; use {kind}.attach")
+        seed = buf._check_seed(seed)
+        buf._pid = getpid()
+        buf._gen = _fork_generation
+        buf._lock()
+        index = h.handles
+        h.handles += 1
+        buf._unlock()
+        buf._bind(seed, index)
+        return buf
+
+    @staticmethod
+    def cleanup(name) -> bool:
+        """Remove the shared segment ``name`` (after its creator was killed); True if one was removed.
+        Handles still mapping it keep working until they close."""
+        return shm_unlink(_segment_path(name).encode()) == 0
+
+    def close(self) -> None:
+        """Detach; the creator of a shared buffer also removes its segment from /dev/shm. Idempotent.
+        Numpy views taken from the buffer stay valid; the buffer itself raises ValueError after this."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._creator and self._name:
+            shm_unlink(_segment_path(self._name).encode())
+            _created.discard(self)
+        # drop this handle's references to the mapping: it is unmapped once no numpy view holds it
+        self._h = NULL
+        self._storage = {}
+        self._slot_ids_arr = None
+        self._mv = None
+        self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def shared_name(self):
+        """The shared segment's name (for ``attach``), or None for a private buffer."""
+        return self._name or None
+
+    @property
+    def is_creator(self) -> bool:
+        return self._creator or not self._name
+
+    cdef inline int _check_open(self) except -1:
+        if self._closed:
+            raise ValueError("the buffer is closed")
+        return 0
+
+    # ------------------------------------------------------------------ the lock
+
+    cdef void _lock(self) noexcept nogil:
+        """Take the mutex (GIL not held); time the wait only when contended; repair after a dead holder
+        or a fork."""
+        cdef Header* h = self._h
+        cdef int64_t t0 = 0
+        cdef int rc
+        if self._gen != _fork_generation:
+            self._after_fork()
+        rc = pthread_mutex_trylock(&h.mutex)
+        if rc == EBUSY:
+            t0 = _now_ns()
+            rc = pthread_mutex_lock(&h.mutex)
+        self._locked(rc, t0)
+
+    cdef void _lock_gil(self):
+        """Take the mutex while holding the GIL (wait with the GIL released only if it is busy)."""
+        cdef int64_t t0 = 0
+        cdef int rc
+        if self._gen != _fork_generation:
+            self._after_fork()
+        rc = pthread_mutex_trylock(&self._h.mutex)
+        if rc == EBUSY:
+            with nogil:
+                t0 = _now_ns()
+                rc = pthread_mutex_lock(&self._h.mutex)
+        self._locked(rc, t0)
+
+    cdef inline void _locked(self, int rc, int64_t t0) noexcept nogil:
+        cdef Header* h = self._h
+        if rc == EOWNERDEAD:
+            self._repair(True)
+            pthread_mutex_consistent(&h.mutex)
+        if t0:
+            h.lock_wait_ns += _now_ns() - t0
+            h.lock_contended += 1
+        # the hold time is timed on one section in 16 (a clock read costs ~50-100 ns) and scaled
+        h.lock_count += 1
+        h.lock_t0 = _now_ns() if (h.lock_count & 15) == 0 else 0
+
+    cdef inline void _unlock(self) noexcept nogil:
+        cdef Header* h = self._h
+        if h.lock_t0:
+            h.lock_hold_ns += _now_ns() - h.lock_t0
+            h.lock_hold_sampled += 1
+            h.lock_t0 = 0
+        pthread_mutex_unlock(&h.mutex)
+
+    def lock_stats(self) -> dict:
+        """Contention on the buffer's mutex since creation (all processes of a shared buffer):
+        ``acquisitions``, ``contended`` (had to wait), ``wait_s`` (total time spent waiting),
+        ``hold_s`` (total time held, estimated from one section in 16, timed, and scaled) and
+        ``repairs`` (dead holders or writers cleaned up). A snapshot read without the lock."""
+        self._check_open()
+        cdef Header* h = self._h
+        cdef double hold = h.lock_hold_ns * (<double>h.lock_count / h.lock_hold_sampled) \
+            if h.lock_hold_sampled else 0.0
+        return {"acquisitions": h.lock_count, "contended": h.lock_contended,
+                "wait_s": h.lock_wait_ns * 1e-9, "hold_s": max(hold, 0.0) * 1e-9, "repairs": h.repairs}
+
+    cdef void _after_fork(self) noexcept nogil:
+        """First use in a forked child: a private block is a copy whose mutex may have been held by a
+        parent thread, and whose in-flight slots have no writer here; both get reset. Shared blocks
+        stay as they are. The child gets its own random stream either way."""
+        cdef int64_t pid = getpid()
+        cdef int r
+        self._gen = _fork_generation
+        if pid == self._pid:
+            return
+        if not self._name:
+            mutex_init(&self._h.mutex, True)
+            for r in range(MAX_RESERVATIONS):
+                self._h.res[r].pid = 0
+            self._repair(True)
+        self._seed ^= <uint64_t>pid * <uint64_t>0x9E3779B97F4A7C15
+        self._seed_stream(0)
+        self._pid = pid
+
+    cdef void _repair(self, bint holder_died) noexcept nogil:
+        """(lock held) Undo what dead writers left: reservations of dead processes are dropped and their
+        in-flight slots emptied. When a holder died mid-section (``holder_died``), in-flight slots that no
+        live writer owns are emptied too, live slots whose leaf is zero get the max priority, and the tree
+        and size are rebuilt."""
+        cdef Header* h = self._h
+        cdef int64_t r, i, s, cap = h.capacity, size = 0, live_res = 0
+        cdef bint any_dead = False
+        for r in range(MAX_RESERVATIONS):
+            if h.res[r].pid and _pid_dead(h.res[r].pid):
+                any_dead = True
+        if not any_dead and not holder_died:
+            return
+        for r in range(MAX_RESERVATIONS):
+            if h.res[r].pid and _pid_dead(h.res[r].pid):
+                for i in range(h.res[r].count):
+                    s = (h.res[r].first + i) % cap
+                    if self._slot_ids[s] == SLOT_INFLIGHT:
+                        self._slot_ids[s] = SLOT_EMPTY
+                h.res[r].pid = 0
+                h.inflight -= 1
+        if holder_died:
+            # in-flight slots covered by a live reservation stay; any other in-flight slot is orphaned
+            for s in range(cap):
+                if self._slot_ids[s] == SLOT_INFLIGHT and not self._reserved_by_live(s):
+                    self._slot_ids[s] = SLOT_EMPTY
+            for r in range(MAX_RESERVATIONS):
+                if h.res[r].pid:
+                    live_res += 1
+            h.inflight = live_res
+        for s in range(cap):
+            if self._slot_ids[s] >= 0:
+                size += 1
+            if self._prioritized:
+                if self._slot_ids[s] == SLOT_EMPTY:
+                    self._tree.sums[leaf_pos(&self._tree, s)] = 0.0
+                elif self._slot_ids[s] >= 0 and self._tree.sums[leaf_pos(&self._tree, s)] <= 0 and self._eps > 0:
+                    self._tree.sums[leaf_pos(&self._tree, s)] = self._stored_priority(h.max_priority)
+        if self._prioritized:
+            tree_rebuild(&self._tree)
+        h.size = size
+        h.repairs += 1
+
+    cdef bint _reserved_by_live(self, int64_t s) noexcept nogil:
+        cdef Header* h = self._h
+        cdef int64_t r, cap = h.capacity, k
+        for r in range(MAX_RESERVATIONS):
+            if h.res[r].pid:
+                k = (s - h.res[r].first % cap + cap) % cap
+                if k < h.res[r].count:
+                    return True
+        return False
 
     # ------------------------------------------------------------------ properties
 
     def __len__(self) -> int:
-        return self._size
+        return 0 if self._closed else self._h.size
 
     @property
     def fields(self) -> dict:
@@ -255,14 +726,27 @@ cdef class _ReplayCore:
         return dict(self._specs)
 
     @property
+    def storage(self) -> dict:
+        """``{name: array[capacity, *shape]}``: read-only views of each field's slots (row-major records
+        underneath, so the views are strided). Rows of empty or in-flight slots are meaningless."""
+        out = {}
+        for name, arr in self._storage.items():
+            v = arr.view()
+            v.flags.writeable = False
+            out[name] = v
+        return out
+
+    @property
     def total_added(self) -> int:
         """Transitions inserted so far (the next transition id)."""
-        return self._next_id
+        self._check_open()
+        return self._h.next_id
 
     @property
     def max_priority(self) -> float:
         """Largest raw priority applied so far (1.0 before any update); new transitions get it."""
-        return self._max_priority
+        self._check_open()
+        return self._h.max_priority
 
     # ------------------------------------------------------------------ validation helpers
 
@@ -287,41 +771,86 @@ cdef class _ReplayCore:
             raise ValueError(f"field {name!r}: expected shape {shape}, got {arr.shape}")
         return np.ascontiguousarray(arr, dtype=dtype)
 
+    cdef int _check_priorities(self, raw) except -1:
+        """Raw priorities (float64[B]) finite, >= 0 and small enough that ``capacity`` stored priorities
+        still sum to a finite total (so the tree's root never overflows to inf)."""
+        if raw.size and not (np.isfinite(raw).all() and (raw >= 0).all()):
+            raise ValueError("priorities must be finite and >= 0 (no NaN, inf or negative values)")
+        if self._prioritized and raw.size:
+            top = float(raw.max())
+            with np.errstate(all="ignore"):
+                stored = pow(top + self._eps, self._alpha)
+            if not stored <= self._prio_limit:
+                raise ValueError(f"priority {top!r} too large: (p + eps) ** alpha = {stored!r} exceeds "
+                                 f"{self._prio_limit:.3g}, the most that {self.capacity} priorities can hold "
+                                 f"without their sum overflowing")
+        return 0
+
     # ------------------------------------------------------------------ insertion
 
-    cdef int _reserve(self, int64_t n_rows, int64_t* first_id, int64_t* n_new) noexcept nogil:
-        """Reserve ``n_rows`` ids (lock held). Returns 1 if a slot is still being written by
-        another ``add_batch`` (caller retries), 0 on success."""
-        cdef int64_t m = n_rows if n_rows < self.capacity else self.capacity
-        cdef int64_t start = self._next_id + n_rows - m, r, s, new = 0
+    cdef int _reserve(self, int64_t n_rows, int64_t* first_id, int64_t* n_new, int* entry) noexcept nogil:
+        """(lock held) Reserve ``n_rows`` ids; the kept ones (the last ``min(n_rows, capacity)``) are
+        marked in-flight and recorded in a reservation entry (``entry``; -1 for none wanted). Returns 1
+        if a slot is still being written by another writer, 2 if the reservation table is full (the
+        caller retries), 0 on success."""
+        cdef Header* h = self._h
+        cdef int64_t m = n_rows if n_rows < h.capacity else h.capacity
+        cdef int64_t start = h.next_id + n_rows - m, r, s, new = 0
+        cdef int e = -1
         for r in range(m):
-            if self._slot_ids[(start + r) % self.capacity] == SLOT_INFLIGHT:
+            if self._slot_ids[(start + r) % h.capacity] == SLOT_INFLIGHT:
                 return 1
+        if entry != NULL:
+            for r in range(MAX_RESERVATIONS):
+                if h.res[r].pid == 0:
+                    e = r
+                    break
+            if e < 0:
+                return 2
+            h.res[e].pid = self._pid
+            h.res[e].first = start
+            h.res[e].count = m
+            entry[0] = e
         for r in range(m):
-            s = (start + r) % self.capacity
+            s = (start + r) % h.capacity
             if self._slot_ids[s] == SLOT_EMPTY:
                 new += 1
             self._slot_ids[s] = SLOT_INFLIGHT
-        first_id[0] = self._next_id
+        first_id[0] = h.next_id
         n_new[0] = new
-        self._next_id += n_rows
+        h.next_id += n_rows
         return 0
 
-    cdef double _stored_priority(self, double raw) noexcept nogil:
+    cdef void _wait_for_writers(self, int64_t* spins) noexcept nogil:
+        """(lock not held) Back off while another writer copies; now and then reap dead writers."""
+        spins[0] += 1
+        if spins[0] % SPIN_BEFORE_REAP == 0:
+            self._lock()
+            self._repair(False)
+            self._unlock()
+        sched_yield()
+
+    cdef inline double _stored_priority(self, double raw) noexcept nogil:
         return pow(raw + self._eps, self._alpha)
+
+    cdef inline char* _row(self, int64_t slot, int f) noexcept nogil:
+        return self._records + slot * self._rb_total + self._off[f]
 
     def add(self, **fields) -> int:
         """Insert one transition given as keyword fields; returns its transition id.
 
         Python scalars, numpy scalars and arrays are accepted; any cast numpy's ``same_kind``
-        rule allows is applied. New transitions get the maximum priority seen so far.
+        rule allows is applied, exactly as ``add_batch`` stores one row. New transitions get the
+        maximum priority seen so far.
         """
+        self._check_open()
         cdef int f, n = self._n_fields
-        cdef int64_t slot, tid, n_new
-        cdef double scratch[MAX_FAST_FIELDS]
+        cdef int64_t slot, tid, n_new, spins = 0
+        cdef char scratch[MAX_FAST_FIELDS * SCALAR_SCRATCH]
         cdef const char* src[MAX_FAST_FIELDS]
         cdef cnp.ndarray arr
         cdef list keep
+        cdef int busy
         if n > MAX_FAST_FIELDS:
             row = {k: np.asarray(v)[None] for k, v in fields.items()}
             return int(self.add_batch(**row)[0])
@@ -335,12 +864,14 @@ cdef class _ReplayCore:
             except KeyError:
                 raise self._field_error(fields) from None
             src[f] = NULL
+            dtype = self._dtypes[f]
             if self._ndim[f] == 0:
-                src[f] = self._scalar_fast(f, v, <char*>&scratch[f])
+                src[f] = self._scalar_fast(f, v, dtype, &scratch[f * SCALAR_SCRATCH])
             elif cnp.PyArray_Check(v):
                 arr = <cnp.ndarray>v
+                # identical dtype (kind, size, byte order, unit), C order, the field's shape: raw bytes
                 if (cnp.PyArray_TYPE(arr) == self._typenum[f] and cnp.PyArray_IS_C_CONTIGUOUS(arr)
-                        and (<object>arr).shape == self._specs[name][0]):
+                        and arr.dtype == dtype and (<object>arr).shape == self._specs[name][0]):
                     src[f] = <const char*>cnp.PyArray_DATA(arr)
                     keep.append(arr)
             if src[f] == NULL:
@@ -348,26 +879,32 @@ cdef class _ReplayCore:
                 keep.append(arr)
                 src[f] = <const char*>cnp.PyArray_DATA(arr)
         # validated: everything from here on succeeds
-        self._acquire_gil()
-        while self._reserve(1, &tid, &n_new):
-            self._release()
+        self._lock_gil()
+        while True:
+            busy = self._reserve(1, &tid, &n_new, NULL)
+            if not busy:
+                break
+            self._unlock()
             with nogil:
-                sched_yield()
-            self._acquire_gil()
+                self._wait_for_writers(&spins)
+            self._lock_gil()
         slot = tid % self.capacity
         for f in range(n):
-            _copy(self._data[f] + slot * self._row_bytes[f], src[f], self._row_bytes[f])
+            _copy(self._row(slot, f), src[f], self._row_bytes[f])
         self._slot_ids[slot] = tid
-        self._size += n_new
+        self._h.size += n_new
         if self._prioritized:
-            tree_set(&self._tree, slot, self._stored_priority(self._max_priority))
-        self._release()
+            tree_set(&self._tree, slot, self._stored_priority(self._h.max_priority))
+        self._unlock()
         return tid
 
-    cdef const char* _scalar_fast(self, int f, v, char* out):
-        """Write Python/numpy scalar ``v`` into ``out`` as field ``f``'s dtype; NULL if not handled here."""
+    cdef const char* _scalar_fast(self, int f, v, dtype, char* out):
+        """Write Python/numpy scalar ``v`` into ``out`` as field ``f``'s (native) dtype; NULL where
+        only the general path (``_convert``) is known to store exactly what ``add_batch`` stores."""
         cdef int tn = self._typenum[f]
         cdef type t = type(v)
+        if not dtype.isnative:
+            return NULL
         if t is float:
             if tn == cnp.NPY_FLOAT64:
                 (<double*>out)[0] = v
@@ -382,16 +919,14 @@ cdef class _ReplayCore:
                 return out
             return NULL
         if t is int:
-            if tn == cnp.NPY_INT64:
+            if tn == cnp.NPY_INT64 and -9223372036854775808 <= v <= 9223372036854775807:
                 (<int64_t*>out)[0] = v
-            elif tn == cnp.NPY_FLOAT64:
-                (<double*>out)[0] = v
-            elif tn == cnp.NPY_FLOAT32:
-                (<float*>out)[0] = <float>(<double>v)
             else:
                 return NULL
             return out
-        if isinstance(v, np.generic) and cnp.PyArray_DescrFromScalar(v).type_num == tn:
+        # a numpy scalar of exactly the field's dtype (kind, size, byte order, datetime unit), fixed size
+        if (isinstance(v, np.generic) and dtype.kind not in "SUVOMm" and dtype.itemsize <= SCALAR_SCRATCH
+                and (<object>v).dtype == dtype):
             cnp.PyArray_ScalarAsCtype(v, out)
             return out
         return NULL
@@ -404,6 +939,7 @@ cdef class _ReplayCore:
         capacity only the last ``capacity`` rows are kept (the earlier ids are stale at once).
         Rows are copied with the lock and the GIL released.
         """
+        self._check_open()
         if len(fields) != self._n_fields:
             raise self._field_error(fields)
         arrays = []
@@ -422,8 +958,7 @@ cdef class _ReplayCore:
             prio = np.ascontiguousarray(priorities, dtype=np.float64)
             if prio.shape != (B,):
                 raise ValueError(f"priorities must have shape ({B},), got {prio.shape}")
-            if B and not (np.isfinite(prio).all() and (prio >= 0).all()):
-                raise ValueError("priorities must be finite and >= 0")
+            self._check_priorities(prio)
             if not self._prioritized:
                 prio = None
         if B == 0:
@@ -442,9 +977,12 @@ cdef class _ReplayCore:
         if src == NULL or slots == NULL or scratch == NULL or values == NULL:
             free(src); free(slots); free(scratch); free(values)
             raise MemoryError()
-        cdef int f
-        cdef int64_t first, n_new, r, s0, chunk
+        cdef int f, e = -1, busy
+        cdef int64_t first, n_new, r, s, spins = 0, RB = self._rb_total
+        cdef int64_t pause_us = <int64_t>(self._debug_copy_pause_s * 1e6)
         cdef double[::1] sv
+        cdef Header* h = self._h
+        cdef char* rec
         for f in range(self._n_fields):
             src[f] = <const char*>cnp.PyArray_DATA(<cnp.ndarray>arrays[f])
         if stored is not None:
@@ -452,51 +990,60 @@ cdef class _ReplayCore:
             for r in range(m):
                 values[r] = sv[r]
         with nogil:
-            self._acquire()
-            while self._reserve(B, &first, &n_new):
-                self._release()
-                sched_yield()
-                self._acquire()
-            self._inflight += 1
-            self._release()
-            # copy the kept rows as at most two contiguous chunks per field (the ring may wrap)
-            s0 = (first + skip) % self.capacity
-            chunk = self.capacity - s0 if m > self.capacity - s0 else m
-            for f in range(self._n_fields):
-                memcpy(self._data[f] + s0 * self._row_bytes[f], src[f] + skip * self._row_bytes[f],
-                       chunk * self._row_bytes[f])
-                if chunk < m:
-                    memcpy(self._data[f], src[f] + (skip + chunk) * self._row_bytes[f],
-                           (m - chunk) * self._row_bytes[f])
+            self._lock()
+            while True:
+                busy = self._reserve(B, &first, &n_new, &e)
+                if not busy:
+                    break
+                self._unlock()
+                self._wait_for_writers(&spins)
+                self._lock()
+            h.inflight += 1
+            self._unlock()
+            if pause_us > 0:
+                usleep(<unsigned int>pause_us)
+            # copy the kept rows into their records, row by row (the ring may wrap)
             for r in range(m):
-                slots[r] = (s0 + r) % self.capacity
-            self._acquire()
+                s = (first + skip + r) % self.capacity
+                slots[r] = s
+                rec = self._records + s * RB
+                for f in range(self._n_fields):
+                    _copy(rec + self._off[f], src[f] + (skip + r) * self._row_bytes[f], self._row_bytes[f])
+            self._lock()
             for r in range(m):
                 self._slot_ids[slots[r]] = first + skip + r
-            self._size += n_new
+            h.size += n_new
             if self._prioritized:
                 if stored is None:
                     for r in range(m):
-                        values[r] = self._stored_priority(self._max_priority)
-                elif raw_max > self._max_priority:
-                    self._max_priority = raw_max
-                tree_set_batch(&self._tree, slots, values, m, scratch)
-            self._inflight -= 1
-            self._release()
+                        values[r] = self._stored_priority(h.max_priority)
+                elif raw_max > h.max_priority:
+                    h.max_priority = raw_max
+                self._tree_set_batch(slots, values, m, scratch)
+            h.res[e].pid = 0
+            h.inflight -= 1
+            self._unlock()
         free(src); free(slots); free(scratch); free(values)
         return np.arange(first, first + B, dtype=np.int64)
+
+    cdef inline void _tree_set_batch(self, const int64_t* slots, const double* values, int64_t n,
+                                     int64_t* scratch) noexcept nogil:
+        """(lock held) ``tree_set_batch`` with the block's shared dedupe stamp."""
+        self._tree.stamp = self._h.stamp
+        tree_set_batch(&self._tree, slots, values, n, scratch)
+        self._h.stamp = self._tree.stamp
 
     # ------------------------------------------------------------------ sampling
 
     cdef int _draw(self, int64_t n_pending, const int64_t* pending, int64_t* slots, int64_t* ids,
                    double* prio, int64_t* found, double* min_p) noexcept nogil:
         """Draw slots for the pending positions (lock held); ``found`` is scratch of the batch size.
-        Returns 1 if all priorities are zero."""
+        Returns 1 if all priorities are zero. Each drawn record is prefetched for the gather."""
         cdef int64_t q, k, s, hi
         cdef double total
         if self._prioritized:
             total = tree_total(&self._tree)
-            if total <= 0:
+            if not (total > 0):
                 return 1
             min_p[0] = tree_min_nonzero(&self._tree)
             for q in range(n_pending):
@@ -508,16 +1055,18 @@ cdef class _ReplayCore:
                 k = pending[q]
                 s = found[q]
                 slots[k] = s
+                __builtin_prefetch(self._records + s * self._rb_total)
                 ids[k] = self._slot_ids[s]
             for q in range(n_pending):
                 k = pending[q]
                 prio[k] = tree_get(&self._tree, slots[k])
         else:
-            hi = self._next_id if self._next_id < self.capacity else self.capacity
+            hi = self._h.next_id if self._h.next_id < self.capacity else self.capacity
             for q in range(n_pending):
                 k = pending[q]
                 s = <int64_t>(rng_uniform(&self._rng) * hi)
                 slots[k] = s
+                __builtin_prefetch(self._records + s * self._rb_total)
                 ids[k] = self._slot_ids[s]
         return 0
 
@@ -535,13 +1084,14 @@ cdef class _ReplayCore:
         smallest non-zero priority in the buffer (Schaul et al. 2016), i.e. ``(p_min / p_i)^beta``;
         all ones for ``ReplayBuffer``.
         """
+        self._check_open()
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int, got {batch_size!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size < 1 or batch_size > 1 << 30:
+            raise ValueError(f"batch_size must be in [1, 2**30], got {batch_size}")
         if not (0.0 <= beta <= 1.0):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
-        if self._size == 0:
+        if self._h.size == 0:
             raise ValueError("cannot sample from an empty buffer")
         cdef int64_t B = batch_size
         out = {}
@@ -565,40 +1115,40 @@ cdef class _ReplayCore:
         if slots == NULL or pending == NULL or prio == NULL or found == NULL:
             free(dst); free(slots); free(pending); free(prio); free(found)
             raise MemoryError()
-        cdef int64_t q, k, n_pending = B, n_next
+        cdef int64_t q, k, n_pending = B, n_next, spins = 0, RB = self._rb_total
         cdef double min_p = 1.0
         cdef int zero = 0
-        cdef int64_t rb
+        cdef const char* rec
         for q in range(B):
             pending[q] = q
         with nogil:
             while n_pending > 0:
-                self._acquire()
+                self._lock()
                 zero = self._draw(n_pending, pending, slots, ids, prio, found, &min_p)
-                self._release()
+                self._unlock()
                 if zero:
                     break
                 if self._prioritized:
                     for q in range(n_pending):
                         k = pending[q]
                         w[k] = min_p / prio[k]
-                for f in range(self._n_fields):
-                    rb = self._row_bytes[f]
-                    for q in range(n_pending):
-                        k = pending[q]
-                        _copy(<char*>dst[f] + k * rb, self._data[f] + slots[k] * rb, rb)
+                for q in range(n_pending):
+                    k = pending[q]
+                    rec = self._records + slots[k] * RB
+                    for f in range(self._n_fields):
+                        _copy(<char*>dst[f] + k * self._row_bytes[f], rec + self._off[f], self._row_bytes[f])
                 # seqlock check: keep rows whose slot still holds the id it had when drawn
-                self._acquire()
+                self._lock()
                 n_next = 0
                 for q in range(n_pending):
                     k = pending[q]
                     if ids[k] < 0 or self._slot_ids[slots[k]] != ids[k]:
                         pending[n_next] = k
                         n_next += 1
-                self._release()
+                self._unlock()
                 n_pending = n_next
                 if n_pending:
-                    sched_yield()
+                    self._wait_for_writers(&spins)
         free(dst); free(slots); free(pending); free(prio); free(found)
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
@@ -616,17 +1166,18 @@ cdef class _ReplayCore:
         since). Rows are copied without the lock and the GIL, then their ids are re-checked under
         the lock: an id that still holds its slot held it during the copy (ids only grow).
         """
+        self._check_open()
         idx = _as_index_array(indices)
         names = list(self._names) if fields is None else [fields] if isinstance(fields, str) else list(fields)
         unknown = [name for name in names if name not in self._specs]
         if unknown:
             raise KeyError(f"unknown field(s) {unknown}; this buffer stores {list(self._names)}")
-        cdef int64_t n = idx.shape[0], q, f, rb, bad = -1
+        cdef int64_t n = idx.shape[0], q, f, rb, bad = -1, next_id = self._h.next_id
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         for q in range(n):
-            if iv[q] < 0 or iv[q] >= self._next_id or iv[q] < self._next_id - self.capacity:
+            if iv[q] < 0 or iv[q] >= next_id or iv[q] < next_id - self.capacity:
                 raise KeyError(f"transition id {iv[q]} is not stored (stored ids: "
-                               f"{max(0, self._next_id - self.capacity)}..{self._next_id - 1})")
+                               f"{max(0, next_id - self.capacity)}..{next_id - 1})")
         out = {}
         cdef int nf = len(names)
         cdef int64_t* which = <int64_t*>malloc(max(1, nf) * sizeof(int64_t))
@@ -641,16 +1192,16 @@ cdef class _ReplayCore:
             which[f] = self._names.index(name)
             dst[f] = <char*>cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
-            for f in range(nf):
-                rb = self._row_bytes[which[f]]
-                for q in range(n):
-                    _copy(dst[f] + q * rb, self._data[which[f]] + (iv[q] % self.capacity) * rb, rb)
-            self._acquire()
+            for q in range(n):
+                for f in range(nf):
+                    rb = self._row_bytes[which[f]]
+                    _copy(dst[f] + q * rb, self._row(iv[q] % self.capacity, which[f]), rb)
+            self._lock()
             for q in range(n):
                 if self._slot_ids[iv[q] % self.capacity] != iv[q]:
                     bad = iv[q]
                     break
-            self._release()
+            self._unlock()
         free(which); free(dst)
         if bad >= 0:
             raise KeyError(f"transition id {bad} is not stored (overwritten or still being written)")
@@ -661,10 +1212,12 @@ cdef class _ReplayCore:
     def update_priorities(self, indices, priorities) -> int:
         """Set raw priorities (float[B], finite, >= 0) of transition ids ``indices`` (int[B]).
 
-        Stored priority is ``(priority + eps) ** alpha``. Updates of stale ids (slot overwritten
-        since) are dropped; duplicates: the last one wins. Returns the number applied.
-        ``ReplayBuffer`` validates the same way and stores nothing.
+        Stored priority is ``(priority + eps) ** alpha``; it must stay below ``DBL_MAX / (2 capacity)``
+        so that the total cannot overflow. Updates of stale ids (slot overwritten since) are dropped;
+        duplicates: the last one wins. Returns the number applied. ``ReplayBuffer`` validates the same
+        way and stores nothing.
         """
+        self._check_open()
         idx = _as_index_array(indices)
         raw = np.ascontiguousarray(priorities, dtype=np.float64)
         cdef int64_t n = idx.shape[0]
@@ -672,68 +1225,59 @@ cdef class _ReplayCore:
             raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
         if n == 0:
             return 0
-        # stored values (p + eps)^alpha with numpy's SIMD pow (NaN/negatives are rejected below)
-        with np.errstate(all="ignore"):
-            stored = np.power(raw + self._eps, self._alpha) if self._prioritized else raw
-        cdef const double* sv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>stored)
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         cdef const double* rv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>raw)
+        cdef int64_t b, limit = self._h.next_id
+        for b in range(n):
+            if iv[b] < 0 or iv[b] >= limit:
+                raise IndexError(f"indices[{b}] = {iv[b]} out of range: valid transition ids are [0, {limit})")
+            if not (rv[b] >= 0 and rv[b] < INFINITY):      # false for NaN, inf, negatives
+                raise ValueError(f"priorities[{b}] = {rv[b]!r}: priorities must be finite and >= 0 "
+                                 f"(no NaN, inf or negative values)")
+        self._check_priorities(raw)
+        # stored values (p + eps)^alpha with numpy's SIMD pow
+        stored = np.power(raw + self._eps, self._alpha) if self._prioritized else raw
+        cdef const double* sv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>stored)
         cdef int64_t* slots = <int64_t*>malloc(n * sizeof(int64_t))
         cdef int64_t* scratch = <int64_t*>malloc(n * sizeof(int64_t))
         cdef double* values = <double*>malloc(n * sizeof(double))
         if slots == NULL or scratch == NULL or values == NULL:
             free(slots); free(scratch); free(values)
             raise MemoryError()
-        cdef int64_t b, s, applied = 0, bad_index = -1, bad_value = -1, limit = self._next_id
-        cdef double raw_max = 0, r
+        cdef int64_t s, applied = 0
+        cdef double raw_max = 0
         with nogil:
-            # validate everything before touching the buffer
+            self._lock()
             for b in range(n):
-                if iv[b] < 0 or iv[b] >= limit:
-                    bad_index = b
-                    break
-                r = rv[b]
-                if not (r >= 0 and r < INFINITY):      # false for NaN, inf, negatives
-                    bad_value = b
-                    break
-                values[b] = sv[b] if self._prioritized else 1.0
-            if bad_index < 0 and bad_value < 0:
-                self._acquire()
-                for b in range(n):
-                    s = iv[b] % self.capacity
-                    if self._slot_ids[s] == iv[b]:
-                        slots[applied] = s
-                        values[applied] = values[b]
-                        if rv[b] > raw_max:
-                            raw_max = rv[b]
-                        applied += 1
-                if self._prioritized and applied:
-                    tree_set_batch(&self._tree, slots, values, applied, scratch)
-                    if raw_max > self._max_priority:
-                        self._max_priority = raw_max
-                self._release()
+                s = iv[b] % self.capacity
+                if self._slot_ids[s] == iv[b]:
+                    slots[applied] = s
+                    values[applied] = sv[b]
+                    if rv[b] > raw_max:
+                        raw_max = rv[b]
+                    applied += 1
+            if self._prioritized and applied:
+                self._tree_set_batch(slots, values, applied, scratch)
+                if raw_max > self._h.max_priority:
+                    self._h.max_priority = raw_max
+            self._unlock()
         free(slots); free(scratch); free(values)
-        if bad_index >= 0:
-            raise IndexError(f"indices[{bad_index}] = {iv[bad_index]} out of range: valid transition "
-                             f"ids are [0, {limit})")
-        if bad_value >= 0:
-            raise ValueError(f"priorities[{bad_value}] = {rv[bad_value]!r}: priorities must be finite "
-                             f"and >= 0 (no NaN, inf or negative values)")
         return applied
 
     def get_priorities(self, indices) -> np.ndarray:
         """Stored priorities ``(p + eps) ** alpha`` of transition ids (float64[B]); NaN for stale ids,
         1.0 for a live id in ``ReplayBuffer``."""
+        self._check_open()
         idx = _as_index_array(indices)
         cdef int64_t n = idx.shape[0]
-        if n and (idx.min() < 0 or idx.max() >= self._next_id):
-            raise IndexError(f"indices out of range: valid transition ids are [0, {self._next_id})")
+        if n and (idx.min() < 0 or idx.max() >= self._h.next_id):
+            raise IndexError(f"indices out of range: valid transition ids are [0, {self._h.next_id})")
         out = np.empty(n, dtype=np.float64)
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         cdef double* ov = <double*>cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef int64_t b, s
         with nogil:
-            self._acquire()
+            self._lock()
             for b in range(n):
                 s = iv[b] % self.capacity
                 if self._slot_ids[s] != iv[b]:
@@ -742,19 +1286,20 @@ cdef class _ReplayCore:
                     ov[b] = tree_get(&self._tree, s)
                 else:
                     ov[b] = 1.0
-            self._release()
+            self._unlock()
         return out
 
     # ------------------------------------------------------------------ persistence
 
     cdef _lock_quiescent(self):
         """Take the lock at a moment when no ``add_batch`` is between reserve and commit."""
-        self._acquire_gil()
-        while self._inflight:
-            self._release()
+        cdef int64_t spins = 0
+        self._lock_gil()
+        while self._h.inflight:
+            self._unlock()
             with nogil:
-                sched_yield()
-            self._acquire_gil()
+                self._wait_for_writers(&spins)
+            self._lock_gil()
 
     cdef dict _meta(self):
         return {
@@ -764,13 +1309,32 @@ cdef class _ReplayCore:
             "fields": [[n, list(s), d.str] for n, (s, d) in self._specs.items()],
             "alpha": self._alpha, "eps": self._eps,
             "fanout": self._tree.fanout if self._prioritized else None,
-            "next_id": self._next_id, "max_priority": self._max_priority,
+            "next_id": self._h.next_id, "max_priority": self._h.max_priority,
         }
 
-    def save(self, path) -> None:
-        """Write contents, priorities, ring position, max priority and RNG state to ``path``
-        (an uncompressed ``.npz``-format zip, streamed field by field: no full copy in memory).
+    def save(self, target) -> None:
+        """Write contents, priorities, ring position, max priority and RNG state to ``target`` (a path
+        or a writable binary file object): an uncompressed ``.npz``-format zip, streamed field by field
+        (no full copy in memory). Saving to a path is atomic: the file is written beside it, flushed to
+        disk and renamed over it, so a save that fails or is killed leaves the previous file intact.
         Other threads' calls wait while the file is written."""
+        self._check_open()
+        if isinstance(target, (str, os.PathLike)):
+            path = os.fspath(target)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            try:
+                with open(tmp, "wb") as fh:
+                    self._save_to(fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        else:
+            self._save_to(target)
+
+    cdef _save_to(self, fh):
         cdef int64_t i
         self._lock_quiescent()
         try:
@@ -785,79 +1349,109 @@ cdef class _ReplayCore:
                 arrays["priorities"] = leaves
             for name, arr in self._storage.items():
                 arrays[f"field.{name}"] = arr
-            with open(path, "wb") as fh:
-                np.savez(fh, **arrays)
+            np.savez(fh, **arrays)
         finally:
-            self._release()
+            self._unlock()
 
     @classmethod
-    def load(cls, path):
-        """Rebuild a buffer written by ``save``. Raises ValueError for a file that is truncated,
-        corrupt or not a PAL-Bench buffer of this kind."""
+    def load(cls, source, shared=False, name=None):
+        """Rebuild a buffer written by ``save`` from ``source`` (a path or a readable binary file
+        object), private or (``shared=True``) in a new shared segment. Every field of the file is
+        checked against the others, and every member's size against the declared capacity and against
+        the file, before anything is allocated: a file either restores a buffer whose invariants hold
+        or raises ``ValueError``, using at most the memory a valid file of its capacity needs."""
+        label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<file>"
         try:
-            with zipfile.ZipFile(path) as zf:
-                meta = json.loads(_read_member(zf, "__meta__", None).tobytes())
-                if not isinstance(meta, dict) or meta.get("format") != FILE_FORMAT:
-                    raise ValueError("not a PAL-Bench replay buffer file")
-                if meta.get("version") != FILE_VERSION:
-                    raise ValueError(f"unsupported file version {meta.get('version')!r}")
+            with zipfile.ZipFile(source) as zf:
+                meta = _validated_meta(zf, cls is PrioritizedReplayBuffer, _file_size(source, zf))
                 fields = {n: (tuple(s), np.dtype(d)) for n, s, d in meta["fields"]}
                 if meta["kind"] == "prioritized":
-                    if cls is ReplayBuffer:
-                        raise ValueError("file holds a PrioritizedReplayBuffer; use PrioritizedReplayBuffer.load")
                     buf = PrioritizedReplayBuffer(meta["capacity"], fields, alpha=meta["alpha"],
-                                                  fanout=meta["fanout"], eps=meta["eps"], seed=0)
-                elif meta["kind"] == "uniform":
-                    if cls is PrioritizedReplayBuffer:
-                        raise ValueError("file holds a ReplayBuffer; use ReplayBuffer.load")
-                    buf = ReplayBuffer(meta["capacity"], fields, seed=0)
+                                                  fanout=meta["fanout"], eps=meta["eps"], seed=0,
+                                                  shared=shared, name=name)
                 else:
-                    raise ValueError(f"unknown buffer kind {meta['kind']!r}")
-                (<_ReplayCore>buf)._restore(zf, meta)
+                    buf = ReplayBuffer(meta["capacity"], fields, seed=0, shared=shared, name=name)
+                try:
+                    (<_ReplayCore>buf)._restore(zf, meta)
+                except BaseException:
+                    buf.close()
+                    raise
                 return buf
-        except (zipfile.BadZipFile, EOFError, KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: not a PAL-Bench replay buffer file, or truncated ({e!r})") from e
+        except (zipfile.BadZipFile, EOFError, KeyError, TypeError, OverflowError, json.JSONDecodeError,
+                UnicodeDecodeError, NotImplementedError, RuntimeError) as e:
+            raise ValueError(f"{label}: not a PAL-Bench replay buffer file, or truncated ({e!r})") from e
         except ValueError as e:
-            raise ValueError(f"{path}: {e}") from e
+            raise ValueError(f"{label}: {e}") from e
 
     cdef _restore(self, zf, dict meta):
-        cdef int64_t i, s, sid, cap = self.capacity, next_id = int(meta["next_id"])
-        for name, arr in self._storage.items():
-            _read_member(zf, f"field.{name}", arr)
+        cdef int64_t i, cap = self.capacity, next_id = int(meta["next_id"])
         slot_ids = _read_member(zf, "slot_ids", np.empty(cap, dtype=np.int64))
+        # the only consistent slot table of a quiescent buffer: the last min(next_id, cap) ids, each in its slot
+        expected = np.full(cap, SLOT_EMPTY, dtype=np.int64)
+        live_ids = np.arange(max(0, next_id - cap), next_id, dtype=np.int64)
+        expected[live_ids % cap] = live_ids
+        if not np.array_equal(slot_ids, expected):
+            raise ValueError("inconsistent slot table (it must hold exactly the last capacity ids)")
         rng_state = _read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
+        if not rng_state.any():
+            raise ValueError("invalid RNG state (all zero)")
         live = slot_ids >= 0
-        if ((slot_ids < SLOT_EMPTY).any() or (slot_ids[live] >= next_id).any()
-                or (slot_ids[live] % cap != np.nonzero(live)[0]).any()):
-            raise ValueError("inconsistent slot table")
-        max_priority = float(meta["max_priority"])
-        if not (math.isfinite(max_priority) and max_priority >= 0):
-            raise ValueError("invalid max_priority")
         if self._prioritized:
             leaves = _read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
             if not (np.isfinite(leaves).all() and (leaves >= 0).all() and (leaves[~live] == 0).all()):
                 raise ValueError("invalid priorities")
+            if (leaves > self._prio_limit).any():
+                raise ValueError("priorities too large: their sum could overflow")
+            if self._eps > 0 and (leaves[live] <= 0).any():
+                raise ValueError("a stored transition has priority 0 although eps > 0")
+            if not self._stored_priority(float(meta["max_priority"])) <= self._prio_limit:
+                raise ValueError("max_priority too large: new transitions' priorities could overflow the sum")
+        for name, arr in self._storage.items():
+            _read_member(zf, f"field.{name}", arr)
+        if self._prioritized:
             for i in range(cap):
                 self._tree.sums[leaf_pos(&self._tree, i)] = leaves[i]
             tree_rebuild(&self._tree)
         self._slot_ids_arr[:] = slot_ids
-        self._next_id = next_id
-        self._size = int(live.sum())
-        self._max_priority = max_priority
+        self._h.next_id = next_id
+        self._h.size = int(live.sum())
+        self._h.max_priority = float(meta["max_priority"])
         for i in range(4):
             self._rng.s[i] = int(rng_state[i])
+
+    # ------------------------------------------------------------------ pickling
+
+    def __reduce__(self):
+        """A shared buffer pickles as a reference (``attach`` by name in the receiving process); a
+        private one as its full contents, in ``save``'s format."""
+        self._check_open()
+        if self._name:
+            return (type(self).attach, (self._name,))
+        fh = io.BytesIO()
+        self.save(fh)
+        return (_load_bytes, (type(self), fh.getvalue()))
+
+    def __deepcopy__(self, memo):
+        """An independent private copy with the same contents, priorities, counters and RNG state."""
+        self._check_open()
+        fh = io.BytesIO()
+        self.save(fh)
+        fh.seek(0)
+        return type(self).load(fh)
 
     def _check_invariants(self) -> None:
         """Verify the tree and the slot table (for tests). Raises AssertionError. O(N)."""
         cdef int64_t i
         cdef int bad
+        self._check_open()
         self._lock_quiescent()
         try:
             ids = self._slot_ids_arr.copy()
             live = ids >= 0
-            assert int(live.sum()) == self._size, f"size {self._size} != live slots {int(live.sum())}"
+            assert int(live.sum()) == self._h.size, f"size {self._h.size} != live slots {int(live.sum())}"
             assert (ids[live] % self.capacity == np.nonzero(live)[0]).all(), "slot table holds foreign ids"
-            assert (ids[live] < self._next_id).all(), "slot table holds future ids"
+            assert (ids[live] < self._h.next_id).all(), "slot table holds future ids"
+            assert (ids >= SLOT_EMPTY).all(), "slot table holds in-flight slots while quiescent"
             if self._prioritized:
                 bad = tree_check(&self._tree)
                 assert bad == -1, f"tree level {bad} disagrees with its children"
@@ -865,9 +1459,127 @@ cdef class _ReplayCore:
                 assert (leaves[~live] == 0).all(), "an empty slot has a priority"
                 assert (leaves[live] > 0).all() or self._eps == 0, "a live slot has zero priority"
                 exact = math.fsum(leaves)
+                assert math.isfinite(exact), "the total overflowed"
                 assert abs(tree_total(&self._tree) - exact) <= 1e-9 * max(exact, 1e-300), "total drifted"
         finally:
-            self._release()
+            self._unlock()
+
+    def _debug_hold_lock(self, double seconds) -> None:
+        """Tests: hold the buffer's lock for ``seconds`` (to be killed while holding it)."""
+        self._check_open()
+        self._lock_gil()
+        with nogil:
+            usleep(<unsigned int>(seconds * 1e6))
+        self._unlock()
+
+
+def _load_bytes(cls, bytes data):
+    return cls.load(io.BytesIO(data))
+
+
+def _remove_if_stale(str name) -> bool:
+    """Unlink segment ``name`` if its creator process is gone (or it is not a readable buffer header);
+    False when its creator is alive."""
+    path = _segment_path(name).encode()
+    cdef int fd = shm_open(path, O_RDONLY, 0)
+    if fd < 0:
+        return errno == ENOENT
+    cdef Header h
+    memset(&h, 0, sizeof(Header))
+    try:
+        data = os.pread(fd, sizeof(Header), 0)
+    finally:
+        c_close(fd)
+    if len(data) == sizeof(Header):
+        memcpy(&h, <const char*>data, sizeof(Header))
+        if h.magic == SEGMENT_MAGIC and not _pid_dead(h.creator_pid):
+            return False
+    shm_unlink(path)
+    return True
+
+
+def _file_size(source, zf) -> int:
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            return os.path.getsize(source)
+        return zf.fp.seek(0, 2)
+    except (OSError, AttributeError, ValueError):
+        return sum(i.compress_size for i in zf.infolist()) + (1 << 20)
+
+
+_META_KEYS = {"format", "version", "kind", "capacity", "fields", "alpha", "eps", "fanout", "next_id", "max_priority"}
+
+
+def _validated_meta(zf, bint want_prioritized, int64_t file_size) -> dict:
+    """The file's metadata, every field checked, and every member checked against it and against the
+    file (stored, not compressed; exactly the bytes its shape needs; all of them within the file)."""
+    info = {i.filename: i for i in zf.infolist()}
+    m = info.get("__meta__.npy")
+    if m is None or m.file_size > 1 << 20:
+        raise ValueError("not a PAL-Bench replay buffer file (no metadata member, or an oversized one)")
+    meta = json.loads(_read_member(zf, "__meta__", None, max_bytes=1 << 20).tobytes())
+    if not isinstance(meta, dict) or meta.get("format") != FILE_FORMAT:
+        raise ValueError("not a PAL-Bench replay buffer file")
+    if meta.get("version") != FILE_VERSION:
+        raise ValueError(f"unsupported file version {meta.get('version')!r}")
+    if set(meta) != _META_KEYS:
+        raise ValueError(f"unexpected metadata keys {sorted(set(meta) ^ _META_KEYS)}")
+    kind = meta["kind"]
+    if kind not in ("prioritized", "uniform"):
+        raise ValueError(f"unknown buffer kind {kind!r}")
+    if (kind == "prioritized") != want_prioritized:
+        holds, use = (("PrioritizedReplayBuffer", "PrioritizedReplayBuffer") if kind == "prioritized"
+                      else ("ReplayBuffer", "ReplayBuffer"))
+        raise ValueError(f"file holds a {holds}; use {use}.load")
+
+    def integer(key, lo, hi):
+        v = meta[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"invalid {key} {v!r} (an int in [{lo}, {hi}])")
+        return v
+
+    def real(key, lo, hi):
+        v = meta[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and lo <= v <= hi):
+            raise ValueError(f"invalid {key} {v!r} (a finite number in [{lo}, {hi}])")
+        return float(v)
+
+    cap = integer("capacity", 1, 2**40)
+    integer("next_id", 0, 2**62)
+    real("max_priority", 0.0, DBL_MAX)
+    if kind == "prioritized":
+        real("alpha", 0.0, 1.0)
+        real("eps", 0.0, DBL_MAX)
+        integer("fanout", 2, 4096)
+    fields = meta["fields"]
+    if not isinstance(fields, list) or not fields or not all(isinstance(f, list) and len(f) == 3 for f in fields):
+        raise ValueError("invalid field list")
+    if len({f[0] for f in fields}) != len(fields):
+        raise ValueError("duplicate field names")
+    specs = _normalise_fields({f[0]: (f[1], f[2]) for f in fields})
+    expected = {"__meta__.npy", "slot_ids.npy", "rng_state.npy"} | {f"field.{n}.npy" for n in specs}
+    if kind == "prioritized":
+        expected.add("priorities.npy")
+    if set(info) != expected:
+        raise ValueError(f"unexpected members: missing {sorted(expected - set(info))}, "
+                         f"extra {sorted(set(info) - expected)}")
+    sizes = {"slot_ids.npy": 8 * cap, "rng_state.npy": 32, "priorities.npy": 8 * cap}
+    for n, (shape, dtype) in specs.items():
+        sizes[f"field.{n}.npy"] = cap * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    declared = 0
+    for member, nbytes in sizes.items():
+        if member not in info:
+            continue
+        i = info[member]
+        if i.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"member {member!r} is compressed (save writes stored members only)")
+        if not nbytes <= i.file_size <= nbytes + 65536 or i.compress_size != i.file_size:
+            raise ValueError(f"member {member!r} holds {i.file_size} bytes; capacity {cap} needs {nbytes} "
+                             f"plus its header")
+        declared += i.file_size
+    if declared > file_size:
+        raise ValueError(f"the members declare {declared} bytes but the file has {file_size}")
+    return meta
 
 
 cdef object _as_index_array(indices):
@@ -884,28 +1596,45 @@ cdef object _as_index_array(indices):
     return idx
 
 
-def _read_member(zf, str name, target):
-    """Read array ``name`` of an npz zip; into ``target`` (same shape and dtype) when given."""
+def _read_member(zf, str name, target, max_bytes=None):
+    """Read array ``name`` of an npz zip into ``target`` (same shape and dtype; strided targets are
+    filled in chunks), or into a new array when ``target`` is None (at most ``max_bytes``)."""
     with zf.open(name + ".npy") as fh:
         version = np.lib.format.read_magic(fh)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-        else:
+        elif version == (2, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"member {name!r}: unsupported .npy version {version}")
         if fortran or dtype.hasobject:
             raise ValueError(f"member {name!r} has an unexpected layout")
         if target is None:
+            nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            if max_bytes is not None and nbytes > max_bytes:
+                raise ValueError(f"member {name!r} is too large")
             target = np.empty(shape, dtype=dtype)
         elif tuple(shape) != target.shape or dtype != target.dtype:
             raise ValueError(f"member {name!r}: expected {target.shape} {target.dtype}, got {shape} {dtype}")
-        view = memoryview(target.reshape(-1).view(np.uint8))
-        pos, chunk = 0, 1 << 26
-        while pos < len(view):
-            got = fh.readinto(view[pos:pos + chunk])
-            if not got:
-                raise ValueError(f"member {name!r} is truncated")
-            pos += got
+        if target.flags.c_contiguous:
+            _read_into(fh, memoryview(target.reshape(-1).view(np.uint8)), name)
+        else:
+            rows = max(1, (1 << 24) // max(1, target[:1].nbytes))
+            chunk = np.empty((rows,) + target.shape[1:], dtype=target.dtype)
+            for r0 in range(0, target.shape[0], rows):
+                part = chunk[:min(rows, target.shape[0] - r0)]
+                _read_into(fh, memoryview(part.reshape(-1).view(np.uint8)), name)
+                target[r0:r0 + part.shape[0]] = part
     return target
+
+
+def _read_into(fh, view, str name):
+    pos, step = 0, 1 << 26
+    while pos < len(view):
+        got = fh.readinto(view[pos:pos + step])
+        if not got:
+            raise ValueError(f"member {name!r} is truncated")
+        pos += got
 
 
 cdef class ReplayBuffer(_ReplayCore):
@@ -919,13 +1648,18 @@ cdef class ReplayBuffer(_ReplayCore):
         ``{name: (shape, dtype)}``; ``shape`` is ``()`` for a scalar per transition.
     seed : int or None
         Seed of the sampling RNG (xoshiro256**); None draws one from the OS.
+    shared : bool
+        Place the buffer in a named shared-memory segment (``attach`` it from other processes).
+    name : str or None
+        The segment's name with ``shared=True`` (default: ``pal-<pid>-<random>``).
     """
 
-    def __init__(self, capacity, fields, seed=None):
-        self._setup(capacity, fields, seed, False, 0.0, 0.0, 2)
+    def __init__(self, capacity, fields, seed=None, shared=False, name=None):
+        self._setup(capacity, fields, seed, False, 0.0, 0.0, 2, shared, name)
 
     def __repr__(self) -> str:
-        return f"ReplayBuffer(capacity={self.capacity}, size={self._size}, fields={list(self._names)})"
+        where = f", shared_name={self._name!r}" if self._name else ""
+        return f"ReplayBuffer(capacity={self.capacity}, size={len(self)}, fields={list(self._names)}{where})"
 
 
 cdef class PrioritizedReplayBuffer(_ReplayCore):
@@ -933,7 +1667,7 @@ cdef class PrioritizedReplayBuffer(_ReplayCore):
 
     Sampling is O(B K log_K N) and priority updates O(B K log_K N), with the tree walk under a
     short lock and row copies outside it without the GIL. See the module docstring for indices
-    (transition ids) and the concurrency scheme.
+    (transition ids), memory, sharing across processes and the concurrency scheme.
 
     Parameters
     ----------
@@ -949,16 +1683,21 @@ cdef class PrioritizedReplayBuffer(_ReplayCore):
         Added to every raw priority before the exponent (>= 0), so a zero TD error stays sampleable.
     seed : int or None
         Seed of the sampling RNG (xoshiro256**); None draws one from the OS.
+    shared : bool
+        Place the buffer in a named shared-memory segment (``attach`` it from other processes).
+    name : str or None
+        The segment's name with ``shared=True`` (default: ``pal-<pid>-<random>``).
     """
 
-    def __init__(self, capacity, fields, alpha=0.6, fanout=DEF_FANOUT, eps=1e-6, seed=None):
+    def __init__(self, capacity, fields, alpha=0.6, fanout=DEF_FANOUT, eps=1e-6, seed=None, shared=False,
+                 name=None):
         if not (isinstance(alpha, (int, float, np.floating)) and 0.0 <= alpha <= 1.0):
             raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
         if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps >= 0):
             raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
         if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)) or not 2 <= fanout <= 4096:
             raise ValueError(f"fanout must be an int in [2, 4096], got {fanout!r}")
-        self._setup(capacity, fields, seed, True, float(alpha), float(eps), fanout)
+        self._setup(capacity, fields, seed, True, float(alpha), float(eps), fanout, shared, name)
 
     @property
     def alpha(self) -> float:
@@ -974,12 +1713,15 @@ cdef class PrioritizedReplayBuffer(_ReplayCore):
 
     def total_priority(self) -> float:
         """Sum of stored priorities (the tree's root)."""
+        self._check_open()
         return tree_total(&self._tree)
 
     def min_priority(self) -> float:
         """Smallest non-zero stored priority (inf when empty). O(1)."""
+        self._check_open()
         return tree_min_nonzero(&self._tree)
 
     def __repr__(self) -> str:
-        return (f"PrioritizedReplayBuffer(capacity={self.capacity}, size={self._size}, "
-                f"alpha={self._alpha}, fanout={self._tree.fanout}, fields={list(self._names)})")
+        where = f", shared_name={self._name!r}" if self._name else ""
+        return (f"PrioritizedReplayBuffer(capacity={self.capacity}, size={len(self)}, "
+                f"alpha={self._alpha}, fanout={self._tree.fanout}, fields={list(self._names)}{where})")

@@ -9,6 +9,8 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
+from _common cimport DEFAULT_FANOUT_C
+from _lock cimport mutex_init, mutex_lock_gil, pthread_mutex_lock, pthread_mutex_t, pthread_mutex_unlock
 from _tree_core cimport (
     TreeLayout,
     leaf_pos,
@@ -30,7 +32,10 @@ cnp.import_array()
 # [0.87, 1.10] at K = 8 (within noise), 1.06x [0.96, 1.19] at K = 32, 1.11x [0.97, 1.26] at K = 4,
 # and 1.21x / 1.94x at K = 64 / 2 (intervals above 1); update alone: K = 32 1.30x, K = 4 1.19x.
 # K = 8 and 16 are indistinguishable; 16 keeps the tree one level shallower.
-DEFAULT_FANOUT = 16
+DEFAULT_FANOUT = DEFAULT_FANOUT_C
+
+cdef extern from "<float.h>":
+    double DBL_MAX
 
 
 cdef class SumTree:
@@ -41,7 +46,11 @@ cdef class SumTree:
     Sums are float64 and every parent is recomputed from its children, so the root stays equal to
     the exact sum of the leaves up to one rounding per level (no drift over any number of updates).
 
-    Not thread-safe on its own: ``PrioritizedReplayBuffer`` serialises access with its lock.
+    Thread-safe: every method takes the tree's own mutex (the same kind of lock the buffer takes:
+    tried with the GIL held, waited for with it released), so ``update`` and ``find``, which run
+    without the GIL, never interleave. Leaves must stay at most ``DBL_MAX / (2 capacity)``, so that
+    the total of all leaves cannot overflow. Pickles and deep-copies by value (capacity, fan-out,
+    leaves).
 
     Parameters
     ----------
@@ -53,9 +62,26 @@ cdef class SumTree:
 
     cdef TreeLayout _t
     cdef object _owners
+    cdef pthread_mutex_t _mutex
+    cdef double _limit
 
     def __cinit__(self, int64_t capacity, int64_t fanout=DEFAULT_FANOUT):
         self._owners = tree_init(&self._t, capacity, fanout)
+        if mutex_init(&self._mutex, False) != 0:
+            raise OSError("cannot initialise the tree's mutex")
+        self._limit = DBL_MAX / (2.0 * capacity)
+
+    def __reduce__(self):
+        return (_rebuild_tree, (self._t.capacity, self._t.fanout, self.leaves()))
+
+    def __deepcopy__(self, memo):
+        return _rebuild_tree(self._t.capacity, self._t.fanout, self.leaves())
+
+    cdef inline void _lock(self):
+        mutex_lock_gil(&self._mutex)
+
+    cdef inline void _unlock(self) noexcept nogil:
+        pthread_mutex_unlock(&self._mutex)
 
     @property
     def capacity(self) -> int:
@@ -72,11 +98,17 @@ cdef class SumTree:
 
     def total(self) -> float:
         """Sum of all leaves."""
-        return tree_total(&self._t)
+        self._lock()
+        v = tree_total(&self._t)
+        self._unlock()
+        return v
 
     def min_nonzero(self) -> float:
         """Smallest non-zero leaf, ``inf`` when all leaves are zero. O(1)."""
-        return tree_min_nonzero(&self._t)
+        self._lock()
+        v = tree_min_nonzero(&self._t)
+        self._unlock()
+        return v
 
     def leaves(self) -> np.ndarray:
         """A copy of the leaves, float64[capacity]."""
@@ -104,6 +136,9 @@ cdef class SumTree:
             raise ValueError(f"values must have shape ({idx.shape[0]},), got {val.shape}")
         if val.size and not (np.isfinite(val).all() and (val >= 0).all()):
             raise ValueError("values must be finite and >= 0")
+        if val.size and not val.max() <= self._limit:
+            raise ValueError(f"values must be at most {self._limit:.3g} (DBL_MAX / (2 capacity)), so that the "
+                             f"total cannot overflow; got {val.max()!r}")
         cdef int64_t[::1] iv = idx
         cdef double[::1] vv = val
         cdef int64_t n = idx.shape[0]
@@ -113,8 +148,10 @@ cdef class SumTree:
         scratch = <int64_t*>malloc(n * sizeof(int64_t))
         if scratch == NULL:
             raise MemoryError()
+        self._lock()
         with nogil:
             tree_set_batch(&self._t, &iv[0], &vv[0], n, scratch)
+            self._unlock()
         free(scratch)
 
     def get(self, indices) -> np.ndarray:
@@ -124,9 +161,11 @@ cdef class SumTree:
         cdef int64_t[::1] iv = idx
         cdef double[::1] ov = out
         cdef int64_t b, n = idx.shape[0]
+        self._lock()
         with nogil:
             for b in range(n):
                 ov[b] = tree_get(&self._t, iv[b])
+            self._unlock()
         return out
 
     def find(self, prefix_targets) -> np.ndarray:
@@ -138,51 +177,69 @@ cdef class SumTree:
         tg = np.ascontiguousarray(prefix_targets, dtype=np.float64)
         if tg.ndim != 1:
             raise ValueError(f"prefix_targets must be 1-D, got shape {tg.shape}")
-        cdef double total = tree_total(&self._t)
-        if total <= 0:
-            raise ValueError("find on a tree whose leaves are all zero")
-        if tg.size and not (np.isfinite(tg).all() and tg.min() >= 0 and tg.max() <= total):
-            raise ValueError(f"prefix_targets must be finite and within [0, total={total!r}]")
         out = np.empty(tg.shape[0], dtype=np.int64)
-        if tg.shape[0] == 0:
-            return out
         work = tg.copy()
         cdef double[::1] wv = work
         cdef int64_t[::1] ov = out
         cdef int64_t n = tg.shape[0]
-        with nogil:
-            tree_find_batch(&self._t, &wv[0], &ov[0], n)
+        cdef double total
+        self._lock()
+        try:        # checked under the lock: the total is the one the descent sees
+            total = tree_total(&self._t)
+            if not total > 0:
+                raise ValueError("find on a tree whose leaves are all zero")
+            if tg.size and not (np.isfinite(tg).all() and tg.min() >= 0 and tg.max() <= total):
+                raise ValueError(f"prefix_targets must be finite and within [0, total={total!r}]")
+            if n:
+                with nogil:
+                    tree_find_batch(&self._t, &wv[0], &ov[0], n)
+        finally:
+            self._unlock()
         return out
 
     def check(self) -> None:
         """Verify every internal node against its children; raise AssertionError on mismatch. O(N)."""
-        leaves = self.leaves()
-        nz = leaves[leaves > 0]
-        expected_min = nz.min() if nz.size else math.inf
-        if tree_min_nonzero(&self._t) != expected_min:
-            raise AssertionError(f"min_nonzero {tree_min_nonzero(&self._t)} != {expected_min}")
-        exact = math.fsum(leaves)
-        total = tree_total(&self._t)
-        if abs(total - exact) > 1e-9 * max(abs(exact), 1e-300):
-            raise AssertionError(f"total {total!r} drifted from fsum {exact!r}")
         cdef int level
         cdef int64_t j, k, child, K = self._t.fanout
         cdef double s
-        for level in range(self._t.n_levels - 1):
-            for j in range(self._t.level_size[level]):
-                s = 0
-                for k in range(K):
-                    child = j * K + k
-                    if child < self._t.level_size[level + 1]:
-                        s += self._t.sums[node_pos(&self._t, level + 1, child)]
-                if abs(self._t.sums[node_pos(&self._t, level, j)] - s) > 1e-9 * max(abs(s), 1e-300):
-                    raise AssertionError(f"node {j} of level {level} != sum of its children")
+        leaves = self.leaves()
+        self._lock()
+        try:
+            nz = leaves[leaves > 0]
+            expected_min = nz.min() if nz.size else math.inf
+            if tree_min_nonzero(&self._t) != expected_min:
+                raise AssertionError(f"min_nonzero {tree_min_nonzero(&self._t)} != {expected_min}")
+            exact = math.fsum(leaves)
+            total = tree_total(&self._t)
+            if not math.isfinite(total) or abs(total - exact) > 1e-9 * max(abs(exact), 1e-300):
+                raise AssertionError(f"total {total!r} drifted from fsum {exact!r}")
+            for level in range(self._t.n_levels - 1):
+                for j in range(self._t.level_size[level]):
+                    s = 0
+                    for k in range(K):
+                        child = j * K + k
+                        if child < self._t.level_size[level + 1]:
+                            s += self._t.sums[node_pos(&self._t, level + 1, child)]
+                    if abs(self._t.sums[node_pos(&self._t, level, j)] - s) > 1e-9 * max(abs(s), 1e-300):
+                        raise AssertionError(f"node {j} of level {level} != sum of its children")
+        finally:
+            self._unlock()
 
     def rebuild(self) -> None:
         """Recompute all internal nodes from the leaves. O(N)."""
+        self._lock()
         with nogil:
             tree_rebuild(&self._t)
+            self._unlock()
 
     def __repr__(self) -> str:
         return (f"SumTree(capacity={self._t.capacity}, fanout={self._t.fanout}, "
                 f"depth={self._t.n_levels}, total={tree_total(&self._t)!r})")
+
+
+def _rebuild_tree(capacity, fanout, leaves):
+    tree = SumTree(capacity, fanout)
+    nz = np.flatnonzero(leaves)
+    if nz.size:
+        tree.update(nz, leaves[nz])
+    return tree

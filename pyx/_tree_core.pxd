@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """C-level core of the K-ary sum tree, shared by ``SumTree`` and ``PrioritizedReplayBuffer``.
 
 Layout
@@ -61,14 +61,12 @@ cdef inline object _aligned_empty(int64_t n, double fill):
     return arr
 
 
-cdef inline object tree_init(TreeLayout* t, int64_t capacity, int64_t fanout):
-    """Compute the layout for ``capacity`` leaves and allocate its arrays.
-
-    Returns the tuple of numpy arrays that own the memory; the caller keeps it alive.
-    """
-    import numpy as np
+cdef inline object tree_layout(TreeLayout* t, int64_t capacity, int64_t fanout):
+    """Compute the layout for ``capacity`` leaves (no memory yet): returns the sizes of the three
+    arrays it needs, ``(n_sums, n_mins, n_stamps)`` doubles / doubles / uint64. ValueError for a bad
+    capacity or fan-out."""
     cdef int64_t sizes[MAX_LEVELS]
-    cdef int n = 0, level, i
+    cdef int n = 0, level
     cdef int64_t size = capacity, total = 0, total_min = 0, total_stamp = 0
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -102,9 +100,22 @@ cdef inline object tree_init(TreeLayout* t, int64_t capacity, int64_t fanout):
             total_min += _groups(t.level_size[level], fanout) * t.stride
             t.stamp_offset[level] = total_stamp
             total_stamp += t.level_size[level]
-    sums = _aligned_empty(total, 0.0)
-    mins = _aligned_empty(total_min, INFINITY)
-    stamps = np.zeros(total_stamp, dtype=np.uint64)
+    t.sums = NULL
+    t.mins = NULL
+    t.stamps = NULL
+    return total, total_min, total_stamp
+
+
+cdef inline object tree_init(TreeLayout* t, int64_t capacity, int64_t fanout):
+    """Compute the layout for ``capacity`` leaves and allocate its arrays (sums 0, mins +inf).
+
+    Returns the tuple of numpy arrays that own the memory; the caller keeps it alive.
+    """
+    import numpy as np
+    n_sums, n_mins, n_stamps = tree_layout(t, capacity, fanout)
+    sums = _aligned_empty(n_sums, 0.0)
+    mins = _aligned_empty(n_mins, INFINITY)
+    stamps = np.zeros(n_stamps, dtype=np.uint64)
     cdef double[::1] sv = sums
     cdef double[::1] mv = mins
     cdef uint64_t[::1] st = stamps

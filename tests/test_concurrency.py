@@ -120,7 +120,7 @@ def test_lock_stats_count_waits_and_holds():
     from pal_bench import PrioritizedReplayBuffer
 
     buf = PrioritizedReplayBuffer(1000, {"x": ((4,), np.float32)}, seed=0)
-    assert buf.lock_stats() == {"acquisitions": 0, "contended": 0, "wait_s": 0.0, "hold_s": 0.0}
+    assert buf.lock_stats() == {"acquisitions": 0, "contended": 0, "wait_s": 0.0, "hold_s": 0.0, "repairs": 0}
     buf.add_batch(x=np.zeros((500, 4), np.float32))
 
     def sampler():
