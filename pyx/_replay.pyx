@@ -239,7 +239,7 @@ def _spec_json(dict specs, dict offsets) -> bytes:
     return json.dumps([[n, list(s), d.str, offsets[n]] for n, (s, d) in specs.items()]).encode()
 
 
-def _segment_path(str name) -> str:
+def _segment_path(name) -> str:
     if not isinstance(name, str) or not name or "/" in name or len(name) > 200:
         raise ValueError(f"shared buffer name must be a non-empty string without '/', got {name!r}")
     return "/" + name
@@ -337,6 +337,8 @@ cdef class _ReplayCore:
         seed = self._check_seed(seed)
         if name is not None and not shared:
             raise ValueError("name is only for shared=True buffers")
+        if name is not None:
+            _segment_path(name)         # validates it
         offsets, record_bytes = _record_layout(specs)
         cdef bytes spec = _spec_json(specs, offsets)
         cdef int64_t spec_offset, slots_offset, records_offset, sums_offset, mins_offset, stamps_offset, total
