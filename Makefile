@@ -31,6 +31,7 @@ lint: $(VENV)/.installed
 # the fan-out study first: the suites' report at the end regenerates every table, the fan-out's too
 bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.fanout
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.shared_bench
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench
 
 # the trainer's reference runs (about 1 h on 2 cores) and the scaling / core-split measurements

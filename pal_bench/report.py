@@ -27,7 +27,7 @@ OP_LABELS = {
     "update": "update B",
     "sample_update": "sample+update B",
 }
-SUITE_FILES = "latency_vs_*.json", "tree_vs_buffer.json"
+SUITE_FILES = "latency_vs_*.json", "tree_vs_buffer.json", "shared_vs_private.json"
 
 
 def op_label(op: str, batch: int | None = None) -> str:

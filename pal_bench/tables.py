@@ -17,6 +17,7 @@ under (machine, date, load before/after, commit; ``pal_bench.conditions``); a re
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from collections.abc import Callable
@@ -122,6 +123,30 @@ def latency_headline(results: Path) -> str:
             "both ran (quick profile: RLlib up to 1e5). Speedup = peer median / PAL median in the same run, with a "
             "bootstrap 95% interval over the timed rounds.\n\n" + md(pd.DataFrame(rows), ".2f") + "\n\n"
             + source(results, "latency_vs_capacity.json") + "\n")
+
+
+def shared_vs_private_block(results: Path) -> str:
+    """PAL's buffer with ``shared=True`` against the private one, per operation: the cost of shared memory."""
+    from pal_bench import report
+
+    path = results / "shared_vs_private.json"
+    if not path.exists():
+        return missing("shared_vs_private.json", "python -m pal_bench.bench --suite shared_vs_private")
+    df, _ = report.load(path)
+    ok = df[df.status == "ok"]
+    rows = []
+    for (op, n), g in ok.groupby(["op", "capacity"], sort=False):
+        mine, ref = g[g.peer == "pal-shared"], g[g.peer == "pal"]
+        if mine.empty or ref.empty:
+            continue
+        a, b = mine.iloc[0], ref.iloc[0]
+        ci = (ratio_ci(a.sample_us, b.sample_us) if isinstance(a.sample_us, list) and isinstance(b.sample_us, list)
+              else (a.median_us / b.median_us, math.nan, math.nan))
+        rows.append({"operation": report.op_label(op, 256), "capacity": f"N={report.fmt_n(n)}",
+                     "private µs": b.median_us, "shared µs": a.median_us, "shared / private [95% CI]": fmt_ci(*ci)})
+    return ("Single-process latency of PAL's buffer in a shared-memory segment (`shared=True`) against the private "
+            "one, same run (target: within 10%).\n\n" + md(pd.DataFrame(rows), ".2f") + "\n\n"
+            + source(results, "shared_vs_private.json") + "\n")
 
 
 def fanout_block(results: Path) -> str:
@@ -283,6 +308,31 @@ def concurrency_block(results: Path) -> str:
             + md(t, ".0f") + "\n\n" + source(results, "buffer_concurrency.csv") + "\n")
 
 
+def shared_throughput_block(results: Path) -> str:
+    path = results / "shared_throughput.csv"
+    if not path.exists():
+        return missing("shared_throughput.csv", "python -m pal_bench.shared_bench")
+    df = pd.read_csv(path)
+    t = df.pivot_table(index=["writers", "samplers"], columns="impl",
+                       values=["inserts_per_s", "sample_updates_per_s"], aggfunc="first")
+    rows = []
+    for (w, s), r in t.iterrows():
+        row = {"writer processes": w, "sampler processes": s}
+        for impl in sorted(df.impl.unique()):
+            row[f"{impl} inserts/s"] = r.get(("inserts_per_s", impl), float("nan"))
+            row[f"{impl} sample+update/s"] = r.get(("sample_updates_per_s", impl), float("nan"))
+        if {"pal", "cpprb"} <= set(df.impl):
+            for col, label in (("inserts_per_s", "inserts"), ("sample_updates_per_s", "sample+update")):
+                a, b = r.get((col, "pal")), r.get((col, "cpprb"))
+                row[f"PAL / cpprb {label}"] = f"{a / b:.1f}x" if a and b else ""
+        rows.append(row)
+    return (f"One buffer (capacity 1e5, LunarLander transitions) used by spawned processes at once: writers insert "
+            f"chunks of 64 transitions per call, samplers sample 256 and update their priorities; totals over all "
+            f"processes, {df.seconds.iloc[0]:g} s per point. PAL: `shared=True` + `attach`; cpprb: "
+            f"`MPPrioritizedReplayBuffer`.\n\n" + md(pd.DataFrame(rows), ".0f") + "\n\n"
+            + source(results, "shared_throughput.csv") + "\n")
+
+
 # ------------------------------------------------------------------ backends
 
 def backends_block(results: Path) -> str:
@@ -398,6 +448,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "latency-headline": latency_headline,
     "latency": latency_block,
     "fanout": fanout_block,
+    "shared-vs-private": shared_vs_private_block,
     "instructions": instructions_block,
     "training": training_block,
     "learning-sweeps": learning_sweeps_block,
@@ -405,6 +456,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "dse": dse_block,
     "end-to-end": end_to_end_block,
     "concurrency": concurrency_block,
+    "shared-throughput": shared_throughput_block,
     "backends": backends_block,
     "end-to-end-ray": end_to_end_ray_block,
     "plugin": plugin_block,

@@ -257,3 +257,12 @@ def test_shared_and_private_buffers_store_and_sample_the_same():
         a, b = private.sample(128), shared.sample(128)
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("impl", ["pal", "cpprb"])
+def test_the_process_throughput_benchmark_runs(impl):
+    pytest.importorskip(impl if impl == "cpprb" else "pal_bench")
+    from pal_bench import shared_bench
+
+    r = shared_bench.measure(impl, 1, 1, 0.3)
+    assert r["inserts_per_s"] > 0 and r["sample_updates_per_s"] > 0

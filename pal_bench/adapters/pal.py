@@ -31,6 +31,18 @@ class PalAdapter(BufferAdapter):
         self.buf.update_priorities(indices, priorities)
 
 
+class PalSharedAdapter(PalAdapter):
+    """``PrioritizedReplayBuffer(..., shared=True)`` used from the process that created it: the cost of
+    living in a named shared-memory segment (suites/test_shared_vs_private.py)."""
+
+    name = "pal-shared"
+
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, fanout: int = DEFAULT_FANOUT):
+        BufferAdapter.__init__(self, capacity, alpha, beta)
+        self.buf = PrioritizedReplayBuffer(capacity, LUNAR_FIELDS, alpha=alpha, fanout=fanout, seed=0, shared=True)
+        self.fill()
+
+
 class PalUniformAdapter(PalAdapter):
     """``pal_bench.ReplayBuffer``: uniform sampling, no tree; the floor of a buffer's cost."""
 

@@ -18,7 +18,8 @@ ADAPTERS: dict[str, str] = {
 # implementations that exist for tests only and are not part of the default sweep
 TEST_ONLY: dict[str, str] = {"naive-numpy": "pal_bench.adapters.naive:NaiveNumpyAdapter"}
 # parts of PAL's buffer measured on their own (suites/test_tree_vs_buffer.py), not buffers
-COMPONENTS: dict[str, str] = {"pal-tree": "pal_bench.adapters.pal:PalTreeAdapter"}
+COMPONENTS: dict[str, str] = {"pal-tree": "pal_bench.adapters.pal:PalTreeAdapter",
+                              "pal-shared": "pal_bench.adapters.pal:PalSharedAdapter"}
 
 
 def adapter_class(name: str) -> type[BufferAdapter]:
