@@ -116,6 +116,7 @@ cdef enum:
     MAX_RESERVATIONS = 64     # concurrent add_batch copies (threads or processes) at one time
     HEADER_BYTES = 16384      # room for the header at the start of the block
     SPIN_BEFORE_REAP = 64     # waits on an in-flight slot before checking for dead writers
+    MAX_DIMS = 16             # dimensions of a field's shape
 
 
 cdef struct Reservation:
@@ -289,6 +290,8 @@ cdef class _ReplayCore:
     cdef int64_t* _row_bytes
     cdef int* _typenum
     cdef int* _ndim
+    cdef int64_t* _dims           # per field: its shape, MAX_DIMS entries each
+    cdef int* _native             # per field: native byte order (add's scalar fast path)
     cdef Rng _rng
     cdef uint64_t _seed
     cdef bint _prioritized
@@ -300,7 +303,7 @@ cdef class _ReplayCore:
     cdef dict _specs
     cdef dict _storage
     cdef object _slot_ids_arr
-    cdef object _dtypes           # per field: the numpy dtype (for add's fast path)
+    cdef tuple _dtypes            # per field: the numpy dtype (for add's fast path)
     cdef str _name                # shared segment name ('' for a private buffer)
     cdef bint _creator
     cdef bint _closed
@@ -313,6 +316,8 @@ cdef class _ReplayCore:
         self._row_bytes = NULL
         self._typenum = NULL
         self._ndim = NULL
+        self._dims = NULL
+        self._native = NULL
         self._h = NULL
         self._name = ""
         self._closed = True
@@ -324,6 +329,8 @@ cdef class _ReplayCore:
         free(self._row_bytes)
         free(self._typenum)
         free(self._ndim)
+        free(self._dims)
+        free(self._native)
 
     # ------------------------------------------------------------------ creation and attachment
 
@@ -449,7 +456,10 @@ cdef class _ReplayCore:
         self._row_bytes = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
         self._typenum = <int*>malloc(self._n_fields * sizeof(int))
         self._ndim = <int*>malloc(self._n_fields * sizeof(int))
-        if self._off == NULL or self._row_bytes == NULL or self._typenum == NULL or self._ndim == NULL:
+        self._dims = <int64_t*>malloc(self._n_fields * MAX_DIMS * sizeof(int64_t))
+        self._native = <int*>malloc(self._n_fields * sizeof(int))
+        if (self._off == NULL or self._row_bytes == NULL or self._typenum == NULL or self._ndim == NULL
+                or self._dims == NULL or self._native == NULL):
             raise MemoryError()
         self._slot_ids = <int64_t*>(self._base + h.slots_offset)
         self._records = self._base + h.records_offset
@@ -463,6 +473,9 @@ cdef class _ReplayCore:
             self._row_bytes[f] = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
             self._typenum[f] = dtype.num
             self._ndim[f] = len(shape)
+            self._native[f] = dtype.isnative
+            for d, size in enumerate(shape):
+                self._dims[f * MAX_DIMS + d] = size
             inner = tuple(int(x) for x in np.empty(shape, dtype=dtype).strides) if shape else ()
             self._storage[name] = np.ndarray((h.capacity,) + shape, dtype=dtype, buffer=self._mm,
                                              offset=h.records_offset + off, strides=(h.record_bytes,) + inner)
@@ -873,7 +886,8 @@ cdef class _ReplayCore:
                 arr = <cnp.ndarray>v
                 # identical dtype (kind, size, byte order, unit), C order, the field's shape: raw bytes
                 if (cnp.PyArray_TYPE(arr) == self._typenum[f] and cnp.PyArray_IS_C_CONTIGUOUS(arr)
-                        and arr.dtype == dtype and (<object>arr).shape == self._specs[name][0]):
+                        and self._same_shape(arr, f)
+                        and (<object>cnp.PyArray_DESCR(arr) is dtype or arr.dtype == dtype)):
                     src[f] = <const char*>cnp.PyArray_DATA(arr)
                     keep.append(arr)
             if src[f] == NULL:
@@ -900,12 +914,21 @@ cdef class _ReplayCore:
         self._unlock()
         return tid
 
+    cdef inline bint _same_shape(self, cnp.ndarray arr, int f):
+        cdef int d, nd = self._ndim[f]
+        if cnp.PyArray_NDIM(arr) != nd:
+            return False
+        for d in range(nd):
+            if cnp.PyArray_DIMS(arr)[d] != self._dims[f * MAX_DIMS + d]:
+                return False
+        return True
+
     cdef const char* _scalar_fast(self, int f, v, dtype, char* out):
         """Write Python/numpy scalar ``v`` into ``out`` as field ``f``'s (native) dtype; NULL where
         only the general path (``_convert``) is known to store exactly what ``add_batch`` stores."""
         cdef int tn = self._typenum[f]
         cdef type t = type(v)
-        if not dtype.isnative:
+        if not self._native[f]:
             return NULL
         if t is float:
             if tn == cnp.NPY_FLOAT64:
@@ -928,7 +951,7 @@ cdef class _ReplayCore:
             return out
         # a numpy scalar of exactly the field's dtype (kind, size, byte order, datetime unit), fixed size
         if (isinstance(v, np.generic) and dtype.kind not in "SUVOMm" and dtype.itemsize <= SCALAR_SCRATCH
-                and (<object>v).dtype == dtype):
+                and ((<object>v).dtype is dtype or (<object>v).dtype == dtype)):
             cnp.PyArray_ScalarAsCtype(v, out)
             return out
         return NULL
@@ -1005,20 +1028,27 @@ cdef class _ReplayCore:
             if pause_us > 0:
                 usleep(<unsigned int>pause_us)
             # copy the kept rows into their records, row by row (the ring may wrap)
+            for f in range(self._n_fields):
+                src[f] += skip * self._row_bytes[f]
+            s = (first + skip) % self.capacity
             for r in range(m):
-                s = (first + skip + r) % self.capacity
                 slots[r] = s
                 rec = self._records + s * RB
                 for f in range(self._n_fields):
-                    _copy(rec + self._off[f], src[f] + (skip + r) * self._row_bytes[f], self._row_bytes[f])
+                    _copy(rec + self._off[f], src[f], self._row_bytes[f])
+                    src[f] += self._row_bytes[f]
+                s += 1
+                if s == self.capacity:
+                    s = 0
             self._lock()
             for r in range(m):
                 self._slot_ids[slots[r]] = first + skip + r
             h.size += n_new
             if self._prioritized:
                 if stored is None:
-                    for r in range(m):
-                        values[r] = self._stored_priority(h.max_priority)
+                    values[0] = self._stored_priority(h.max_priority)     # one pow for the batch
+                    for r in range(1, m):
+                        values[r] = values[0]
                 elif raw_max > h.max_priority:
                     h.max_priority = raw_max
                 self._tree_set_batch(slots, values, m, scratch)
@@ -1230,13 +1260,17 @@ cdef class _ReplayCore:
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         cdef const double* rv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>raw)
         cdef int64_t b, limit = self._h.next_id
+        cdef double top = 0
         for b in range(n):
             if iv[b] < 0 or iv[b] >= limit:
                 raise IndexError(f"indices[{b}] = {iv[b]} out of range: valid transition ids are [0, {limit})")
             if not (rv[b] >= 0 and rv[b] < INFINITY):      # false for NaN, inf, negatives
                 raise ValueError(f"priorities[{b}] = {rv[b]!r}: priorities must be finite and >= 0 "
                                  f"(no NaN, inf or negative values)")
-        self._check_priorities(raw)
+            if rv[b] > top:
+                top = rv[b]
+        if self._prioritized and not self._stored_priority(top) <= self._prio_limit:
+            self._check_priorities(raw)                     # raises, naming the limit
         # stored values (p + eps)^alpha with numpy's SIMD pow
         stored = np.power(raw + self._eps, self._alpha) if self._prioritized else raw
         cdef const double* sv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>stored)
