@@ -176,23 +176,75 @@ cdef inline double _group_sum(const double* c, int64_t stride) noexcept nogil:
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
+cdef inline double _pos_or_inf(double v) noexcept nogil:
+    return v if v > 0 else INFINITY
+
+
+cdef inline double _group_min_nonzero(const double* c, int64_t stride) noexcept nogil:
+    """Smallest positive value of a padded group of leaves (padding is 0), +inf if none; branch-free,
+    eight independent minima (the compiler turns the selects into min/blend instructions)."""
+    cdef double m0 = INFINITY, m1 = INFINITY, m2 = INFINITY, m3 = INFINITY
+    cdef double m4 = INFINITY, m5 = INFINITY, m6 = INFINITY, m7 = INFINITY, v
+    cdef int64_t k
+    for k in range(0, stride, 8):
+        v = _pos_or_inf(c[k])
+        m0 = v if v < m0 else m0
+        v = _pos_or_inf(c[k + 1])
+        m1 = v if v < m1 else m1
+        v = _pos_or_inf(c[k + 2])
+        m2 = v if v < m2 else m2
+        v = _pos_or_inf(c[k + 3])
+        m3 = v if v < m3 else m3
+        v = _pos_or_inf(c[k + 4])
+        m4 = v if v < m4 else m4
+        v = _pos_or_inf(c[k + 5])
+        m5 = v if v < m5 else m5
+        v = _pos_or_inf(c[k + 6])
+        m6 = v if v < m6 else m6
+        v = _pos_or_inf(c[k + 7])
+        m7 = v if v < m7 else m7
+    m0 = m1 if m1 < m0 else m0
+    m2 = m3 if m3 < m2 else m2
+    m4 = m5 if m5 < m4 else m4
+    m6 = m7 if m7 < m6 else m6
+    m0 = m2 if m2 < m0 else m0
+    m4 = m6 if m6 < m4 else m4
+    return m4 if m4 < m0 else m0
+
+
+cdef inline double _group_min(const double* c, int64_t stride) noexcept nogil:
+    """Smallest value of a padded group of minima (padding is +inf); branch-free."""
+    cdef double m0 = INFINITY, m1 = INFINITY, m2 = INFINITY, m3 = INFINITY
+    cdef double m4 = INFINITY, m5 = INFINITY, m6 = INFINITY, m7 = INFINITY
+    cdef int64_t k
+    for k in range(0, stride, 8):
+        m0 = c[k] if c[k] < m0 else m0
+        m1 = c[k + 1] if c[k + 1] < m1 else m1
+        m2 = c[k + 2] if c[k + 2] < m2 else m2
+        m3 = c[k + 3] if c[k + 3] < m3 else m3
+        m4 = c[k + 4] if c[k + 4] < m4 else m4
+        m5 = c[k + 5] if c[k + 5] < m5 else m5
+        m6 = c[k + 6] if c[k + 6] < m6 else m6
+        m7 = c[k + 7] if c[k + 7] < m7 else m7
+    m0 = m1 if m1 < m0 else m0
+    m2 = m3 if m3 < m2 else m2
+    m4 = m5 if m5 < m4 else m4
+    m6 = m7 if m7 < m6 else m6
+    m0 = m2 if m2 < m0 else m0
+    m4 = m6 if m6 < m4 else m4
+    return m4 if m4 < m0 else m0
+
+
 cdef inline void tree_recompute(TreeLayout* t, int level, int64_t j) noexcept nogil:
     """Recompute the sum and the non-zero minimum of internal node ``j`` of ``level`` from its children."""
     cdef int64_t group = j * t.stride
     cdef const double* c = t.sums + t.level_offset[level + 1] + group
-    cdef const double* cm
-    cdef double m = INFINITY, v
-    cdef int64_t k, pos = group_pos(t, j)
+    cdef int64_t pos = group_pos(t, j)
     t.sums[t.level_offset[level] + pos] = _group_sum(c, t.stride)
     if level + 2 == t.n_levels:        # children are leaves: skip zeros
-        for k in range(t.fanout):
-            v = c[k] if c[k] > 0 else INFINITY
-            m = v if v < m else m
+        t.mins[t.min_offset[level] + pos] = _group_min_nonzero(c, t.stride)
     else:
-        cm = t.mins + t.min_offset[level + 1] + group
-        for k in range(t.fanout):
-            m = cm[k] if cm[k] < m else m
-    t.mins[t.min_offset[level] + pos] = m
+        t.mins[t.min_offset[level] + pos] = _group_min(t.mins + t.min_offset[level + 1] + group, t.stride)
 
 
 cdef inline void tree_set(TreeLayout* t, int64_t i, double value) noexcept nogil:
