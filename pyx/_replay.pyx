@@ -80,7 +80,7 @@ from _tree_core cimport (
     __builtin_prefetch,
     leaf_pos,
     tree_check,
-    tree_find_batch,
+    tree_find_sorted,
     tree_get,
     tree_layout,
     tree_min_nonzero,
@@ -1080,7 +1080,7 @@ cdef class _ReplayCore:
             min_p[0] = tree_min_nonzero(&self._tree)
             for q in range(n_pending):
                 prio[q] = (q + rng_uniform(&self._rng)) * (total / n_pending)
-            if tree_find_batch(&self._tree, prio, found, n_pending) < 0:
+            if tree_find_sorted(&self._tree, prio, found, n_pending) < 0:     # stratified: ascending
                 return 1
             # second pass: these loads are independent, so their cache misses overlap
             for q in range(n_pending):

@@ -16,6 +16,7 @@ from _tree_core cimport (
     leaf_pos,
     node_pos,
     tree_find_batch,
+    tree_find_sorted,
     tree_get,
     tree_init,
     tree_min_nonzero,
@@ -191,8 +192,12 @@ cdef class SumTree:
             if tg.size and not (np.isfinite(tg).all() and tg.min() >= 0 and tg.max() <= total):
                 raise ValueError(f"prefix_targets must be finite and within [0, total={total!r}]")
             if n:
+                ascending = bool(np.all(np.diff(tg) >= 0))
                 with nogil:
-                    tree_find_batch(&self._t, &wv[0], &ov[0], n)
+                    if ascending:
+                        tree_find_sorted(&self._t, &wv[0], &ov[0], n)
+                    else:
+                        tree_find_batch(&self._t, &wv[0], &ov[0], n)
         finally:
             self._unlock()
         return out

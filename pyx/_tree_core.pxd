@@ -262,15 +262,33 @@ cdef inline void tree_set_batch(TreeLayout* t, const int64_t* idx, const double*
 
     ``scratch`` must hold ``n`` int64. Work: O(U * K) for U distinct touched nodes.
     """
-    cdef int64_t b, m = n, p, w
+    cdef int64_t b, m = n, p, w, last
     cdef int level
     cdef uint64_t* marks
+    cdef bint ascending = True
     if n == 1:
         tree_set(t, idx[0], values[0])
         return
     for b in range(n):
         t.sums[leaf_pos(t, idx[b])] = values[b]
         scratch[b] = idx[b]
+        if b and idx[b] < idx[b - 1]:
+            ascending = False
+    if ascending:
+        # sorted leaves (a sampled batch comes out sorted): parents are sorted too, so a parent seen
+        # twice is seen in a row; no marks to read and write
+        for level in range(t.n_levels - 2, -1, -1):
+            w = 0
+            last = -1
+            for b in range(m):
+                p = parent_of(t, scratch[b])
+                if p != last:
+                    last = p
+                    tree_recompute(t, level, p)
+                    scratch[w] = p
+                    w += 1
+            m = w
+        return
     for level in range(t.n_levels - 2, -1, -1):
         t.stamp += 1
         marks = t.stamps + t.stamp_offset[level]
@@ -372,6 +390,55 @@ cdef inline int tree_find_batch(const TreeLayout* t, double* targets, int64_t* o
             out[b] = _find_step(t, level, out[b], &targets[b])
             if out[b] < 0:
                 return -1
+    return 0
+
+
+cdef inline int tree_find_sorted(const TreeLayout* t, double* targets, int64_t* out, int64_t n) noexcept nogil:
+    """``tree_find_batch`` for targets in ascending order (the buffer's stratified draws): level by level,
+    the targets under one node are consecutive and ascending, so one walk over the node's children serves
+    them all (a running prefix sum, each target moving it forward only): O(K + targets) per node instead
+    of O(K) per target. Targets are overwritten; -1 if the tree is all zeros, else 0."""
+    cdef int64_t b, e, j, k, K = t.fanout, line, lines, nxt
+    cdef int level
+    cdef const double* c
+    cdef double run, x
+    lines = (t.stride * 8 + 63) // 64
+    for b in range(n):
+        out[b] = 0
+        if targets[b] < 0:
+            targets[b] = 0
+    for level in range(t.n_levels - 1):
+        b = 0
+        while b < n:
+            j = out[b]
+            e = b + 1
+            while e < n and out[e] == j:
+                e += 1
+            if e < n:                      # the next node's group: its load overlaps this one's walk
+                nxt = out[e]
+                for line in range(lines):
+                    __builtin_prefetch(t.sums + t.level_offset[level + 1] + nxt * t.stride + 8 * line)
+            c = t.sums + t.level_offset[level + 1] + j * t.stride
+            k = 0
+            run = 0
+            while b < e:
+                x = targets[b]
+                while k < K - 1 and x >= run + c[k]:
+                    run += c[k]
+                    k += 1
+                if c[k] > 0:
+                    out[b] = j * K + k
+                    targets[b] = x - run if x - run < c[k] else c[k]
+                else:                      # rounding left it on a zero child: the last non-zero one
+                    k = _last_nonzero_child(c, k, &targets[b])
+                    if k < 0:
+                        return -1
+                    out[b] = j * K + k
+                    # (k went back: later targets of this node start their walk from here, still correct)
+                    run = 0
+                    for line in range(k):
+                        run += c[line]
+                b += 1
     return 0
 
 

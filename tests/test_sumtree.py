@@ -136,3 +136,26 @@ def test_constructor_validation_and_empty_find():
         SumTree(10, fanout=1)
     with pytest.raises(ValueError, match="all zero"):
         SumTree(10).find([0.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.integers(2, 20), st.integers(0, 2**31 - 1))
+def test_sorted_targets_take_the_merged_walk_and_find_the_same_leaves(capacity, fanout, seed):
+    """Ascending targets use one walk per node (the buffer's stratified draws); they must find exactly the
+    leaves the per-target descent finds, zero leaves and rounding at the end included."""
+    rng = np.random.default_rng(seed)
+    tree = SumTree(capacity, fanout)
+    values = rng.random(capacity) * (rng.random(capacity) < 0.7)
+    if not values.any():
+        values[rng.integers(capacity)] = 1.0
+    tree.update(np.arange(capacity), values)
+    targets = np.sort(rng.random(64)) * tree.total()
+    targets[-1] = tree.total()                      # the very end: the last non-zero leaf
+    merged = tree.find(targets)
+    shuffled = rng.permutation(len(targets))
+    while (np.diff(targets[shuffled]) >= 0).all():   # not ascending: the per-target descent
+        shuffled = rng.permutation(len(targets))
+    per_target = np.empty_like(merged)
+    per_target[shuffled] = tree.find(targets[shuffled])
+    np.testing.assert_array_equal(merged, per_target)
+    assert (values[merged] > 0).all()
