@@ -135,11 +135,17 @@ def test_learner_error_stops_everything_and_surfaces(tmp_path, monkeypatch):
 def test_ctrl_c_stops_cleanly_and_checkpoints(tmp_path):
     cfg = cfg_for(tmp_path, actors=2, learners=1, steps=10**6, learning_starts=200, batch_size=32)
     timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
-    with Trainer(cfg) as tr:
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            tr.run()
-    timer.cancel()
+    # a process started in the background by a non-interactive shell inherits SIGINT ignored (and Python
+    # then installs no handler): Ctrl-C as a terminal delivers it needs Python's default handler
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Trainer(cfg) as tr:
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                tr.run()
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert pal_threads() == []
     assert (tmp_path / cfg.run_name() / "checkpoint.pt").exists()
     assert (tmp_path / cfg.run_name() / "buffer.pal").exists()
