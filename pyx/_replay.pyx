@@ -183,6 +183,14 @@ cdef inline int64_t _round_up(int64_t n, int64_t k) noexcept nogil:
     return (n + k - 1) // k * k
 
 
+cdef inline void _prefetch_record(const char* rec, int64_t nbytes) noexcept nogil:
+    """Prefetch every cache line the record ``[rec, rec + nbytes)`` touches."""
+    cdef const char* p = <const char*>(<size_t>rec & ~(<size_t>63))
+    while p < rec + nbytes:
+        __builtin_prefetch(p)
+        p += 64
+
+
 cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
     # Constant-size memcpy compiles to plain moves for the common row sizes.
     if n == 4:
@@ -811,10 +819,15 @@ cdef class _ReplayCore:
         cdef Header* h = self._h
         cdef int64_t m = n_rows if n_rows < h.capacity else h.capacity
         cdef int64_t start = h.next_id + n_rows - m, r, s, new = 0
+        cdef int64_t s0 = start % h.capacity
         cdef int e = -1
+        s = s0
         for r in range(m):
-            if self._slot_ids[(start + r) % h.capacity] == SLOT_INFLIGHT:
+            if self._slot_ids[s] == SLOT_INFLIGHT:
                 return 1
+            s += 1
+            if s == h.capacity:
+                s = 0
         if entry != NULL:
             for r in range(MAX_RESERVATIONS):
                 if h.res[r].pid == 0:
@@ -826,11 +839,14 @@ cdef class _ReplayCore:
             h.res[e].first = start
             h.res[e].count = m
             entry[0] = e
+        s = s0
         for r in range(m):
-            s = (start + r) % h.capacity
             if self._slot_ids[s] == SLOT_EMPTY:
                 new += 1
             self._slot_ids[s] = SLOT_INFLIGHT
+            s += 1
+            if s == h.capacity:
+                s = 0
         first_id[0] = h.next_id
         n_new[0] = new
         h.next_id += n_rows
@@ -914,6 +930,23 @@ cdef class _ReplayCore:
         self._unlock()
         return tid
 
+    cdef inline bint _batch_fast(self, v, int f):
+        """``v`` is a C-contiguous array of exactly field ``f``'s dtype and shape ``[B, *shape]``:
+        ``add_batch`` reads it as it is (no conversion)."""
+        cdef int d, nd = self._ndim[f]
+        cdef cnp.ndarray arr
+        if not cnp.PyArray_Check(v):
+            return False
+        arr = <cnp.ndarray>v
+        if (cnp.PyArray_TYPE(arr) != self._typenum[f] or not cnp.PyArray_IS_C_CONTIGUOUS(arr)
+                or cnp.PyArray_NDIM(arr) != nd + 1):
+            return False
+        for d in range(nd):
+            if cnp.PyArray_DIMS(arr)[d + 1] != self._dims[f * MAX_DIMS + d]:
+                return False
+        dtype = self._dtypes[f]
+        return <object>cnp.PyArray_DESCR(arr) is dtype or arr.dtype == dtype
+
     cdef inline bint _same_shape(self, cnp.ndarray arr, int f):
         cdef int d, nd = self._ndim[f]
         if cnp.PyArray_NDIM(arr) != nd:
@@ -969,10 +1002,14 @@ cdef class _ReplayCore:
             raise self._field_error(fields)
         arrays = []
         cdef int64_t B = -1
+        cdef int fi = 0
         for name in self._names:
             if name not in fields:
                 raise self._field_error(fields)
-            arr = self._convert(name, fields[name], True)
+            arr = fields[name]
+            if not self._batch_fast(arr, fi):
+                arr = self._convert(name, arr, True)
+            fi += 1
             if B >= 0 and arr.shape[0] != B:
                 raise ValueError(f"field {name!r}: batch size {arr.shape[0]} differs from {B} "
                                  f"of field {self._names[0]!r}")
@@ -1087,7 +1124,7 @@ cdef class _ReplayCore:
                 k = pending[q]
                 s = found[q]
                 slots[k] = s
-                __builtin_prefetch(self._records + s * self._rb_total)
+                _prefetch_record(self._records + s * self._rb_total, self._rb_total)
                 ids[k] = self._slot_ids[s]
             for q in range(n_pending):
                 k = pending[q]
@@ -1098,7 +1135,7 @@ cdef class _ReplayCore:
                 k = pending[q]
                 s = <int64_t>(rng_uniform(&self._rng) * hi)
                 slots[k] = s
-                __builtin_prefetch(self._records + s * self._rb_total)
+                _prefetch_record(self._records + s * self._rb_total, self._rb_total)
                 ids[k] = self._slot_ids[s]
         return 0
 

@@ -394,31 +394,49 @@ cdef inline int tree_find_batch(const TreeLayout* t, double* targets, int64_t* o
 
 
 cdef inline int tree_find_sorted(const TreeLayout* t, double* targets, int64_t* out, int64_t n) noexcept nogil:
-    """``tree_find_batch`` for targets in ascending order (the buffer's stratified draws): level by level,
-    the targets under one node are consecutive and ascending, so one walk over the node's children serves
-    them all (a running prefix sum, each target moving it forward only): O(K + targets) per node instead
-    of O(K) per target. Targets are overwritten; -1 if the tree is all zeros, else 0."""
-    cdef int64_t b, e, j, k, K = t.fanout, line, lines, nxt
+    """``tree_find_batch`` for targets in ascending order (the buffer's stratified draws), level by level.
+
+    At each level the distinct child groups about to be read are first touched, all of them, with
+    independent loads, so their cache misses overlap instead of following one another (plain loads:
+    measured at least as fast as ``prefetcht0`` here, and never dropped on a TLB miss). Targets under one node are then
+    consecutive and ascending: a node holding one target takes the branch-free ``_find_step``; a node
+    holding several is walked once for all of them (a running prefix sum that each target only moves
+    forward), O(K + targets) instead of O(K) per target. Targets are overwritten; -1 if the tree is
+    all zeros, else 0."""
+    cdef int64_t b, e, j, k, K = t.fanout, line, lines, last
     cdef int level
     cdef const double* c
-    cdef double run, x
+    cdef const double* base
+    cdef double run, x, touch
     lines = (t.stride * 8 + 63) // 64
     for b in range(n):
         out[b] = 0
         if targets[b] < 0:
             targets[b] = 0
     for level in range(t.n_levels - 1):
+        base = t.sums + t.level_offset[level + 1]
+        last = -1
+        touch = 0
+        for b in range(n):
+            if out[b] != last:
+                last = out[b]
+                for line in range(lines):
+                    touch += base[last * t.stride + 8 * line]
+        if touch < 0:              # never (sums are >= 0); keeps the loads
+            return -1
         b = 0
         while b < n:
             j = out[b]
             e = b + 1
             while e < n and out[e] == j:
                 e += 1
-            if e < n:                      # the next node's group: its load overlaps this one's walk
-                nxt = out[e]
-                for line in range(lines):
-                    __builtin_prefetch(t.sums + t.level_offset[level + 1] + nxt * t.stride + 8 * line)
-            c = t.sums + t.level_offset[level + 1] + j * t.stride
+            if e == b + 1:
+                out[b] = _find_step(t, level, j, &targets[b])
+                if out[b] < 0:
+                    return -1
+                b = e
+                continue
+            c = base + j * t.stride
             k = 0
             run = 0
             while b < e:
