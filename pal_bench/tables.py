@@ -444,11 +444,32 @@ def aggregation_full_block(results: Path) -> str:
     return aggregation_block(results, "full/aggregation.csv")
 
 
+def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
+    path = results / name
+    if not path.exists():
+        return missing(name, "python -m pal_bench.step_costs")
+    df = pd.read_csv(path)
+    cap = df.capacity.iloc[0]
+    t = df[df.capacity == cap].pivot_table(index="step", columns="label", values="instructions", aggfunc="first",
+                                           sort=False)
+    labels = [c for c in ("before", "after") if c in t.columns] + [c for c in t.columns if c not in ("before", "after")]
+    t = t[labels].fillna(0).astype(int)
+    t = t.loc[t.max(axis=1).sort_values(ascending=False).index]
+    t.loc["total"] = t.sum()
+    if "before" in t.columns and "after" in t.columns:
+        t["after / before"] = [f"{a / b:.2f}" if b else "new" for a, b in zip(t["after"], t["before"])]
+    return (f"Instructions per `sample(256)` + `update_priorities(256)` at capacity {float(cap):.0e}, counted by "
+            "callgrind and attributed to steps from the source line each instruction was generated for "
+            "(`python -m pal_bench.step_costs --tree DIR --label NAME`; deterministic, whatever the load).\n\n"
+            + t.reset_index().to_markdown(index=False) + "\n\n" + source(results, name) + "\n")
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "latency-headline": latency_headline,
     "latency": latency_block,
     "fanout": fanout_block,
     "shared-vs-private": shared_vs_private_block,
+    "step-costs": step_costs_block,
     "instructions": instructions_block,
     "training": training_block,
     "learning-sweeps": learning_sweeps_block,
