@@ -1,0 +1,175 @@
+"""Policy weights published through shared memory under a seqlock: one writer, any number of readers, no pickling.
+
+Layout of the segment (``/dev/shm/<name>``): a 64-byte header whose first int64 is the sequence
+counter, then every tensor of the state dict, each 64-byte aligned, in the state dict's order. The
+writer makes the counter odd, copies the tensors in, and makes it even again; a reader copies the
+tensors out between two reads of the counter and keeps the copy only if both reads are the same
+even value, so it never loads a half-written set. Version = counter / 2 (0: nothing published yet).
+
+The ordering argument relies on x86-64's total store order (stores become visible in program order,
+loads are not reordered with other loads), which is what every machine this project runs on has;
+each counter read and write is one aligned 8-byte access.
+
+The creator owns the segment: ``close()`` (or garbage collection, or interpreter exit) of the creator
+unlinks it; handles made by ``attach`` in other processes only unmap it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import weakref
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+import torch
+
+HEADER = 64
+_TORCH_TO_NP = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+                torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.bool: np.bool_}
+
+
+def _layout(spec: list[tuple[str, tuple[int, ...], str]]) -> tuple[list[int], int]:
+    offsets, pos = [], HEADER
+    for _, shape, dtype in spec:
+        offsets.append(pos)
+        pos += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        pos = (pos + 63) // 64 * 64
+    return offsets, max(pos, HEADER)
+
+
+def spec_of(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
+    """``[(name, shape, numpy dtype str)]`` of a state dict: what ``SharedWeights.create`` and ``attach`` need."""
+    spec = []
+    for name, t in state_dict.items():
+        if t.dtype not in _TORCH_TO_NP:
+            raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be shared (supported: {sorted(map(str, _TORCH_TO_NP))})")
+        spec.append((name, tuple(t.shape), np.dtype(_TORCH_TO_NP[t.dtype]).str))
+    return spec
+
+
+class SharedWeights:
+    """A seqlocked block holding one state dict. ``create(spec)`` in the publishing process, ``attach(name, spec)``
+    in readers (``spec`` from ``spec_of``; it travels once, at start-up, with the name)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, spec, creator: bool):
+        self._shm, self.spec, self.creator = shm, [(n, tuple(s), d) for n, s, d in spec], creator
+        offsets, size = _layout(self.spec)
+        if shm.size < size:
+            raise ValueError(f"shared weights {shm.name!r}: segment has {shm.size} bytes, the spec needs {size}")
+        self._seq = np.ndarray((1,), dtype=np.int64, buffer=shm.buf, offset=0)
+        self._views = {n: np.ndarray(s, dtype=np.dtype(d), buffer=shm.buf, offset=o)
+                       for (n, s, d), o in zip(self.spec, offsets)}
+        self._closed = False
+        self._finalizer = weakref.finalize(self, SharedWeights._release, shm, creator)
+        if creator:
+            atexit.register(self._finalizer)
+
+    @classmethod
+    def create(cls, spec, name: str | None = None) -> SharedWeights:
+        _, size = _layout(spec)
+        name = name or f"pal_w_{os.getpid()}_{secrets.token_hex(4)}"
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        return cls(shm, spec, creator=True)
+
+    @classmethod
+    def attach(cls, name: str, spec) -> SharedWeights:
+        shm = shared_memory.SharedMemory(name=name, create=False)
+        # Python < 3.13 registers attached segments with the resource tracker, which would unlink the
+        # creator's segment when this process exits: the creator owns it, so take it off the tracker
+        try:
+            resource_tracker.unregister(shm._name, "shared_memory")
+        except Exception:
+            pass
+        return cls(shm, spec, creator=False)
+
+    @staticmethod
+    def _release(shm: shared_memory.SharedMemory, creator: bool) -> None:
+        try:
+            shm.close()
+        except BufferError:          # a view still exported: the mapping goes at process exit
+            pass
+        if creator:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    @property
+    def name(self) -> str:
+        return self._shm.name
+
+    @property
+    def version(self) -> int:
+        """Versions published so far (the latest complete one); an odd counter means one is being written."""
+        return int(self._seq[0]) // 2
+
+    def publish(self, state_dict: dict[str, torch.Tensor]) -> int:
+        """Copy ``state_dict`` in (one writer only); returns the new version."""
+        self._check()
+        if len(state_dict) != len(self._views) or any(k not in self._views for k in state_dict):
+            raise KeyError(f"state dict keys {sorted(state_dict)} differ from the shared block's {sorted(self._views)}")
+        for k, t in state_dict.items():               # validate everything before the counter goes odd
+            if tuple(t.shape) != self._views[k].shape:
+                raise ValueError(f"tensor {k!r}: shape {tuple(t.shape)}, the shared block holds {self._views[k].shape}")
+            if t.dtype not in _TORCH_TO_NP or np.dtype(_TORCH_TO_NP[t.dtype]) != self._views[k].dtype:
+                raise TypeError(f"tensor {k!r}: dtype {t.dtype}, the shared block holds {self._views[k].dtype}")
+        seq = int(self._seq[0])
+        self._seq[0] = seq + 1                       # odd: being written
+        for k, t in state_dict.items():
+            self._views[k][...] = t.detach().cpu().numpy()
+        self._seq[0] = seq + 2                       # even: complete
+        return (seq + 2) // 2
+
+    def read(self, out: dict[str, torch.Tensor] | None = None, min_version: int = 1,
+             max_tries: int = 10_000) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A consistent copy of the latest version ``>= min_version``: ``(version, tensors)``, copied into
+        ``out``'s tensors if given (same shapes), else into new tensors. None if no such version yet.
+        Retries while the writer is mid-copy (RuntimeError after ``max_tries``)."""
+        self._check()
+        for _ in range(max_tries):
+            s1 = int(self._seq[0])
+            if s1 // 2 < min_version:
+                return None
+            if s1 & 1:
+                os.sched_yield()
+                continue
+            if out is None:
+                copy = {k: torch.from_numpy(v.copy()) for k, v in self._views.items()}
+            else:
+                for k, v in self._views.items():
+                    out[k].numpy()[...] = v
+                copy = out
+            if int(self._seq[0]) == s1:
+                return s1 // 2, copy
+        raise RuntimeError(f"shared weights {self.name!r}: no consistent read in {max_tries} tries")
+
+    def load_into(self, module: torch.nn.Module, current_version: int = 0) -> int:
+        """Load the latest version into ``module`` if it is newer than ``current_version``; returns the version
+        the module now holds."""
+        with torch.no_grad():
+            got = self.read(min_version=current_version + 1)
+            if got is None:
+                return current_version
+            version, tensors = got
+            module.load_state_dict(tensors)
+            return version
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ValueError("shared weights handle is closed")
+
+    def close(self) -> None:
+        """Detach (creator: also unlink the segment). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._views.clear()
+            self._seq = None
+            self._finalizer()
+
+    def __enter__(self) -> SharedWeights:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

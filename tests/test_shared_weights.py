@@ -1,0 +1,113 @@
+"""Shared-memory weight publication: readers never see a half-written version, nothing is left in /dev/shm."""
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from pal_bench.train.shared_weights import SharedWeights, spec_of
+
+
+def _shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("pal_w_")}
+
+
+def _state(value: float) -> dict[str, torch.Tensor]:
+    """Three tensors (a few hundred kB in all, so a copy takes long enough to be caught half-way), every
+    element equal to ``value``."""
+    return {"w1": torch.full((256, 128), value), "b1": torch.full((128,), value), "w2": torch.full((128, 300), value)}
+
+
+def _reader(name, spec, reads, q):
+    try:
+        w = SharedWeights.attach(name, spec)
+        out = {k: torch.empty(s) for k, s, _ in spec}
+        seen, torn, last = 0, 0, 0
+        while seen < reads:
+            got = w.read(out, min_version=last + 1)
+            if got is None:
+                continue
+            version, t = got
+            values = torch.cat([x.flatten() for x in t.values()])
+            # every element of every tensor holds the version's own value, and versions only grow
+            if not (values == float(version)).all() or version <= last:
+                torn += 1
+            last = version
+            seen += 1
+        w.close()
+        q.put(("ok", seen, torn))
+    except BaseException as e:           # report, don't hang the parent
+        q.put(("error", repr(e), 0))
+
+
+def test_readers_in_other_processes_never_see_a_torn_version():
+    before = _shm_names()
+    spec = spec_of(_state(0.0))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with SharedWeights.create(spec) as w:
+        readers = [ctx.Process(target=_reader, args=(w.name, spec, 300, q)) for _ in range(2)]
+        for p in readers:
+            p.start()
+        version, done = 0, 0
+        results = []
+        while done < len(readers) and version < 10**6:
+            version = w.publish(_state(float(version + 1)))
+            while not q.empty():
+                results.append(q.get())
+                done += 1
+        for p in readers:
+            p.join(timeout=60)
+        while len(results) < len(readers):
+            results.append(q.get(timeout=10))
+    assert all(r[0] == "ok" for r in results), results
+    assert all(r[2] == 0 for r in results), f"torn reads: {results}"
+    assert version > 300
+    assert _shm_names() == before
+
+
+def test_version_starts_at_zero_and_read_waits_for_a_newer_one():
+    spec = spec_of(_state(0.0))
+    with SharedWeights.create(spec) as w:
+        assert w.version == 0 and w.read() is None
+        assert w.publish(_state(1.0)) == 1
+        version, t = w.read()
+        assert version == 1 and float(t["w1"][0, 0]) == 1.0
+        assert w.read(min_version=2) is None
+
+
+def test_load_into_a_module_only_when_newer():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    spec = spec_of(net.state_dict())
+    with SharedWeights.create(spec) as w:
+        other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        assert w.load_into(other, 0) == 0                 # nothing published yet
+        w.publish(net.state_dict())
+        assert w.load_into(other, 0) == 1
+        for a, b in zip(net.parameters(), other.parameters()):
+            assert torch.equal(a, b)
+        assert w.load_into(other, 1) == 1
+
+
+def test_bad_input_is_rejected_and_close_unlinks():
+    before = _shm_names()
+    spec = spec_of(_state(0.0))
+    w = SharedWeights.create(spec)
+    with pytest.raises(KeyError):
+        w.publish({"w1": torch.zeros(256, 128)})
+    with pytest.raises(ValueError):
+        w.publish({**_state(1.0), "b1": torch.zeros(7)})
+    with pytest.raises(TypeError):
+        w.publish({**_state(1.0), "b1": torch.zeros(128, dtype=torch.float64)})
+    assert w.version == 0 and w.read() is None              # nothing half-published
+    with pytest.raises(TypeError):
+        spec_of({"c": torch.zeros(2, dtype=torch.complex64)})
+    name = w.name
+    w.close()
+    w.close()
+    with pytest.raises(ValueError):
+        w.read()
+    with pytest.raises(FileNotFoundError):
+        SharedWeights.attach(name, spec)
+    assert _shm_names() == before
