@@ -91,13 +91,20 @@ def test_ratio_interval_covers_the_true_ratio_and_needs_repetitions():
 
 
 def test_descendants_cpu_is_counted_as_our_own():
+    """A child that has used 0.8 s of CPU (its own clock, so the machine's load does not matter) and is
+    still alive, never reaped: its CPU time is counted from /proc."""
     import subprocess
     import sys
-    import time
 
     c = conditions.Conditions("busy child")
-    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
-    time.sleep(1.2)                                   # sampled while alive, then never reaped by rusage ...
-    tree = c._tree.stop()
-    child.wait()
-    assert tree > 0.5                                 # ... but its CPU time was seen
+    burn = ("import sys, time\nwhile time.process_time() < 0.8: pass\n"
+            "print('done', flush=True)\ntime.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        c._tree.sample()                              # sampled while alive, never reaped by rusage ...
+        tree = c._tree.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert tree >= 0.7                                # ... but its CPU time was seen
