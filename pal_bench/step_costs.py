@@ -28,8 +28,6 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 from pal_bench.instructions import MARKER, PROJECT_OBJECTS, ValgrindMissing
 
 CALLS = 20
@@ -57,7 +55,8 @@ STEP_RULES: list[tuple[str, str | None, str]] = [
     (r"_draw", None, "descent (targets to leaves)"),
     (r"_copy|_prefetch_record", None, "gather (rows into the output)"),
     (r"rng_", None, "random targets"),
-    (r"update_priorities", r"_slot_ids\[s\]|slots\[applied\]|values\[applied\]|iv\[b\] % ", "batch update: stale check"),
+    (r"update_priorities", r"_slot_ids\[s\]|slots\[applied\]|values\[applied\]|iv\[b\] % ",
+     "batch update: stale check"),
     (r"_stored_priority", None, "pow: priority transform and weights"),
     (r"update_priorities", r"np\.power|\*\* self\._alpha|stored", "pow: priority transform and weights"),
 ]
@@ -213,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     tree = args.tree.resolve()
     steps = measure(int(args.capacity), tree)
     total = sum(steps.values())
-    print(f"instructions per sample(256) + update_priorities(256) at capacity {args.capacity:.0e} ({args.label}, {tree}):")
+    print(f"instructions per sample(256) + update_priorities(256) at capacity {args.capacity:.0e} "
+          f"({args.label}, {tree}):")
     for step, n in sorted(steps.items(), key=lambda kv: -kv[1]):
         print(f"  {step:48s} {n:10.0f}  {n / total:6.1%}")
     print(f"  {'total':48s} {total:10.0f}")

@@ -44,7 +44,8 @@ def spec_of(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, .
     spec = []
     for name, t in state_dict.items():
         if t.dtype not in _TORCH_TO_NP:
-            raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be shared (supported: {sorted(map(str, _TORCH_TO_NP))})")
+            raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be shared "
+                            f"(supported: {sorted(map(str, _TORCH_TO_NP))})")
         spec.append((name, tuple(t.shape), np.dtype(_TORCH_TO_NP[t.dtype]).str))
     return spec
 
