@@ -127,19 +127,31 @@ def count_regions(buf, row: dict, batch: dict, priorities: list[np.ndarray], mea
         measured_region(regions[op], CALLS[op])
 
 
-def parse_part(path: Path) -> tuple[int, int]:
-    """(self instructions in the project's objects, all instructions) of one callgrind profile part."""
-    names: dict[str, str] = {}               # compressed object names: "(id) name" once, "(id)" after
-    ob, project, total, skip_next = "", 0, 0, False
+class CompressedNames:
+    """callgrind's compressed names: ``(id) name`` the first time, ``(id)`` after."""
 
-    def resolve(value: str) -> str:
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def resolve(self, value: str) -> str:
         m = re.match(r"\((\d+)\)(?: (.*))?", value)
         if not m:
             return value
         if m.group(2) is not None:
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), "")
+            self.names[m.group(1)] = m.group(2)
+        return self.names.get(m.group(1), "")
 
+
+def callgrind_command(valgrind: str, out: Path, argv: list[str]) -> list[str]:
+    """valgrind's command line that counts only inside ``measured_region`` and dumps one part per call of it."""
+    return [valgrind, "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={MARKER}",
+            f"--dump-after={MARKER}", f"--callgrind-out-file={out}", "--dump-instr=no", "--compress-pos=no", *argv]
+
+
+def parse_part(path: Path) -> tuple[int, int]:
+    """(self instructions in the project's objects, all instructions) of one callgrind profile part."""
+    resolve = CompressedNames().resolve
+    ob, project, total, skip_next = "", 0, 0, False
     events_ir = 0
     for line in path.read_text().splitlines():
         if not line:
@@ -176,9 +188,7 @@ def count(candidates: list[str]) -> dict[str, dict[str, dict[str, float]]]:
                               "check needs it")
     with tempfile.TemporaryDirectory(prefix="pal-callgrind-") as d:
         out = Path(d) / "cg.out"
-        cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={MARKER}",
-               f"--dump-after={MARKER}", f"--callgrind-out-file={out}", "--dump-instr=no", "--compress-pos=no",
-               sys.executable, "-m", "pal_bench.instructions", *candidates]
+        cmd = callgrind_command(valgrind, out, [sys.executable, "-m", "pal_bench.instructions", *candidates])
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if p.returncode != 0:

@@ -28,7 +28,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from pal_bench.instructions import MARKER, PROJECT_OBJECTS, ValgrindMissing
+from pal_bench.instructions import PROJECT_OBJECTS, CompressedNames, ValgrindMissing, callgrind_command
 
 CALLS = 20
 BATCH = 256
@@ -45,7 +45,7 @@ STEP_RULES: list[tuple[str, str | None, str]] = [
     (r"tree_recompute|tree_set$", None, "sum maintenance (parents from children)"),
     (r"tree_set_batch|_tree_set_batch", None, "batch update: leaf writes and deduplication"),
     (r"_lock|_unlock|_locked|_now_ns", None, "lock"),
-    (r"_draw|sample", r"rng_uniform|_next|total / n_pending|tree_total", "random targets"),
+    (r"_draw|sample", r"rng_uniform|total / n_pending|tree_total", "random targets"),
     (r"_draw|sample", r"prefetch", "gather (rows into the output)"),
     (r"_draw", r"tree_min_nonzero|tree_get|prio\[", "weight computation"),
     (r"sample", r"w\[k\]|min_p|np\.power|weights", "weight computation"),
@@ -114,20 +114,12 @@ def classify(func: str, text: str) -> str:
 
 def parse(profile: Path, tree: Path) -> dict[str, float]:
     """Instructions per sample+update call, by step, from one callgrind profile part."""
-    names: dict[str, str] = {}
+    resolve = CompressedNames().resolve
     pyx_maps: dict[str, list[tuple[str, int]]] = {}
     pyx_text: dict[str, tuple[list[str], list[str]]] = {}
     steps: dict[str, float] = defaultdict(float)
     ob = fl = cur = ""
     skip_next, events_ir = False, 0
-
-    def resolve(value: str) -> str:
-        m = re.match(r"\((\d+)\)(?: (.*))?", value)
-        if not m:
-            return value
-        if m.group(2) is not None:
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), "")
 
     def step_of(c_path: str, line_no: int) -> str:
         if c_path not in pyx_maps:
@@ -186,9 +178,8 @@ def measure(capacity: int, tree: Path) -> dict[str, float]:
         raise ValgrindMissing("valgrind is not installed (Debian: apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="pal-steps-") as d:
         out = Path(d) / "cg.out"
-        cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={MARKER}",
-               f"--dump-after={MARKER}", f"--callgrind-out-file={out}", "--dump-instr=no", "--compress-pos=no",
-               sys.executable, "-c", DRIVER.format(tree=str(tree), capacity=capacity, batch=BATCH, calls=CALLS)]
+        cmd = callgrind_command(valgrind, out, [sys.executable, "-c", DRIVER.format(
+            tree=str(tree), capacity=capacity, batch=BATCH, calls=CALLS)])
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
         if p.returncode != 0:

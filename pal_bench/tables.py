@@ -461,7 +461,9 @@ def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
     return (f"Instructions per `sample(256)` + `update_priorities(256)` at capacity {float(cap):.0e}, counted by "
             "callgrind and attributed to steps from the source line each instruction was generated for "
             "(`python -m pal_bench.step_costs --tree DIR --label NAME`; deterministic, whatever the load).\n\n"
-            + t.reset_index().to_markdown(index=False) + "\n\n" + source(results, name) + "\n")
+            + t.reset_index().to_markdown(index=False)
+            + f"\n\nSource: `results/{name}` (instruction counts: the same on a busy or a quiet machine, so no load "
+            "is recorded).\n")
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
