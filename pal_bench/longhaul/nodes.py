@@ -38,6 +38,7 @@ from pal_bench.longhaul.link import TO_BUFFER, TO_LEARNER, Link, Receiver
 from pal_bench.train import config
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.param_server import ParameterServer
+from pal_bench.train.rate_policy import RatePolicy
 from pal_bench.train.ray_backend.context import WorkerContext, from_numpy, to_numpy
 
 TOPOLOGIES = tuple(t for t in config.TOPOLOGIES if t != "local")   # learner-replay, buffer-replay
@@ -134,9 +135,10 @@ class BufferNode:
         if req["indices"] is not None:
             self.buffer.update_priorities(req["indices"], req["td"])
         cfg = self.cfg
+        policy = RatePolicy.from_config(cfg, slack=0)      # the learner side only: no actor slack here
 
         def ready() -> bool:
-            return self.stopped or self.inserted >= cfg.learning_starts + (self.started + 1) / cfg.updates_per_step
+            return self.stopped or policy.learner_may_start(self.inserted, self.started)
 
         async with self.cond:
             try:
@@ -261,6 +263,7 @@ class CloudLearner:
     def _run_local(self) -> None:
         """learner-replay: replay here, filled by what the link delivers."""
         cfg = self.cfg
+        policy = RatePolicy.from_config(cfg, slack=0)
         buf = PrioritizedReplayBuffer(cfg.buffer_capacity, self.ctx.fields(), alpha=cfg.alpha, seed=cfg.seed)
         received = 0
         while not self.stop_event.is_set():
@@ -276,8 +279,7 @@ class CloudLearner:
                 self.arrivals["n"].append(len(rows["rew"]))
                 buf.add_batch(**rows)
                 received += len(rows["rew"])
-            need = cfg.learning_starts + (self.updates + 1) / cfg.updates_per_step
-            if received >= need and len(buf) >= cfg.batch_size:
+            if policy.learner_may_start(received, self.updates) and len(buf) >= cfg.batch_size:
                 sample = buf.sample(cfg.batch_size, beta=self.ctx.beta(self.updates + 1))
                 buf.update_priorities(sample["indices"], self._update(sample))
             else:

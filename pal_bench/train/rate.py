@@ -1,10 +1,8 @@
-"""Rate control between actors and learners: updates per collected transition, held by blocking.
+"""Rate control between actor and learner threads: the rule of ``rate_policy.RatePolicy``, held by blocking.
 
-Counts: ``steps`` (env transitions collected, summed over actors), ``started``/``done`` learner
-updates (one update = one sampled batch and one gradient). Learners may start update u+1 only once
-``steps >= learning_starts + (u + 1) / ratio``; actors may collect while
-``steps < learning_starts + started / ratio + slack``. Every wait is a bounded condition wait
-that also watches the stop event, so nothing spins and nothing blocks past a stop.
+Counts: ``steps`` (env transitions collected, summed over actors), ``reserved`` (collected and in
+flight), ``started``/``done`` learner updates. Every wait is a bounded condition wait that also
+watches the stop event, so nothing spins and nothing blocks past a stop.
 
 Lockstep mode (one actor, one learner): the actor only steps while
 ``done >= floor((steps - learning_starts) * ratio)`` and the learner only starts when the actor is
@@ -13,18 +11,20 @@ blocked, so the interleaving, and therefore the run, is reproducible.
 
 from __future__ import annotations
 
-import math
 import threading
+
+from pal_bench.train.rate_policy import RatePolicy
 
 
 class RateController:
     def __init__(self, ratio: float, learning_starts: int, total_steps: int, slack: int, lockstep: bool):
+        self.policy = RatePolicy(ratio, learning_starts, total_steps, slack)
         self.ratio = ratio
         self.learning_starts = learning_starts
         self.total_steps = total_steps
         self.slack = slack
         self.lockstep = lockstep
-        self.max_updates = max(0, math.floor((total_steps - learning_starts) * ratio))
+        self.max_updates = self.policy.max_updates
         self.cond = threading.Condition()
         self.steps = 0          # collected and inserted
         self.reserved = 0       # collected + in flight
@@ -39,18 +39,18 @@ class RateController:
             self.started = self.done = updates
 
     def required_updates(self, steps: int) -> int:
-        return max(0, math.floor((steps - self.learning_starts) * self.ratio))
+        return self.policy.required_updates(steps)
 
     def _actor_may_step(self) -> bool:
         if self.lockstep:
             return self.done >= self.required_updates(self.steps) and self.reserved == self.steps
-        return self.reserved < self.learning_starts + self.started / self.ratio + self.slack
+        return self.policy.actor_may_step(self.reserved, self.started)
 
     def acquire_steps(self, n: int, stop: threading.Event) -> bool:
         """Reserve ``n`` transitions for one vector step; False when the budget is spent or on stop."""
         with self.cond:
             while True:
-                if stop.is_set() or self.reserved >= self.total_steps:
+                if stop.is_set() or self.policy.budget_spent(self.reserved):
                     return False
                 if not self.paused and self._actor_may_step():
                     self.reserved += n
@@ -63,8 +63,7 @@ class RateController:
             self.cond.notify_all()
 
     def _learner_may_start(self) -> bool:
-        need = self.learning_starts + (self.started + 1) / self.ratio
-        if self.steps < need - 1e-9:
+        if not self.policy.learner_may_start(self.steps, self.started):
             return False
         if self.lockstep:   # only while the actor is blocked (or finished)
             actor_blocked = self.reserved == self.steps and (
@@ -77,12 +76,12 @@ class RateController:
         actors have finished and the data for another update will never come."""
         with self.cond:
             while True:
-                if stop.is_set() or self.started >= self.max_updates:
+                if stop.is_set() or self.policy.updates_exhausted(self.started):
                     return False
                 if not self.paused and self._learner_may_start():
                     self.started += 1
                     return True
-                if actors_finished.is_set() and self.steps < self.learning_starts + (self.started + 1) / self.ratio:
+                if actors_finished.is_set() and not self.policy.learner_may_start(self.steps, self.started):
                     return False
                 self._wait("learner")
 

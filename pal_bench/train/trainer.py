@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import math
 import random
 import sys
 import threading
@@ -30,6 +29,7 @@ from pal_bench.train.algos import module_for
 from pal_bench.train.config import TrainConfig, validate
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
+from pal_bench.train.rate_policy import default_slack
 from pal_bench.train.workers import actor_loop, learner_loop
 
 JOIN_TIMEOUT_S = 10.0
@@ -87,9 +87,8 @@ class Trainer:
             self.buffer = PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed)
         else:
             self.buffer = ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed)
-        slack = cfg.rate_slack or max(math.ceil(2 * cfg.learners / cfg.updates_per_step),
-                                      4 * cfg.actors * cfg.envs_per_actor)
-        self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, slack, cfg.lockstep)
+        self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg),
+                                   cfg.lockstep)
         self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
         self.stop = threading.Event()
         self.actors_finished = threading.Event()

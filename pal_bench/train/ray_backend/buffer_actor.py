@@ -32,7 +32,8 @@ import numpy as np
 
 from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.ray_backend.context import WorkerContext, max_updates
+from pal_bench.train.rate_policy import RatePolicy
+from pal_bench.train.ray_backend.context import WorkerContext
 
 WAIT_S = 0.5          # longest wait inside one call (s); the caller then calls again
 COUNTERS = ("steps", "started", "done")
@@ -46,7 +47,8 @@ class BufferActor:
         self.cfg = cfg
         self.ctx = WorkerContext(cfg)
         self.slack = slack
-        self.max_updates = max_updates(cfg)
+        self.policy = RatePolicy.from_config(cfg, slack)
+        self.max_updates = self.policy.max_updates
         self.steps = self.reserved = self.started = self.done = 0
         self.granted: dict[int, int] = {}     # actor -> transitions granted, not yet inserted
         self.sampled: dict[int, int] = {}     # learner -> batches handed out, not yet reported done
@@ -99,7 +101,7 @@ class BufferActor:
         return await self._grant(actor, request) if request else {"granted": 0, "t": self.reserved, "waited": 0.0}
 
     def _actor_may_step(self) -> bool:
-        return self.reserved < self.cfg.learning_starts + self.started / self.cfg.updates_per_step + self.slack
+        return self.policy.actor_may_step(self.reserved, self.started)
 
     async def _grant(self, actor: int, request: int) -> dict:
         async with self.cond:
@@ -118,16 +120,15 @@ class BufferActor:
             return {"granted": n, "t": t, "waited": waited}
 
     def _budget_spent(self) -> bool:
-        return self.stopped or self.reserved >= self.cfg.steps
+        return self.stopped or self.policy.budget_spent(self.reserved)
 
     # ------------------------------------------------------------------ learners
 
     def _learner_may_start(self) -> bool:
-        need = self.cfg.learning_starts + (self.started + 1) / self.cfg.updates_per_step
-        return self.steps >= need - 1e-9
+        return self.policy.learner_may_start(self.steps, self.started)
 
     def _no_more_updates(self) -> bool:
-        return self.stopped or self.started >= self.max_updates or (
+        return self.stopped or self.policy.updates_exhausted(self.started) or (
             self.steps >= self.cfg.steps and not self._learner_may_start())
 
     async def sample(self, learner: int, batch_size: int, indices: np.ndarray | None = None,

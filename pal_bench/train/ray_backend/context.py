@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 
+from pal_bench.train import rate_policy
 from pal_bench.train.algos import module_for
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.trainer import Trainer
@@ -48,8 +49,8 @@ class WorkerContext:
 
 
 def max_updates(cfg: TrainConfig) -> int:
-    """Learner updates in the whole budget (as ``RateController.max_updates``)."""
-    return max(0, math.floor((cfg.steps - cfg.learning_starts) * cfg.updates_per_step))
+    """Learner updates in the whole budget (``rate_policy.max_updates``)."""
+    return rate_policy.max_updates(cfg.steps, cfg.learning_starts, cfg.updates_per_step)
 
 
 def chunk_size(cfg: TrainConfig) -> int:
@@ -61,8 +62,7 @@ def chunk_size(cfg: TrainConfig) -> int:
 def rate_slack(cfg: TrainConfig) -> int:
     """Transitions actors may run ahead of the learners: the thread trainer's slack, and at least
     two chunks per actor so that collection and insertion overlap."""
-    return cfg.rate_slack or max(math.ceil(2 * cfg.learners / cfg.updates_per_step),
-                                 4 * cfg.actors * cfg.envs_per_actor, 2 * cfg.actors * chunk_size(cfg))
+    return rate_policy.default_slack(cfg, chunk_size(cfg))
 
 
 def to_numpy(tensors):
