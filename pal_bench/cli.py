@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--steps", type=int, help="total env transitions")
     t.add_argument("--aggregation", choices=["sync", "async", "allreduce"])
     t.add_argument("--env-backend", choices=["sync", "async"])
-    t.add_argument("--backend", choices=["threads", "ray"], help="threads in this process (default) or Ray processes")
+    t.add_argument("--backend", choices=["threads", "processes", "ray"],
+                   help="threads in this process (default), actor processes on a shared-memory buffer, or Ray")
     t.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: start a local Ray)")
     t.add_argument("--topology", choices=["local", "learner-replay", "buffer-replay"],
                    help="with --backend ray and dqn/ddqn: edge actors, a buffer node and one learner behind --link; "

@@ -5,7 +5,8 @@ from pal_bench.train.trainer import Trainer, WorkerError
 
 
 def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
-    """``Trainer`` for ``cfg.backend == "threads"``, ``RayTrainer`` (pal_bench.train.ray_backend) for "ray",
+    """``Trainer`` for ``cfg.backend == "threads"``, ``ProcessTrainer`` (pal_bench.train.process_backend) for
+    "processes", ``RayTrainer`` (pal_bench.train.ray_backend) for "ray",
     ``LonghaulTrainer`` (pal_bench.longhaul) for a long-haul ``cfg.topology``."""
     if cfg.topology != "local":
         from pal_bench.longhaul.trainer import LonghaulTrainer
@@ -15,6 +16,10 @@ def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
         from pal_bench.train.ray_backend import RayTrainer
 
         return RayTrainer(cfg, resume=resume)
+    if cfg.backend == "processes":
+        from pal_bench.train.process_backend import ProcessTrainer
+
+        return ProcessTrainer(cfg, resume=resume)
     return Trainer(cfg, resume=resume)
 
 

@@ -42,7 +42,7 @@ class TrainConfig:
     deterministic: bool | None = None                  # lockstep actor/learner; None: on for 1 actor + 1 learner
 
     # backend: threads in this process, or Ray processes (pal_bench.train.ray_backend)
-    backend: str = "threads"                           # "threads" or "ray"
+    backend: str = "threads"                           # "threads", "processes" (actor processes) or "ray"
     ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
     ray_placement: str = "pack"                        # "pack" or "spread" the workers over the nodes
     ray_chunk: int = 256                               # transitions an actor sends to the buffer per call
@@ -234,8 +234,8 @@ def validate(cfg: TrainConfig) -> None:
                           f"({cfg.buffer_capacity})")
     if cfg.learning_starts < cfg.batch_size:
         raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
-    if cfg.backend not in ("threads", "ray"):
-        raise ConfigError(f"backend must be 'threads' or 'ray', got {cfg.backend!r}")
+    if cfg.backend not in ("threads", "processes", "ray"):
+        raise ConfigError(f"backend must be 'threads', 'processes' or 'ray', got {cfg.backend!r}")
     if cfg.aggregation not in ("sync", "async", "allreduce"):
         raise ConfigError(f"aggregation must be 'sync', 'async' or 'allreduce', got {cfg.aggregation!r}")
     if cfg.aggregation == "allreduce" and cfg.backend != "ray":
@@ -279,7 +279,7 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.learners != 1:
             raise ConfigError(f"learners: topology {cfg.topology!r} has one learner behind the link, got "
                               f"{cfg.learners}")
-    if cfg.backend == "ray" and cfg.deterministic:
+    if cfg.backend in ("ray", "processes") and cfg.deterministic:
         raise ConfigError("deterministic: lockstep runs need backend = 'threads'")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):
         raise ConfigError("deterministic: lockstep runs need actors = 1 and learners = 1")

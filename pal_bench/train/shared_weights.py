@@ -17,10 +17,11 @@ unlinks it; handles made by ``attach`` in other processes only unmap it.
 from __future__ import annotations
 
 import atexit
+import mmap
 import os
 import secrets
 import weakref
-from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,6 +40,12 @@ def _layout(spec: list[tuple[str, tuple[int, ...], str]]) -> tuple[list[int], in
     return offsets, max(pos, HEADER)
 
 
+def _path(name: str) -> Path:
+    if not name or "/" in name:
+        raise ValueError(f"shared weights name must be non-empty without '/', got {name!r}")
+    return Path("/dev/shm") / name
+
+
 def spec_of(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
     """``[(name, shape, numpy dtype str)]`` of a state dict: what ``SharedWeights.create`` and ``attach`` need."""
     spec = []
@@ -54,52 +61,61 @@ class SharedWeights:
     """A seqlocked block holding one state dict. ``create(spec)`` in the publishing process, ``attach(name, spec)``
     in readers (``spec`` from ``spec_of``; it travels once, at start-up, with the name)."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, spec, creator: bool):
-        self._shm, self.spec, self.creator = shm, [(n, tuple(s), d) for n, s, d in spec], creator
+    def __init__(self, name: str, mm: mmap.mmap, spec, creator: bool):
+        self._name, self._mm, self.spec, self.creator = name, mm, [(n, tuple(s), d) for n, s, d in spec], creator
         offsets, size = _layout(self.spec)
-        if shm.size < size:
-            raise ValueError(f"shared weights {shm.name!r}: segment has {shm.size} bytes, the spec needs {size}")
-        self._seq = np.ndarray((1,), dtype=np.int64, buffer=shm.buf, offset=0)
-        self._views = {n: np.ndarray(s, dtype=np.dtype(d), buffer=shm.buf, offset=o)
+        if len(mm) < size:
+            mm.close()
+            raise ValueError(f"shared weights {name!r}: segment has {len(mm)} bytes, the spec needs {size}")
+        self._seq = np.ndarray((1,), dtype=np.int64, buffer=mm, offset=0)
+        self._views = {n: np.ndarray(s, dtype=np.dtype(d), buffer=mm, offset=o)
                        for (n, s, d), o in zip(self.spec, offsets)}
         self._closed = False
-        self._finalizer = weakref.finalize(self, SharedWeights._release, shm, creator)
+        self._finalizer = weakref.finalize(self, SharedWeights._release, mm, _path(name) if creator else None)
         if creator:
             atexit.register(self._finalizer)
 
     @classmethod
     def create(cls, spec, name: str | None = None) -> SharedWeights:
+        """A new block (``FileExistsError`` if ``name`` is taken)."""
         _, size = _layout(spec)
         name = name or f"pal_w_{os.getpid()}_{secrets.token_hex(4)}"
-        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        return cls(shm, spec, creator=True)
+        fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(_path(name))
+            raise
+        finally:
+            os.close(fd)
+        return cls(name, mm, spec, creator=True)
 
     @classmethod
     def attach(cls, name: str, spec) -> SharedWeights:
-        shm = shared_memory.SharedMemory(name=name, create=False)
-        # Python < 3.13 registers attached segments with the resource tracker, which would unlink the
-        # creator's segment when this process exits: the creator owns it, so take it off the tracker
+        """A handle on an existing block (``FileNotFoundError`` if there is none)."""
+        fd = os.open(_path(name), os.O_RDWR)
         try:
-            resource_tracker.unregister(shm._name, "shared_memory")
-        except Exception:
-            pass
-        return cls(shm, spec, creator=False)
+            mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        return cls(name, mm, spec, creator=False)
 
     @staticmethod
-    def _release(shm: shared_memory.SharedMemory, creator: bool) -> None:
+    def _release(mm: mmap.mmap, unlink: Path | None) -> None:
         try:
-            shm.close()
+            mm.close()
         except BufferError:          # a view still exported: the mapping goes at process exit
             pass
-        if creator:
+        if unlink is not None:
             try:
-                shm.unlink()
+                unlink.unlink()
             except FileNotFoundError:
                 pass
 
     @property
     def name(self) -> str:
-        return self._shm.name
+        return self._name
 
     @property
     def version(self) -> int:

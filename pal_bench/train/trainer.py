@@ -83,10 +83,8 @@ class Trainer:
         act_field = ((), np.int64) if not self.algo.CONTINUOUS else ((self.act_dim,), np.float32)
         fields = {"obs": ((self.obs_dim,), np.float32), "act": act_field, "rew": ((), np.float32),
                   "next_obs": ((self.obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
-        if cfg.prioritized:
-            self.buffer = PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed)
-        else:
-            self.buffer = ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed)
+        self.fields = fields
+        self.buffer = self._new_buffer(fields)
         self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg),
                                    cfg.lockstep)
         self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
@@ -109,6 +107,17 @@ class Trainer:
         self._closed = False
         if resume:
             self.load_checkpoint()
+
+    # ------------------------------------------------------------------ the replay buffer (a backend may share it)
+
+    def _new_buffer(self, fields: dict):
+        cfg = self.cfg
+        if cfg.prioritized:
+            return PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed)
+        return ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed)
+
+    def _load_buffer(self, path: Path):
+        return (PrioritizedReplayBuffer if self.cfg.prioritized else ReplayBuffer).load(path)
 
     # ------------------------------------------------------------------ helpers used by workers
 
@@ -416,6 +425,5 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
-        cls = PrioritizedReplayBuffer if self.cfg.prioritized else ReplayBuffer
-        self.buffer = cls.load(self.run_dir / "buffer.pal")
+        self.buffer = self._load_buffer(self.run_dir / "buffer.pal")
         self.resumed_steps = state["steps"]
