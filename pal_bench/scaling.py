@@ -61,16 +61,16 @@ last_cores_used: dict[str, float] = {}
 
 
 def measure_fa(cfg, actors: int, steps: int) -> float:
-    """Transitions/s collected by ``actors`` actor threads, or Ray actor processes for ``cfg.backend``
-    "ray" (no learning)."""
+    """Transitions/s collected by ``actors`` actor threads, or actor processes for ``cfg.backend`` "processes"
+    and "ray" (no learning)."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
         cfg = _quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
                      buffer_capacity=max(cfg.buffer_capacity, steps), batch_size=min(cfg.batch_size, steps))
         with make_trainer(cfg) as tr:
             cpu0 = time.process_time()
             s = tr.run()
-            # Ray: the driver only polls; the work is in other processes
-            last_cores_used["f_a"] = (None if cfg.backend == "ray"
+            # Ray and actor processes: the work is in other processes, not in the driver's CPU time
+            last_cores_used["f_a"] = (None if cfg.backend != "threads"
                                       else (time.process_time() - cpu0) / max(1e-9, tr.wall()))
     return s["env_steps"] / s["wall_s"]
 
@@ -103,7 +103,8 @@ def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
 
 def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
     """Learner updates/s with ``learners`` learner threads (Ray: learner processes, ``cfg.backend``
-    "ray") on a pre-filled buffer (no actors)."""
+    "ray") on a pre-filled buffer (no actors). The process backend's learners are threads of the driver,
+    placed exactly as the thread backend's, so "processes" measures them the same way."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
         c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
         return (_measure_fl_ray if cfg.backend == "ray" else _measure_fl)(c, updates, filled)
@@ -445,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="interleaved rounds per point, for the speedups' intervals (default 3)")
     ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
                     help="async: actors step their environments in subprocesses (outside the GIL)")
-    ap.add_argument("--backend", choices=["threads", "ray"], default="threads",
-                    help="threads in this process, or Ray processes (results/scaling_ray.csv)")
+    ap.add_argument("--backend", choices=["threads", "processes", "ray"], default="threads",
+                    help="threads in this process, actor processes on the shared buffer "
+                         "(results/scaling_processes.csv), or Ray processes (results/scaling_ray.csv)")
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
@@ -459,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = make_config(args.algo, args.env, env_backend=args.env_backend, backend=args.backend,
                       ray_address=args.ray_address)
     measured = Conditions("scaling")
-    suffix = "_ray" if args.backend == "ray" else ""
+    suffix = "" if args.backend == "threads" else f"_{args.backend}"
     if args.end_to_end:
         e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
         args.out.mkdir(parents=True, exist_ok=True)
