@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--env", default="CartPole-v1")
     d.add_argument("--ratio", type=float, help="updates per transition (default: the algorithm's config)")
     d.add_argument("--max-cores", type=int, help="core budget M (default: usable cores)")
-    d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, results/scaling_ray.csv); default: "
-                                    "measure them now")
-    d.add_argument("--backend", choices=["threads", "ray"],
+    d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, scaling_processes.csv, "
+                                    "scaling_ray.csv); default: measure them now")
+    d.add_argument("--backend", choices=["threads", "processes", "ray"],
                    help="the backend whose curves to use (a CSV holding both), to measure, and to --validate "
                         "(default: the one in --curves, else threads)")
     d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
