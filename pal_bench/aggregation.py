@@ -331,10 +331,9 @@ def study(learners: list[int], sizes, iters: int, warmup: int, group_size: int =
 def draw(df, fig_dir: Path) -> list[Path]:
     """``aggregation_breakdown.png`` (stacked phases vs learners, one panel per scheme and size) and
     ``aggregation_share.png`` (share vs parameters, one line per scheme, at the most learners)."""
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     schemes = [s for s in SCHEMES if s in set(df.scheme)]

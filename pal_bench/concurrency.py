@@ -122,10 +122,9 @@ def measure(impl: str, writers: int, samplers: int, seconds: float = 1.0) -> dic
 
 def draw(df: pd.DataFrame, path: Path) -> Path:
     """Inserts/s and sample+update/s per (writers, samplers) mix, one bar per implementation."""
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     mixes = list(dict.fromkeys(zip(df.writers, df.samplers)))
     impls = list(dict.fromkeys(df.impl))

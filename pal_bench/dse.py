@@ -126,10 +126,9 @@ def validation_text(v: pd.DataFrame) -> str:
 def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, measured: pd.DataFrame | None = None):
     """Predicted throughput of every split against its core count, the frontier, the chosen split
     (star) and, when given, the throughput measured at each split."""
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     ax.scatter(table.cores, table.transitions_per_s, s=12, color="gray", alpha=0.5, label="splits (predicted)")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from pal_bench.plotting import pyplot
+
+plt = pyplot()
 
 OPS = ["insert_one", "insert_batch", "sample", "update", "sample_update"]
 TITLES = {"insert_one": "insert 1 transition", "insert_batch": "add_batch (B transitions)",
@@ -39,17 +39,14 @@ def _lines(ax, df: pd.DataFrame, x: str) -> None:
                         color=_style(peer)["color"], alpha=0.15, lw=0)
 
 
-def _finish(fig, path: Path, note: str) -> Path:
-    fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize=6, color="gray")
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def save_figure(fig, path: Path) -> Path:
-    """Lay out, write (110 dpi, creating the folder) and close ``fig``; returns ``path``."""
-    fig.tight_layout()
+def save_figure(fig, path: Path, note: str | None = None) -> Path:
+    """Lay out, write (110 dpi, creating the folder) and close ``fig``; ``note`` goes small and grey in the
+    bottom right corner. Returns ``path``."""
+    if note:
+        fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize=6, color="gray")
+        fig.tight_layout(rect=(0, 0.02, 1, 1))
+    else:
+        fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -72,7 +69,7 @@ def latency_vs_capacity(df: pd.DataFrame, out: Path, note: str) -> list[Path]:
         _lines(ax, df[df.op == op], "capacity")
         _axes(ax, f"{TITLES[op].replace('B', str(batch))}", "buffer size (transitions)")
         ax.legend(fontsize=7)
-        paths.append(_finish(fig, out / f"latency_vs_capacity_{op}.png", note))
+        paths.append(save_figure(fig, out / f"latency_vs_capacity_{op}.png", note))
     ncol = 3
     nrow = -(-(len(ops) + 1) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.1 * nrow), squeeze=False)
@@ -88,7 +85,7 @@ def latency_vs_capacity(df: pd.DataFrame, out: Path, note: str) -> list[Path]:
     for ax in flat[len(ops):]:
         ax.axis("off")
     flat[len(ops)].legend(handles, labels, loc="center", fontsize=9, title="implementation")
-    paths.append(_finish(fig, out / "latency_vs_capacity.png", note))
+    paths.append(save_figure(fig, out / "latency_vs_capacity.png", note))
     return paths
 
 
@@ -111,7 +108,7 @@ def latency_vs_batch(df: pd.DataFrame, out: Path, note: str) -> Path:
         _axes(ax, f"{TITLES[op]}, N={int(df.capacity.iloc[0]):.0e}", "batch size B")
         ax.set_xscale("log", base=2)
     axes[0][0].legend(fontsize=7)
-    return _finish(fig, out / "latency_vs_batch.png", note)
+    return save_figure(fig, out / "latency_vs_batch.png", note)
 
 
 def latency_vs_fanout(df: pd.DataFrame, out: Path, note: str) -> Path:
@@ -123,7 +120,7 @@ def latency_vs_fanout(df: pd.DataFrame, out: Path, note: str) -> Path:
     _axes(ax, f"PAL sum tree: fan-out K at N={int(df.capacity.iloc[0]):.0e}", "fan-out K")
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=7)
-    return _finish(fig, out / "latency_vs_fanout.png", note)
+    return save_figure(fig, out / "latency_vs_fanout.png", note)
 
 
 def tree_vs_buffer(df: pd.DataFrame, out: Path, note: str) -> Path:
@@ -134,7 +131,7 @@ def tree_vs_buffer(df: pd.DataFrame, out: Path, note: str) -> Path:
         _lines(ax, df[df.op == op], "capacity")
         _axes(ax, TITLES[op].replace("B", "256"), "buffer size")
     axes[0][0].legend(fontsize=7)
-    return _finish(fig, out / "tree_vs_buffer.png", note)
+    return save_figure(fig, out / "tree_vs_buffer.png", note)
 
 
 def draw_all(tidy: pd.DataFrame, out: Path, machine: str) -> list[Path]:

@@ -205,10 +205,9 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw(t: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [f"{r.framework}\nB={r.batch_size} runners={r.env_runners}" for r in t.itertuples()]
     x = np.arange(len(t))

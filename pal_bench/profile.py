@@ -42,10 +42,9 @@ def role_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw(df: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = role_table(df).pivot_table(index="role", columns="phase", values="share", aggfunc="first").fillna(0)
     t = t[[p for p in PHASE_ORDER if p in t.columns] + [p for p in t.columns if p not in PHASE_ORDER]]

@@ -293,10 +293,9 @@ def race_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw(curves: pd.DataFrame, task_name: str, task: Task, path: Path) -> Path:
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     colors = dict(zip(CONTESTANTS, ("#d62728", "#1f77b4", "#9467bd", "#2ca02c")))

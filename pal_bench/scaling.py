@@ -248,11 +248,10 @@ def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repea
     return df
 
 
-def draw(df: pd.DataFrame, path: Path, ratio: float | None = None, chosen=None) -> Path:
-    import matplotlib
+def draw(df: pd.DataFrame, path: Path) -> Path:
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     labels = {"f_a": "f_a: transitions/s (actors)", "f_l": "f_l: updates/s (learners)"}
@@ -289,10 +288,9 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path,
     scale, so both curves read), speedup over one worker with the ideal line, and the Ray path's
     cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count. With ``e2e``
     (backend -> ``end_to_end`` table) a fourth panel: the whole trainer's env steps/s vs workers."""
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     e2e = {k: v for k, v in (e2e or {}).items() if v is not None and len(v)}
     fig, axes = plt.subplots(1, 4 if e2e else 3, figsize=(17 if e2e else 13, 3.8))
@@ -402,10 +400,9 @@ def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:
 def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
     """Bars of env steps/s and updates/s per (actors, learners) split, one bar per aggregation x
     env backend; oversubscribed splits (actors + learners > cores) are hatched."""
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     df = df.sort_values(["threads", "actors"])
     splits = list(dict.fromkeys(zip(df.actors, df.learners)))

@@ -138,10 +138,9 @@ def summarize(res: dict) -> tuple[dict, list[dict]]:
 def draw(summary, timeline, fig_dir: Path) -> list[Path]:
     """``longhaul.png`` (loss, crossed priority, eval return vs wall time; a column per link) and
     ``longhaul_traffic.png`` (MB each way and learner idle share per run)."""
-    import matplotlib
+    from pal_bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     links = list(dict.fromkeys(summary.link))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from pal_bench.plotting import pyplot
+
+plt = pyplot()
 
 
 def learning_curve(run_dir: str | Path) -> Path:

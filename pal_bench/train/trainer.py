@@ -98,7 +98,6 @@ class Trainer:
         self.evals: list[dict] = []
         self.reached_return: dict | None = None         # the evaluation that reached cfg.stop_return
         self.update_count = 0
-        self.td_sum = 0.0
         self.resumed_steps = 0
         self.t0 = time.perf_counter()
         self.wall_offset = 0.0
@@ -170,10 +169,6 @@ class Trainer:
         with self._lock:
             self.update_count += 1
             return self.update_count
-
-    def record_update(self, td: torch.Tensor) -> None:
-        with self._lock:
-            self.td_sum += float(td.mean())
 
     def wall(self) -> float:
         return self.wall_offset + time.perf_counter() - self.t0

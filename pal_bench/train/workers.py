@@ -216,5 +216,4 @@ def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
         if cfg.aggregation == "sync":
             tr.ps.wait_version(snap.version, stop)
         timer.lap("aggregation_wait")
-        tr.record_update(td)
         tr.rate.update_done()

@@ -84,7 +84,7 @@ class RayTrainer(Trainer):
         self.placement: dict[str, dict] = {}       # worker -> {pid, node_id, host}
         self.learner_results: dict[str, dict] = {}  # learner -> {updates, version, weights_sha1} at its end
         self.reached_return = None
-        self.update_count, self.td_sum = 0, 0.0
+        self.update_count = 0
         self.resumed_steps, self.wall_offset = 0, 0.0
         self.train_wall_s = None
         self.t0 = time.perf_counter()
