@@ -151,7 +151,7 @@ def test_a_killed_driver_leaves_nothing_after_the_next_run(tmp_path):
     assert _shm() == before
 
 
-@pytest.mark.parametrize("bad", [{"deterministic": True}, {"aggregation": "allreduce"}])
+@pytest.mark.parametrize("bad", [{"deterministic": True}, {"aggregation": "allreduce"}, {"env_backend": "async"}])
 def test_settings_the_process_backend_cannot_honour_are_rejected(tmp_path, bad):
     from pal_bench.train import ConfigError, validate
 

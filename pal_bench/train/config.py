@@ -279,6 +279,9 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.learners != 1:
             raise ConfigError(f"learners: topology {cfg.topology!r} has one learner behind the link, got "
                               f"{cfg.learners}")
+    if cfg.backend == "processes" and cfg.env_backend == "async":
+        raise ConfigError("env_backend: 'async' steps environments in subprocesses, which the process backend's "
+                          "actors cannot start (each actor is already a process; use env_backend = 'sync')")
     if cfg.backend in ("ray", "processes") and cfg.deterministic:
         raise ConfigError("deterministic: lockstep runs need backend = 'threads'")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):
