@@ -157,3 +157,18 @@ def test_settings_the_process_backend_cannot_honour_are_rejected(tmp_path, bad):
 
     with pytest.raises(ConfigError):
         validate(_cfg(tmp_path, **bad))
+
+
+def test_a_learner_error_stops_the_run_with_the_error_and_every_actor(tmp_path):
+    from pal_bench.train import WorkerError
+
+    before = _shm()
+    with make_trainer(_cfg(tmp_path)) as tr:
+        def broken(sample):
+            raise RuntimeError("learner exploded")
+
+        tr.to_tensors = broken
+        with pytest.raises(WorkerError, match="learner exploded"):
+            tr.run()
+    assert not mp.active_children()
+    assert _shm() == before
