@@ -172,3 +172,16 @@ def test_a_learner_error_stops_the_run_with_the_error_and_every_actor(tmp_path):
             tr.run()
     assert not mp.active_children()
     assert _shm() == before
+
+
+def test_resume_goes_on_from_the_checkpoint(tmp_path):
+    before = _shm()
+    with make_trainer(_cfg(tmp_path, steps=2000)) as tr:
+        first = tr.run()
+    with make_trainer(_cfg(tmp_path, steps=3000), resume=True) as tr:
+        assert tr.rate.steps == first["env_steps"] == 2000
+        assert len(tr.buffer) > 1500                        # the saved rows, in the new shared segment
+        second = tr.run()
+    assert second["env_steps"] == 3000
+    assert second["updates"] == tr.rate.max_updates
+    assert _shm() == before
