@@ -190,7 +190,7 @@ def ray_session(cfg):
 def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFrame:
     """Env steps/s and updates/s of the whole trainer for every (actors, learners) split with
     actors + learners <= max_threads, sync and async aggregation (Ray backend: and allreduce), env
-    backend sync and async."""
+    backend sync and async (the process backend: sync only)."""
     from pal_bench.dse import validate
 
     cores = usable_cores()
@@ -199,7 +199,8 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     frames = []
     with ray_session(cfg):
         for aggregation in aggregations:
-            for backend in ("sync", "async"):
+            # actor processes step their environments in-process (they cannot start env subprocesses)
+            for backend in ("sync",) if cfg.backend == "processes" else ("sync", "async"):
                 c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
                 df = validate(c, splits, steps,
                               progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
@@ -282,11 +283,12 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
 
 
 def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path,
-                  e2e: dict[str, pd.DataFrame] | None = None) -> Path:
+                  e2e: dict[str, pd.DataFrame] | None = None, processes: pd.DataFrame | None = None) -> Path:
     """f_a and f_l of the thread backend (``results/scaling.csv``) and the Ray backend
     (``results/scaling_ray.csv``) on one figure: throughput vs workers (threads or processes; log
     scale, so both curves read), speedup over one worker with the ideal line, and the Ray path's
-    cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count. With ``e2e``
+    cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count. With ``processes``
+    (``results/scaling_processes.csv``) the process backend's curves join the first two panels; with ``e2e``
     (backend -> ``end_to_end`` table) a fourth panel: the whole trainer's env steps/s vs workers."""
     from pal_bench.plotting import pyplot
 
@@ -295,16 +297,17 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path,
     e2e = {k: v for k, v in (e2e or {}).items() if v is not None and len(v)}
     fig, axes = plt.subplots(1, 4 if e2e else 3, figsize=(17 if e2e else 13, 3.8))
     colors = {"f_a": "#1f77b4", "f_l": "#d62728"}
-    styles = {"threads": ("-", "o", "threads"), "ray": ("--", "s", "Ray processes")}
+    styles = {"threads": ("-", "o", "threads"), "ray": ("--", "s", "Ray processes"),
+              "processes": ("-.", "^", "actor processes")}
     labels = {"f_a": "f_a transitions/s", "f_l": "f_l updates/s"}
-    frames = {"threads": threads, "ray": ray}
+    frames = {"threads": threads, "ray": ray} | ({"processes": processes} if processes is not None else {})
     for backend, df in frames.items():
         ls, marker, name = styles[backend]
         for kind, g in df.sort_values("threads").groupby("curve"):
             axes[0].plot(g.threads, g.throughput, ls=ls, marker=marker, color=colors[kind],
                          label=f"{labels[kind]}, {name}")
             axes[1].plot(g.threads, g.speedup, ls=ls, marker=marker, color=colors[kind], label=f"{kind}, {name}")
-    xs = sorted(set(threads.threads) | set(ray.threads))
+    xs = sorted({int(x) for df in frames.values() for x in df.threads})
     axes[1].plot(xs, xs, "k:", lw=1, label="ideal")
     t = threads.set_index(["curve", "threads"]).throughput
     r = ray.set_index(["curve", "threads"]).throughput
@@ -343,7 +346,9 @@ def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path,
         _draw_e2e_backends(axes[3], e2e, styles, cores)
     loads = [f"{name} load {df.load1.min():.1f}-{df.load1.max():.1f}" for name, df in frames.items() if "load1" in df]
     fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; threads: "
-             f"results/scaling.csv, Ray: results/scaling_ray.csv" + (f" (1-min {', '.join(loads)})" if loads else ""),
+             f"results/scaling.csv, Ray: results/scaling_ray.csv"
+             + (", processes: results/scaling_processes.csv" if processes is not None else "")
+             + (f" (1-min {', '.join(loads)})" if loads else ""),
              ha="right", fontsize=6, color="gray")
     from pal_bench.figures import save_figure
 
@@ -381,10 +386,13 @@ def backends_figure(results: Path) -> Path | None:
     threads_csv, ray_csv = results / "scaling.csv", results / "scaling_ray.csv"
     if not (threads_csv.exists() and ray_csv.exists()):
         return None
-    e2e = {b: pd.read_csv(results / f"end_to_end{s}.csv") for b, s in (("threads", ""), ("ray", "_ray"))
+    e2e = {b: pd.read_csv(results / f"end_to_end{s}.csv")
+           for b, s in (("threads", ""), ("ray", "_ray"), ("processes", "_processes"))
            if (results / f"end_to_end{s}.csv").exists()}
+    processes_csv = results / "scaling_processes.csv"
     return draw_backends(pd.read_csv(threads_csv), pd.read_csv(ray_csv), results / "figures" / "scaling_backends.png",
-                         e2e if len(e2e) == 2 else None)
+                         e2e if {"threads", "ray"} <= set(e2e) else None,
+                         pd.read_csv(processes_csv) if processes_csv.exists() else None)
 
 
 def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:
