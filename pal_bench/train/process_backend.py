@@ -254,7 +254,8 @@ class ProcessTrainer(Trainer):
         self.rate = SharedRate(cfg, self.counters)
         self.rate.restore(restored.steps, restored.done)  # a resumed run's steps count as actor 0's
         self._lock_mp = self._ctx.Lock()
-        self._messages = self._ctx.Queue()
+        # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
+        self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
         self._sync_lock = threading.Lock()
         self._published = -1
         self.events: list[dict] = []
@@ -293,20 +294,28 @@ class ProcessTrainer(Trainer):
         """Publish new weights and drain the actors' messages (episodes, timers, errors)."""
         with self._sync_lock:
             self._publish()
-            while True:
-                try:
-                    kind, actor, payload = self._messages.get_nowait()
-                except queue.Empty:
-                    break
-                if kind == "episodes":
-                    for ret, length in payload:
-                        self.record_episode(ret, length)
-                elif kind == "timers":
-                    timer = self.timers.setdefault(f"actor{actor}", PhaseTimer())
-                    for phase, s in payload.items():
-                        timer.seconds[phase] = timer.seconds.get(phase, 0.0) + s
-                elif kind == "error":
-                    self._last_error[actor] = payload
+            for actor in range(self.cfg.actors):
+                self._drain(actor)
+
+    def _drain(self, actor: int) -> None:
+        """(sync lock held) Read what actor ``actor`` sent. A message cut short by a killed actor ends it."""
+        q = self._messages[actor]
+        while True:
+            try:
+                kind, _, payload = q.get_nowait()
+            except queue.Empty:
+                return
+            except Exception:                    # a truncated message from a killed writer
+                return
+            if kind == "episodes":
+                for ret, length in payload:
+                    self.record_episode(ret, length)
+            elif kind == "timers":
+                timer = self.timers.setdefault(f"actor{actor}", PhaseTimer())
+                for phase, s in payload.items():
+                    timer.seconds[phase] = timer.seconds.get(phase, 0.0) + s
+            elif kind == "error":
+                self._last_error[actor] = payload
 
     def _pump(self) -> None:
         while not self.stop.is_set():
@@ -336,7 +345,7 @@ class ProcessTrainer(Trainer):
         p = self._ctx.Process(
             target=actor_process, name=f"pal-actor{i}", daemon=True,
             args=(self.cfg, i, self.restarts[i], self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self.counters, self._lock_mp, self._messages, os.getpid()))
+                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid()))
         p.start()
         return p
 
@@ -367,6 +376,9 @@ class ProcessTrainer(Trainer):
             if self.restarts[i] >= MAX_RESTARTS:
                 raise WorkerError(f"actor{i} died {self.restarts[i] + 1} times; last: {cause}\n{why or ''}")
             self.restarts[i] += 1
+            with self._sync_lock:                # the dead actor's queue may hold its write lock: a new one
+                self._drain(i)
+                self._messages[i] = self._ctx.Queue()
             self._event(f"actor{i}", "restart", lost, f"process {p.pid} died ({cause}); "
                                                      f"{lost} reserved transitions lost; restarted")
             p = self._start(i)
