@@ -185,3 +185,27 @@ def test_resume_goes_on_from_the_checkpoint(tmp_path):
     assert second["env_steps"] == 3000
     assert second["updates"] == tr.rate.max_updates
     assert _shm() == before
+
+
+def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(tmp_path, monkeypatch):
+    """Actor 1 stalls inside the reservation lock (a test hook) and is killed there: the driver releases
+    the lock for the others, restarts actor 1, and the run completes its budget."""
+    monkeypatch.setenv("PAL_BENCH_TEST_HOLD_RESERVATION", "1:800")
+    before = _shm()
+    cfg = _cfg(tmp_path, steps=4000)
+    result = {}
+    with make_trainer(cfg) as tr:
+        t = threading.Thread(target=lambda: result.update(tr.run()), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 120
+        while tr.counters[3] != 2 and time.monotonic() < deadline:      # HOLDER == actor 1
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert tr.counters[3] == 2, "actor 1 never held the lock"
+        victim = next(p for p in mp.active_children() if p.name == "pal-actor1")
+        os.kill(victim.pid, signal.SIGKILL)
+        t.join(180)
+        assert not t.is_alive(), "the run stalled"
+    assert result["env_steps"] == cfg.steps
+    assert len(result["restarts"]) == 1
+    assert _shm() == before

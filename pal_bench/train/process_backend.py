@@ -44,7 +44,7 @@ from pal_bench.train.shared_weights import SharedWeights, spec_of
 from pal_bench.train.trainer import Trainer, WorkerError
 from pal_bench.train.workers import PhaseTimer
 
-STOP, PAUSED, STARTED = 0, 1, 2
+STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
 HEADER = 8                       # counters before the per-actor pairs (reserved, inserted)
 MAX_RESTARTS = 5                 # per actor: more deaths than this end the run with an error
 POLL_S = 0.002                   # the driver's counter sync period
@@ -107,16 +107,23 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         version = _pull(weights, nets, targets, 0)
         timer.lap("setup")
         n_actors = cfg.actors
+        # tests only: "ACTOR:STEPS" makes that actor stall inside the lock once it has inserted STEPS transitions
+        hold = os.environ.get("PAL_BENCH_TEST_HOLD_RESERVATION", "")
+        hold_actor, hold_after = (int(x) for x in hold.split(":")) if hold else (-1, 0)
         while True:
             if counters[STOP] or os.getppid() != parent_pid:
                 break
             with lock:
+                counters[HOLDER] = actor + 1
+                if actor == hold_actor and counters[_inserted(actor)] >= hold_after and incarnation == 0:
+                    time.sleep(60)
                 reserved = sum(int(counters[_reserved(a)]) for a in range(n_actors))
                 spent = policy.budget_spent(reserved)
                 ok = (not spent and not counters[PAUSED]
                       and policy.actor_may_step(reserved, int(counters[STARTED])))
                 if ok:
                     counters[_reserved(actor)] += E
+                counters[HOLDER] = 0
             if spent:
                 break
             if not ok:
@@ -366,6 +373,9 @@ class ProcessTrainer(Trainer):
             if p.exitcode == 0:
                 return
             self._sync()
+            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: release it for the others
+                self.counters[HOLDER] = 0
+                self._lock_mp.release()
             with self._lock_mp:                  # give back what it reserved and never inserted
                 lost = int(self.counters[_reserved(i)] - self.counters[_inserted(i)])
                 self.counters[_reserved(i)] = self.counters[_inserted(i)]
