@@ -124,7 +124,8 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                 if ok:
                     counters[_reserved(actor)] += E
                 counters[HOLDER] = 0
-            if spent:
+            if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
+                _insert(ctx, buf, stepper.flush(), nets, targets, timer)
                 break
             if not ok:
                 time.sleep(0.0005)
