@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import RatePolicy, default_slack
+from pal_bench.train.replay_spec import buffer_class, make_buffer
 from pal_bench.train.shared_weights import SharedWeights, spec_of
 from pal_bench.train.trainer import Trainer, WorkerError
 from pal_bench.train.workers import PhaseTimer
@@ -94,7 +94,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         ctx = WorkerContext(cfg)
         policy = RatePolicy.from_config(cfg, default_slack(cfg))
         timer = PhaseTimer()
-        buf = (PrioritizedReplayBuffer if cfg.prioritized else ReplayBuffer).attach(buffer_name, seed=cfg.seed)
+        buf = buffer_class(cfg).attach(buffer_name, seed=cfg.seed)
         weights = SharedWeights.attach(weights_name, weights_spec)
         nets = ctx.networks()
         targets = ctx.networks() if cfg.actor_priorities else None
@@ -279,16 +279,11 @@ class ProcessTrainer(Trainer):
     # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
     def _new_buffer(self, fields: dict):
         cfg = self.cfg
-        name = _segment_name(cfg.run_dir(), "buf")
-        if cfg.prioritized:
-            return PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed,
-                                           shared=True, name=name)
-        return ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed, shared=True, name=name)
+        return make_buffer(cfg, fields, shared=True, name=_segment_name(cfg.run_dir(), "buf"))
 
     def _load_buffer(self, path: Path):
         self.buffer.close()
-        cls = PrioritizedReplayBuffer if self.cfg.prioritized else ReplayBuffer
-        return cls.load(path, shared=True, name=_segment_name(self.cfg.run_dir(), "buf"))
+        return buffer_class(self.cfg).load(path, shared=True, name=_segment_name(self.cfg.run_dir(), "buf"))
 
     # ------------------------------------------------------------------ counters and weights
 

@@ -24,12 +24,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.train.algos import module_for
 from pal_bench.train.config import TrainConfig, validate
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import default_slack
+from pal_bench.train.replay_spec import buffer_class, make_buffer, replay_fields
 from pal_bench.train.workers import actor_loop, learner_loop
 
 JOIN_TIMEOUT_S = 10.0
@@ -80,11 +80,8 @@ class Trainer:
         nets = self.algo.networks(self.obs_dim, self.action_space, cfg)
         targets = copy.deepcopy(nets)
         self.ps = ParameterServer(self.algo, nets, targets, cfg, cfg.learners)
-        act_field = ((), np.int64) if not self.algo.CONTINUOUS else ((self.act_dim,), np.float32)
-        fields = {"obs": ((self.obs_dim,), np.float32), "act": act_field, "rew": ((), np.float32),
-                  "next_obs": ((self.obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
-        self.fields = fields
-        self.buffer = self._new_buffer(fields)
+        self.fields = replay_fields(self.obs_dim, self.act_dim, self.algo.CONTINUOUS)
+        self.buffer = self._new_buffer(self.fields)
         self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg),
                                    cfg.lockstep)
         self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
@@ -110,13 +107,10 @@ class Trainer:
     # ------------------------------------------------------------------ the replay buffer (a backend may share it)
 
     def _new_buffer(self, fields: dict):
-        cfg = self.cfg
-        if cfg.prioritized:
-            return PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed)
-        return ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed)
+        return make_buffer(self.cfg, fields)
 
     def _load_buffer(self, path: Path):
-        return (PrioritizedReplayBuffer if self.cfg.prioritized else ReplayBuffer).load(path)
+        return buffer_class(self.cfg).load(path)
 
     # ------------------------------------------------------------------ helpers used by workers
 

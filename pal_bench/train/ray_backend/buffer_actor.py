@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.rate_policy import RatePolicy
 from pal_bench.train.ray_backend.context import WorkerContext
+from pal_bench.train.replay_spec import buffer_class, make_buffer
 
 WAIT_S = 0.5          # longest wait inside one call (s); the caller then calls again
 COUNTERS = ("steps", "started", "done")
@@ -69,10 +69,7 @@ class BufferActor:
             self.buffer = self._new_buffer()
 
     def _new_buffer(self):
-        cfg = self.cfg
-        if cfg.prioritized:
-            return PrioritizedReplayBuffer(cfg.buffer_capacity, self.ctx.fields(), alpha=cfg.alpha, seed=cfg.seed)
-        return ReplayBuffer(cfg.buffer_capacity, self.ctx.fields(), seed=cfg.seed)
+        return make_buffer(self.cfg, self.ctx.fields())
 
     # ------------------------------------------------------------------ actors
 
@@ -220,8 +217,7 @@ class BufferActor:
             self.last_checkpoint = self.steps
 
     def _load(self, path: str, counters: dict | None = None) -> None:
-        cls = PrioritizedReplayBuffer if self.cfg.prioritized else ReplayBuffer
-        self.buffer = cls.load(path)
+        self.buffer = buffer_class(self.cfg).load(path)
         counters = counters or json.loads(Path(path + ".json").read_text())
         for k in COUNTERS:
             setattr(self, k, counters[k])

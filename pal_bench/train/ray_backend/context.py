@@ -14,6 +14,7 @@ import numpy as np
 from pal_bench.train import rate_policy
 from pal_bench.train.algos import module_for
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.replay_spec import replay_fields
 from pal_bench.train.trainer import Trainer
 
 
@@ -42,10 +43,8 @@ class WorkerContext:
         return self.algo.networks(self.obs_dim, self.action_space, self.cfg)
 
     def fields(self) -> dict:
-        """Replay fields, the same as the thread trainer's."""
-        act = ((), np.int64) if not self.algo.CONTINUOUS else ((self.act_dim,), np.float32)
-        return {"obs": ((self.obs_dim,), np.float32), "act": act, "rew": ((), np.float32),
-                "next_obs": ((self.obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
+        """Replay fields, the same as every backend's (``replay_spec.replay_fields``)."""
+        return replay_fields(self.obs_dim, self.act_dim, self.algo.CONTINUOUS)
 
 
 def max_updates(cfg: TrainConfig) -> int:

@@ -1,0 +1,27 @@
+"""The replay buffer every backend builds, written once: its fields and its construction from the config."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
+
+
+def replay_fields(obs_dim: int, act_dim: int, continuous: bool) -> dict:
+    """``{name: (shape, dtype)}`` of one n-step transition: obs, act (int64, or float32[act_dim] when
+    continuous), rew (the n-step return), next_obs, done, disc (gamma^steps)."""
+    act = ((act_dim,), np.float32) if continuous else ((), np.int64)
+    return {"obs": ((obs_dim,), np.float32), "act": act, "rew": ((), np.float32),
+            "next_obs": ((obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
+
+
+def buffer_class(cfg) -> type:
+    return PrioritizedReplayBuffer if cfg.prioritized else ReplayBuffer
+
+
+def make_buffer(cfg, fields: dict, **kwargs):
+    """The buffer ``cfg`` asks for (prioritized with ``cfg.alpha``, or uniform), capacity
+    ``cfg.buffer_capacity``, seeded with ``cfg.seed``; ``kwargs`` (e.g. ``shared=True, name=...``) pass through."""
+    if cfg.prioritized:
+        return PrioritizedReplayBuffer(cfg.buffer_capacity, fields, alpha=cfg.alpha, seed=cfg.seed, **kwargs)
+    return ReplayBuffer(cfg.buffer_capacity, fields, seed=cfg.seed, **kwargs)
