@@ -354,6 +354,28 @@ def end_to_end_ray_block(results: Path) -> str:
     return end_to_end_block(results, "end_to_end_ray.csv")
 
 
+def end_to_end_processes_block(results: Path) -> str:
+    return end_to_end_block(results, "end_to_end_processes.csv")
+
+
+def processes_block(results: Path) -> str:
+    """f_a and f_l of actor processes against threads, per worker count, with the issue's targets' ratios."""
+    t_path, p_path = results / "scaling.csv", results / "scaling_processes.csv"
+    if not (t_path.exists() and p_path.exists()):
+        return missing("scaling_processes.csv", "python -m pal_bench.scaling --backend processes")
+    t, p = pd.read_csv(t_path), pd.read_csv(p_path)
+    m = t[["curve", "threads", "throughput"]].merge(p[["curve", "threads", "throughput", "speedup"]],
+                                                     on=["curve", "threads"], suffixes=("_threads", "_processes"))
+    out = pd.DataFrame({"curve": m.curve, "workers": m.threads, "threads": m.throughput_threads,
+                        "processes": m.throughput_processes,
+                        "processes / threads": m.throughput_processes / m.throughput_threads,
+                        "processes: speedup over 1": m.speedup})
+    return ("DQN on CartPole-v1: f_a (transitions/s, actors only) and f_l (updates/s, learners only) with actor "
+            "processes on the shared buffer against actor threads (the process backend's learners are driver "
+            "threads, as the thread backend's).\n\n" + md(out, ".2f") + "\n\n"
+            + source(results, "scaling.csv", "scaling_processes.csv") + "\n")
+
+
 # ------------------------------------------------------------------ plug-in benchmark and race
 
 def plugin_block(results: Path) -> str:
@@ -482,6 +504,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "shared-throughput": shared_throughput_block,
     "backends": backends_block,
     "end-to-end-ray": end_to_end_ray_block,
+    "processes": processes_block,
+    "end-to-end-processes": end_to_end_processes_block,
     "plugin": plugin_block,
     "race-quick": race_block,
     "longhaul-quick": longhaul_block,
