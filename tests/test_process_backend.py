@@ -45,21 +45,28 @@ def test_a_run_holds_the_budget_and_cleans_up(tmp_path):
     assert _shm() == before
 
 
+def _kill_actor_when(tr, ready, actor: int = 1, timeout: float = 120) -> dict:
+    """Run ``tr`` in a thread, SIGKILL actor ``actor``'s process once ``ready()`` holds, and return the summary."""
+    result = {}
+    t = threading.Thread(target=lambda: result.update(tr.run()), daemon=True)
+    t.start()
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready(), "the condition to kill the actor never held"
+    victims = [p for p in mp.active_children() if p.name == f"pal-actor{actor}"]
+    assert victims, "no actor process to kill"
+    os.kill(victims[0].pid, signal.SIGKILL)
+    t.join(180)
+    assert not t.is_alive(), "the run stalled"
+    return result
+
+
 def test_an_actor_killed_with_sigkill_is_restarted_and_its_loss_recorded(tmp_path):
     before = _shm()
     cfg = _cfg(tmp_path, steps=6000)
-    result = {}
     with make_trainer(cfg) as tr:
-        t = threading.Thread(target=lambda: result.update(tr.run()), daemon=True)
-        t.start()
-        deadline = time.monotonic() + 120
-        while tr.rate.steps < 1500 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        victims = [p for p in mp.active_children() if p.name == "pal-actor1"]
-        assert victims, "no actor process to kill"
-        os.kill(victims[0].pid, signal.SIGKILL)
-        t.join(180)
-        assert not t.is_alive()
+        result = _kill_actor_when(tr, lambda: tr.rate.steps >= 1500)
     assert result["env_steps"] == cfg.steps                      # the run completed its budget
     restarts = result["restarts"]
     assert len(restarts) == 1 and restarts[0]["worker"] == "actor1"
@@ -193,19 +200,9 @@ def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(
     monkeypatch.setenv("PAL_BENCH_TEST_HOLD_RESERVATION", "1:800")
     before = _shm()
     cfg = _cfg(tmp_path, steps=4000)
-    result = {}
     with make_trainer(cfg) as tr:
-        t = threading.Thread(target=lambda: result.update(tr.run()), daemon=True)
-        t.start()
-        deadline = time.monotonic() + 120
-        while tr.counters[3] != 2 and time.monotonic() < deadline:      # HOLDER == actor 1
-            time.sleep(0.02)
-        time.sleep(0.3)
-        assert tr.counters[3] == 2, "actor 1 never held the lock"
-        victim = next(p for p in mp.active_children() if p.name == "pal-actor1")
-        os.kill(victim.pid, signal.SIGKILL)
-        t.join(180)
-        assert not t.is_alive(), "the run stalled"
+        # HOLDER == actor 1 with its 800 transitions in: it is stalled inside the lock
+        result = _kill_actor_when(tr, lambda: tr.counters[3] == 2 and tr.counters[8 + 2 * 1 + 1] >= 800)
     assert result["env_steps"] == cfg.steps
     assert len(result["restarts"]) == 1
     assert _shm() == before
