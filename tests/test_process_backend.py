@@ -78,9 +78,13 @@ def test_an_actor_killed_with_sigkill_is_restarted_and_its_loss_recorded(tmp_pat
 
 
 DRIVER = """
+import signal
 import sys
 from pal_bench.train import make_config, make_trainer
 if __name__ == "__main__":
+    # a process started from a non-interactive shell's background job inherits SIGINT ignored: restore
+    # Python's handler, as in an interactive terminal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = make_config("dqn", "CartPole-v1", steps=10**6, actors=2, learners=1, backend="processes",
                       out_dir=sys.argv[1], name="p", progress=False, eval_episodes=0, learning_starts=500,
                       batch_size=32)

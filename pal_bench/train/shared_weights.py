@@ -20,6 +20,7 @@ import atexit
 import mmap
 import os
 import secrets
+import time
 import weakref
 from pathlib import Path
 
@@ -140,12 +141,15 @@ class SharedWeights:
         return (seq + 2) // 2
 
     def read(self, out: dict[str, torch.Tensor] | None = None, min_version: int = 1,
-             max_tries: int = 10_000) -> tuple[int, dict[str, torch.Tensor]] | None:
+             timeout_s: float = 10.0) -> tuple[int, dict[str, torch.Tensor]] | None:
         """A consistent copy of the latest version ``>= min_version``: ``(version, tensors)``, copied into
         ``out``'s tensors if given (same shapes), else into new tensors. None if no such version yet.
-        Retries while the writer is mid-copy (RuntimeError after ``max_tries``)."""
+        Retries while the writer is mid-copy, for up to ``timeout_s`` (then RuntimeError). A writer that
+        publishes back to back with no pause can starve readers; the parameter server publishes once per
+        update (milliseconds apart), far slower than a copy."""
         self._check()
-        for _ in range(max_tries):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
             s1 = int(self._seq[0])
             if s1 // 2 < min_version:
                 return None
@@ -160,7 +164,8 @@ class SharedWeights:
                 copy = out
             if int(self._seq[0]) == s1:
                 return s1 // 2, copy
-        raise RuntimeError(f"shared weights {self.name!r}: no consistent read in {max_tries} tries")
+            os.sched_yield()
+        raise RuntimeError(f"shared weights {self.name!r}: no consistent read in {timeout_s} s")
 
     def load_into(self, module: torch.nn.Module, current_version: int = 0) -> int:
         """Load the latest version into ``module`` if it is newer than ``current_version``; returns the version
