@@ -49,11 +49,14 @@ def _processes() -> dict[int, tuple[int, str]]:
 
 
 def _descendants(pid: int) -> set[int]:
+    """Descendants of ``pid``, except multiprocessing's resource tracker: a test process that once used a
+    spawn context (the process backend's tests, earlier in the run) keeps one until it exits; it is not Ray's."""
     procs = _processes()
     found, todo = set(), [pid]
     while todo:
         p = todo.pop()
-        kids = [c for c, (pp, _) in procs.items() if pp == p and c not in found]
+        kids = [c for c, (pp, cmd) in procs.items()
+                if pp == p and c not in found and "multiprocessing.resource_tracker" not in cmd]
         found.update(kids)
         todo += kids
     return found
