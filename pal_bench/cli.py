@@ -44,6 +44,11 @@ def _train(args) -> int:
     return 0
 
 
+# the backend whose curves `pal-bench dse` measures and uses unless told otherwise: actor processes collect
+# in parallel where actor threads lose to the GIL (docs/backends.md, "Actor processes against threads")
+DSE_BACKEND = "processes"
+
+
 def _dse(args) -> int:
     import pandas as pd
 
@@ -67,13 +72,16 @@ def _dse(args) -> int:
             backend = args.backend
         elif len(found) == 1:
             backend = found[0]
+        elif DSE_BACKEND in found:
+            backend = DSE_BACKEND
+            curves = curves[curves.backend == backend]
         else:
             print(f"pal-bench dse: {args.curves} holds curves of backends {', '.join(found)}: choose one with "
                   "--backend", file=sys.stderr)
             return 2
         print(f"curves: {args.curves} (backend {backend})")
     else:
-        backend = args.backend or "threads"
+        backend = args.backend or DSE_BACKEND
         from pal_bench.conditions import refuse_if_busy
 
         if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "scaling_ray.csv); default: measure them now")
     d.add_argument("--backend", choices=["threads", "processes", "ray"],
                    help="the backend whose curves to use (a CSV holding both), to measure, and to --validate "
-                        "(default: the one in --curves, else threads)")
+                        "(default: the one in --curves, else processes)")
     d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
     d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
     d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")

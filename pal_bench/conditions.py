@@ -21,6 +21,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from pal_bench.atomic import atomic_write_text  # noqa: F401 - re-exported: the studies write through it
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("numpy", "torch", "gymnasium", "cython", "tianshou", "cpprb", "ray", "pandas", "scipy")
 
@@ -270,21 +272,6 @@ def read_meta(result: Path) -> dict | None:
     """The conditions stored beside ``result`` (None where none were recorded)."""
     path = meta_path(result)
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def describe(meta: dict | None) -> str:

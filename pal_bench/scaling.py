@@ -77,7 +77,7 @@ def measure_fa(cfg, actors: int, steps: int) -> float:
 
 def transitions(tr, n: int, seed: int = 0) -> dict:
     """``n`` real transitions from random actions, as replay-buffer columns; ``tr`` is a ``Trainer``
-    or a Ray ``WorkerContext`` (anything with ``cfg``, ``algo``, ``act_dim``, ``action_space`` and
+    or a worker's ``RunCore`` (anything with ``cfg``, ``algo``, ``act_dim``, ``action_space`` and
     ``env_actions``)."""
     env = gym.make(tr.cfg.env, **tr.cfg.env_kwargs)
     rng = np.random.default_rng(seed)
@@ -142,8 +142,9 @@ def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
     one's return (``cfg.aggregation`` sync, async or allreduce)."""
     import ray
 
+    from pal_bench.train.core import RunCore
     from pal_bench.train.ray_backend.buffer_actor import BufferActor
-    from pal_bench.train.ray_backend.context import WorkerContext, max_updates
+    from pal_bench.train.ray_backend.context import max_updates
     from pal_bench.train.ray_backend.ps_actor import ParameterServerActor
     from pal_bench.train.ray_backend.workers import LearnerWorker
 
@@ -159,7 +160,7 @@ def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
         ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
         learners = [ray.remote(LearnerWorker).options(num_cpus=cpu).remote(cfg, i, buffer, ps) for i in range(n)]
         try:
-            ray.get(buffer.add_batch.remote(0, transitions(WorkerContext(cfg), filled), filled, [], 0))
+            ray.get(buffer.add_batch.remote(0, transitions(RunCore(cfg), filled), filled, [], 0))
             ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
             init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
             t0 = time.perf_counter()

@@ -28,6 +28,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from pal_bench.atomic import atomic_open
 from pal_bench.instructions import PROJECT_OBJECTS, CompressedNames, ValgrindMissing, callgrind_command
 
 CALLS = 20
@@ -214,12 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             if not (r["label"] == args.label and float(r["capacity"]) == args.capacity)]
     rows += [{"label": args.label, "capacity": f"{args.capacity:.0e}", "step": s, "instructions": f"{n:.0f}"}
              for s, n in steps.items()]
-    tmp = args.out.with_suffix(".tmp")
-    with tmp.open("w", newline="") as fh:
+    with atomic_open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["label", "capacity", "step", "instructions"])
         w.writeheader()
         w.writerows(rows)
-    os.replace(tmp, args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -1393,17 +1393,10 @@ cdef class _ReplayCore:
         Other threads' calls wait while the file is written."""
         self._check_open()
         if isinstance(target, (str, os.PathLike)):
-            path = os.fspath(target)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            try:
-                with open(tmp, "wb") as fh:
-                    self._save_to(fh)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            from pal_bench.atomic import atomic_open
+
+            with atomic_open(target, "wb") as fh:
+                self._save_to(fh)
         else:
             self._save_to(target)
 

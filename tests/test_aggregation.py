@@ -80,7 +80,8 @@ def test_gloo_allreduce_and_hierarchical_match_the_mean(ray_session):
                 for a, b in zip(got, want):
                     np.testing.assert_array_equal(a, b, err_msg=scheme)
         # and the Ray parameter-server actor (sync) steps with that same average
-        from pal_bench.train.ray_backend.context import WorkerContext, to_numpy
+        from pal_bench.train.core import RunCore
+        from pal_bench.train.ray_backend.context import to_numpy
         from pal_bench.train.ray_backend.ps_actor import ParameterServerActor
 
         cfg = agg._setup((8, 8))[0]
@@ -88,7 +89,7 @@ def test_gloo_allreduce_and_hierarchical_match_the_mean(ray_session):
         latest = ray.get([ps.submit.remote(r, 0, {"q": to_numpy(grads[r])}) for r in range(2)])
         state = ray.get(latest[0][1][0])
         torch.manual_seed(cfg.seed)
-        nets = WorkerContext(cfg).networks()
+        nets = RunCore(cfg).networks()
         local = ParameterServer(agg._setup((8, 8))[1], nets, copy.deepcopy(nets), cfg, 1)
         local._step([{"q": [torch.as_tensor(w) for w in want]}])
         for k, v in local.nets.state_dict().items():

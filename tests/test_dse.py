@@ -110,3 +110,20 @@ def test_scaling_sweep_repeats_each_point_and_the_table_gives_intervals(tmp_path
     df.to_csv(tmp_path / "scaling.csv", index=False)
     text = scaling_block(tmp_path)
     assert text.count(" [") >= 2          # the 2-worker speedups carry an interval
+
+
+def test_dse_prefers_the_process_backend_curves(tmp_path, monkeypatch, capsys):
+    """A curves file holding the process backend's curves among others: those are used by default."""
+    import pandas as pd
+
+    from pal_bench.cli import DSE_BACKEND, main
+
+    assert DSE_BACKEND == "processes"
+    monkeypatch.chdir(tmp_path)
+    rows = [{"curve": c, "threads": x, "throughput": v * x, "backend": b}
+            for b, scale in (("threads", 1.0), ("processes", 2.0)) for x in (1, 2)
+            for c, v in (("f_a", 1000.0 * scale), ("f_l", 100.0 * scale))]
+    pd.DataFrame(rows).to_csv(tmp_path / "both.csv", index=False)
+    assert main(["dse", "--curves", "both.csv", "--max-cores", "2", "--ratio", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "both.csv (backend processes)" in out and "--backend processes" in out and " 800 transitions/s" in out

@@ -35,13 +35,13 @@ import torch
 
 from pal_bench import PrioritizedReplayBuffer
 from pal_bench.longhaul.link import TO_BUFFER, TO_LEARNER, Link, Receiver
-from pal_bench.train import config
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate_policy import RatePolicy
-from pal_bench.train.ray_backend.context import WorkerContext, from_numpy, to_numpy
+from pal_bench.train.ray_backend.context import from_numpy, to_numpy
 
-TOPOLOGIES = tuple(t for t in config.TOPOLOGIES if t != "local")   # learner-replay, buffer-replay
+TOPOLOGIES = ("learner-replay", "buffer-replay")   # replay at the learner, or at the buffer node
 RECV_TIMEOUT_S = 60.0
 
 
@@ -55,7 +55,7 @@ class BufferNode:
     def __init__(self, cfg: TrainConfig, topology: str, link: dict, actor_rate: float,
                  forward_rows: int = 256, forward_backlog: int = 50_000):
         self.cfg, self.topology, self.actor_rate = cfg, topology, actor_rate
-        self.ctx = WorkerContext(cfg)
+        self.ctx = RunCore(cfg)
         self.link, self.rx = Link.preset(link), Receiver(TO_BUFFER)
         self.buffer = (PrioritizedReplayBuffer(cfg.buffer_capacity, self.ctx.fields(), alpha=cfg.alpha, seed=cfg.seed)
                        if topology == "buffer-replay" else None)
@@ -195,7 +195,7 @@ class CloudLearner:
     def __init__(self, cfg: TrainConfig, topology: str, link: dict, weights_every_s: float = 0.25):
         torch.set_num_threads(1)
         self.cfg, self.topology, self.weights_every_s = cfg, topology, weights_every_s
-        self.ctx = WorkerContext(cfg)
+        self.ctx = RunCore(cfg)
         self.link, self.rx = Link.preset(link), Receiver(TO_LEARNER)
         self.inbox: queue.Queue = queue.Queue()
         self.arrived = threading.Event()
@@ -315,7 +315,7 @@ class Evaluator:
     def __init__(self, cfg: TrainConfig, node, interval_s: float, episodes: int):
         torch.set_num_threads(1)
         self.cfg, self.node, self.interval_s, self.episodes = cfg, node, interval_s, episodes
-        self.ctx = WorkerContext(cfg)
+        self.ctx = RunCore(cfg)
         self.stop_event = threading.Event()
         self.results: list[tuple[float, int, float]] = []      # (time, version, mean return)
 

@@ -18,6 +18,31 @@ import sys
 from pal_bench.train.config import ConfigError, TrainConfig, validate
 
 EVAL_INTERVAL_S = 5.0
+TOPOLOGIES = ("learner-replay", "buffer-replay")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """What a long-haul topology needs of a config (ConfigError otherwise): a known link preset, the Ray
+    backend, the DQN family and one learner behind the link."""
+    from pal_bench.longhaul.link import PRESETS
+
+    if cfg.link not in PRESETS:
+        raise ConfigError(f"link: unknown preset {cfg.link!r}; choose one of {', '.join(PRESETS)}")
+    if cfg.backend != "ray":
+        raise ConfigError(f"topology: {cfg.topology!r} runs on backend = 'ray'")
+    if cfg.algo not in ("dqn", "ddqn"):
+        raise ConfigError(f"topology: {cfg.topology!r} runs the DQN family (dqn, ddqn), not {cfg.algo!r}")
+    if cfg.learners != 1:
+        raise ConfigError(f"learners: topology {cfg.topology!r} has one learner behind the link, got {cfg.learners}")
+
+
+def register() -> None:
+    """Entry point (group ``pal_bench.topologies``): make both topologies known to ``pal_bench.train``."""
+    from pal_bench.train.topology import Topology
+    from pal_bench.train.topology import register as add
+
+    for name in TOPOLOGIES:
+        add(Topology(name, LonghaulTrainer, check_config))
 
 
 class LonghaulTrainer:

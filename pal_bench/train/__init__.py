@@ -6,12 +6,12 @@ from pal_bench.train.trainer import Trainer, WorkerError
 
 def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
     """``Trainer`` for ``cfg.backend == "threads"``, ``ProcessTrainer`` (pal_bench.train.process_backend) for
-    "processes", ``RayTrainer`` (pal_bench.train.ray_backend) for "ray",
-    ``LonghaulTrainer`` (pal_bench.longhaul) for a long-haul ``cfg.topology``."""
+    "processes", ``RayTrainer`` (pal_bench.train.ray_backend) for "ray", and the registered topology's
+    trainer (``pal_bench.train.topology``) for any ``cfg.topology`` but "local"."""
     if cfg.topology != "local":
-        from pal_bench.longhaul.trainer import LonghaulTrainer
+        from pal_bench.train import topology
 
-        return LonghaulTrainer(cfg, resume=resume)
+        return topology.get(cfg.topology).trainer(cfg, resume=resume)
     if cfg.backend == "ray":
         from pal_bench.train.ray_backend import RayTrainer
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac")
-TOPOLOGIES = ("local", "learner-replay", "buffer-replay")
 CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
 
 
@@ -263,22 +262,14 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"stop_return must be a finite number or unset, got {cfg.stop_return}")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
-    if cfg.topology not in TOPOLOGIES:
-        raise ConfigError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {cfg.topology!r}")
-    from pal_bench.longhaul.link import PRESETS
-
-    if cfg.link not in PRESETS:
-        raise ConfigError(f"link: unknown preset {cfg.link!r}; choose one of {', '.join(PRESETS)}")
     if not (math.isfinite(cfg.actor_rate) and cfg.actor_rate >= 0):
         raise ConfigError(f"actor_rate must be >= 0 (0: unpaced), got {cfg.actor_rate}")
     if cfg.topology != "local":
-        if cfg.backend != "ray":
-            raise ConfigError(f"topology: {cfg.topology!r} runs on backend = 'ray'")
-        if cfg.algo not in ("dqn", "ddqn"):
-            raise ConfigError(f"topology: {cfg.topology!r} runs the DQN family (dqn, ddqn), not {cfg.algo!r}")
-        if cfg.learners != 1:
-            raise ConfigError(f"learners: topology {cfg.topology!r} has one learner behind the link, got "
-                              f"{cfg.learners}")
+        from pal_bench.train import topology
+
+        topology.get(cfg.topology).validate(cfg)
+    elif cfg.link != "none":
+        raise ConfigError(f"link: {cfg.link!r} needs a long-haul topology (topology = 'local' has no link)")
     if cfg.backend == "processes" and cfg.env_backend == "async":
         raise ConfigError("env_backend: 'async' steps environments in subprocesses, which the process backend's "
                           "actors cannot start (each actor is already a process; use env_backend = 'sync')")

@@ -22,7 +22,6 @@ parent check), and ignore Ctrl-C (the driver handles it and stops them).
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import multiprocessing as mp
 import os
@@ -85,13 +84,13 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # the driver handles Ctrl-C and stops us
     import torch
 
-    from pal_bench.train.ray_backend.context import WorkerContext
+    from pal_bench.train.core import RunCore
     from pal_bench.train.workers import EnvStepper
 
     torch.set_num_threads(1)
     envs = buf = weights = None
     try:
-        ctx = WorkerContext(cfg)
+        ctx = RunCore(cfg)
         policy = RatePolicy.from_config(cfg, default_slack(cfg))
         timer = PhaseTimer()
         buf = buffer_class(cfg).attach(buffer_name, seed=cfg.seed)
@@ -257,16 +256,10 @@ class ProcessTrainer(Trainer):
         self._ctx = mp.get_context("spawn")
         self._weights: SharedWeights | None = None
         super().__init__(cfg, resume=resume)
-        self.counters = self._ctx.RawArray("q", HEADER + 2 * cfg.actors)
-        restored = self.rate
-        self.rate = SharedRate(cfg, self.counters)
-        self.rate.restore(restored.steps, restored.done)  # a resumed run's steps count as actor 0's
-        self._lock_mp = self._ctx.Lock()
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
         self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
         self._sync_lock = threading.Lock()
         self._published = -1
-        self.events: list[dict] = []
         self.restarts = [0] * cfg.actors
         self.lost = [0] * cfg.actors
         name = _segment_name(self.run_dir, "w")
@@ -275,6 +268,14 @@ class ProcessTrainer(Trainer):
             stale.unlink()
         self._weights = SharedWeights.create(spec_of(_flat_state(self.ps.snapshot)), name=name)
         self._publish()
+
+    def _place(self) -> None:
+        """The thread trainer's parameter server; the buffer in shared memory; the rate counters in a shared
+        array (a resumed run's steps count as actor 0's)."""
+        super()._place()
+        self.counters = self._ctx.RawArray("q", HEADER + 2 * self.cfg.actors)
+        self.rate = SharedRate(self.cfg, self.counters)
+        self._lock_mp = self._ctx.Lock()
 
     # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
     def _new_buffer(self, fields: dict):
@@ -388,19 +389,6 @@ class ProcessTrainer(Trainer):
             self._event(f"actor{i}", "restart", lost, f"process {p.pid} died ({cause}); "
                                                      f"{lost} reserved transitions lost; restarted")
             p = self._start(i)
-
-    def _event(self, worker: str, event: str, lost: int, detail: str) -> None:
-        row = {"wall_s": round(self.wall(), 3), "env_steps": self.rate.steps, "worker": worker, "event": event,
-               "transitions_lost": lost, "detail": detail}
-        self.events.append(row)
-        print(f"[{self.cfg.run_name()}] {worker} {event}: {detail}", file=sys.stderr, flush=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / "events.csv.tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(row))
-            w.writeheader()
-            w.writerows(self.events)
-        tmp.replace(self.run_dir / "events.csv")
 
     def summary(self) -> dict:
         out = super().summary()

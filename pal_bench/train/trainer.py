@@ -10,26 +10,23 @@ the main thread stops the workers, writes a final checkpoint and re-raises ``Key
 from __future__ import annotations
 
 import copy
-import csv
-import json
 import random
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-from pal_bench.train.algos import module_for
 from pal_bench.train.config import TrainConfig, validate
+from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import default_slack
-from pal_bench.train.replay_spec import buffer_class, make_buffer, replay_fields
+from pal_bench.train.recorder import RunRecorder
+from pal_bench.train.replay_spec import buffer_class, make_buffer
 from pal_bench.train.workers import actor_loop, learner_loop
 
 JOIN_TIMEOUT_S = 10.0
@@ -64,26 +61,19 @@ class DriverSchedule:
         return False
 
 
-class Trainer:
+class Trainer(RunCore):
+    """The thread backend, and the driver every backend builds on: config, seeds, the run's clock and
+    counters, its ``RunRecorder``, evaluation, summary and checkpoints. A backend overrides ``_place`` (where
+    the parameter server, buffer and rate counters live) and the worker start-up."""
+
     def __init__(self, cfg: TrainConfig, resume: bool = False):
         validate(cfg)
-        self.cfg = cfg
-        self.algo = module_for(cfg.algo)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        probe = gym.make(cfg.env, **cfg.env_kwargs)
-        self.obs_dim = int(np.prod(probe.observation_space.shape))
-        self.action_space = probe.action_space
-        probe.close()
-        self.act_dim = 1 if not self.algo.CONTINUOUS else int(np.prod(self.action_space.shape))
-        nets = self.algo.networks(self.obs_dim, self.action_space, cfg)
-        targets = copy.deepcopy(nets)
-        self.ps = ParameterServer(self.algo, nets, targets, cfg, cfg.learners)
-        self.fields = replay_fields(self.obs_dim, self.act_dim, self.algo.CONTINUOUS)
-        self.buffer = self._new_buffer(self.fields)
-        self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg),
-                                   cfg.lockstep)
+        super().__init__(cfg)
+        self.recorder = RunRecorder(cfg.run_dir(), cfg.run_name(), quiet=cfg.progress)
+        self.run_dir = self.recorder.run_dir
         self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
         self.stop = threading.Event()
         self.actors_finished = threading.Event()
@@ -91,18 +81,45 @@ class Trainer:
         self.errors: list[tuple[str, BaseException, str]] = []
         self.timers: dict = {}
         self._lock = threading.Lock()
-        self.episodes: list[tuple[int, float, int, float]] = []   # (env steps, return, length, wall s)
-        self.evals: list[dict] = []
         self.reached_return: dict | None = None         # the evaluation that reached cfg.stop_return
         self.update_count = 0
         self.resumed_steps = 0
         self.t0 = time.perf_counter()
         self.wall_offset = 0.0
         self.train_wall_s: float | None = None          # wall time when the workers had stopped
-        self.run_dir = cfg.run_dir()
         self._closed = False
+        self._place()
         if resume:
             self.load_checkpoint()
+
+    def _place(self) -> None:
+        """Threads: parameter server, replay buffer and rate controller are objects of this process."""
+        cfg = self.cfg
+        nets = self.networks()
+        self.ps = ParameterServer(self.algo, nets, copy.deepcopy(nets), cfg, cfg.learners)
+        self.buffer = self._new_buffer(self.fields())
+        self.rate = RateController(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg),
+                                   cfg.lockstep)
+
+    # the run's logs live in its recorder
+    @property
+    def episodes(self) -> list[tuple[int, float, int, float]]:
+        return self.recorder.episodes
+
+    @episodes.setter
+    def episodes(self, rows) -> None:
+        self.recorder.episodes[:] = rows
+
+    @property
+    def evals(self) -> list[dict]:
+        return self.recorder.evals
+
+    @property
+    def events(self) -> list[dict]:
+        return self.recorder.events
+
+    def _event(self, worker: str, event: str, lost: int, detail: str) -> None:
+        self.recorder.event(self.wall(), self.rate.steps, worker, event, lost, detail)
 
     # ------------------------------------------------------------------ the replay buffer (a backend may share it)
 
@@ -113,47 +130,6 @@ class Trainer:
         return buffer_class(self.cfg).load(path)
 
     # ------------------------------------------------------------------ helpers used by workers
-
-    def make_vector_env(self, actor_id: int):
-        kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-        mode = "async" if self.cfg.env_backend == "async" else "sync"
-        return gym.make_vec(self.cfg.env, num_envs=self.cfg.envs_per_actor, vectorization_mode=mode,
-                            vector_kwargs=kwargs, **self.cfg.env_kwargs)
-
-    def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Actions in [-1, 1] (continuous) rescaled to the environment's bounds."""
-        if not self.algo.CONTINUOUS:
-            return actions
-        low, high = self.action_space.low, self.action_space.high
-        return low + (actions + 1.0) * 0.5 * (high - low)
-
-    def explore(self, t: int):
-        cfg = self.cfg
-        if cfg.algo in ("dqn", "ddqn"):
-            frac = min(1.0, t / max(1.0, cfg.eps_fraction * cfg.steps))
-            return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
-        if cfg.algo == "sac":
-            return True
-        return cfg.exploration_noise
-
-    def beta(self, update: int) -> float:
-        frac = min(1.0, update / max(1, self.rate.max_updates))
-        return self.cfg.beta + frac * (self.cfg.beta_final - self.cfg.beta)
-
-    def to_tensors(self, sample: dict) -> dict:
-        return {k: torch.as_tensor(v) for k, v in sample.items() if k != "indices"} | {
-            "weights": torch.as_tensor(sample["weights"], dtype=torch.float32)}
-
-    def actor_priorities(self, nets, targets, batch: dict) -> np.ndarray:
-        """Ape-X: initial priorities |TD| computed by the actor with its own copy of the weights."""
-        b = {k: torch.as_tensor(v) for k, v in batch.items()}
-        b["done"] = b["done"].float()
-        b["rew"] = b["rew"].float()
-        b["disc"] = b["disc"].float()
-        b["weights"] = torch.ones(len(batch["rew"]))
-        with torch.no_grad():
-            _, td = self.algo.losses(nets, targets, b, self.cfg, 1)
-        return td.numpy().astype(np.float64)
 
     def record_episode(self, ret: float, length: int) -> None:
         with self._lock:
@@ -198,8 +174,7 @@ class Trainer:
         if self._closed:
             raise RuntimeError("this Trainer is closed")
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
+        self.recorder.write_config(cfg.to_dict())
         self.t0 = time.perf_counter()
         self._actors_left = cfg.actors
         learners: list[threading.Thread] = []
@@ -272,62 +247,16 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """Mean return of ``eval_episodes`` greedy episodes with the latest published weights."""
-        cfg = self.cfg
         snap = self.ps.snapshot
-        nets = self.algo.networks(self.obs_dim, self.action_space, cfg)
-        nets.load_state_dict(snap.online)
-        env = gym.make(cfg.env, **cfg.env_kwargs)
-        rng = np.random.default_rng(0)
-        returns = []
-        try:
-            for k in range(cfg.eval_episodes):
-                obs, _ = env.reset(seed=10_000 + cfg.seed * 1000 + k)
-                done, total = False, 0.0
-                while not done:
-                    explore = False if cfg.algo == "sac" else 0.0
-                    a = self.algo.act(nets, obs[None].astype(np.float32), explore, rng)[0]
-                    obs, r, term, trunc, _ = env.step(self.env_actions(a))
-                    total += float(r)
-                    done = term or trunc
-                returns.append(total)
-        finally:
-            env.close()
+        returns = self.greedy_returns(snap.online)
         row = {"env_steps": self.rate.steps, "updates": self.rate.done, "version": snap.version,
                "wall_s": round(self.wall(), 3), "mean_return": float(np.mean(returns)),
                "std_return": float(np.std(returns))}
-        self.evals.append(row)
-        self._write_eval_csv()
-        if not cfg.progress:
-            print(f"[{cfg.run_name()}] eval at {row['env_steps']} steps, {row['wall_s']:.0f} s: "
-                  f"return {row['mean_return']:.1f} ± {row['std_return']:.1f}", file=sys.stderr, flush=True)
+        self.recorder.evaluation(row)
         return row
 
-    def _write_eval_csv(self) -> None:
-        """Rewritten after every evaluation, so a long run can be watched (and survives a crash)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "eval.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["env_steps", "updates", "version", "wall_s", "mean_return", "std_return"])
-            w.writeheader()
-            w.writerows(self.evals)
-
-    def _write_config(self) -> None:
-        import yaml
-
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
-
     def _write_logs(self) -> None:
-        self._write_eval_csv()
-        with open(self.run_dir / "episodes.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["env_steps", "return", "length", "wall_s"])
-            w.writerows(self.episodes)
-        (self.run_dir / "summary.json").write_text(json.dumps(self.summary(), indent=1))
-        try:
-            from pal_bench.train.plots import learning_curve
-
-            learning_curve(self.run_dir)
-        except ImportError:
-            pass
+        self.recorder.write_logs(self.summary())
 
     def summary(self) -> dict:
         recent = [r for _, r, _, _ in self.episodes[-20:]]
@@ -381,33 +310,26 @@ class Trainer:
             self.save_checkpoint()
         self.rate.resume()
 
+    def _checkpoint_state(self, ps_state: dict, steps: int, updates: int, actor_rngs: list) -> dict:
+        """What every backend's checkpoint holds besides the logs (``RunRecorder.save_checkpoint`` adds them)."""
+        return {"ps": ps_state, "steps": steps, "updates": updates, "update_count": updates,
+                "wall_s": self.wall(), "actor_rngs": [r.bit_generator.state for r in actor_rngs],
+                "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                "python_rng": random.getstate(), "config": self.cfg.to_dict(), "backend": self.cfg.backend}
+
     def save_checkpoint(self) -> Path:
         """Weights, optimizers, targets, counters, RNG states (checkpoint.pt) and the buffer (buffer.pal)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        state = {
-            "ps": self.ps.state_dict(), "steps": self.rate.steps, "updates": self.rate.done,
-            "update_count": self.update_count, "episodes": self.episodes, "evals": self.evals,
-            "wall_s": self.wall(), "actor_rngs": [r.bit_generator.state for r in self.actor_rngs],
-            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
-            "config": self.cfg.to_dict(),
-        }
-        tmp = self.run_dir / "checkpoint.pt.tmp"
-        torch.save(state, tmp)
-        self.buffer.save(self.run_dir / "buffer.pal.tmp")
-        (self.run_dir / "buffer.pal.tmp").replace(self.run_dir / "buffer.pal")
-        tmp.replace(self.run_dir / "checkpoint.pt")
-        return self.run_dir / "checkpoint.pt"
+        self.buffer.save(self.run_dir / "buffer.pal")
+        state = self._checkpoint_state(self.ps.state_dict(), self.rate.steps, self.rate.done, self.actor_rngs)
+        return self.recorder.save_checkpoint(state | {"update_count": self.update_count})
 
-    def load_checkpoint(self) -> None:
-        path = self.run_dir / "checkpoint.pt"
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint to resume from at {path}")
-        state = torch.load(path, weights_only=False)
+    def load_checkpoint(self) -> dict:
+        """Restore counters, logs, weights, RNG states and the buffer from checkpoint.pt and buffer.pal."""
+        state = self.recorder.load_checkpoint()
         self.ps.load_state_dict(state["ps"])
         self.rate.restore(state["steps"], state["updates"])
         self.update_count = state["update_count"]
-        self.episodes = [tuple(e) for e in state["episodes"]]
-        self.evals = state["evals"]
         self.wall_offset = state["wall_s"]
         for r, s in zip(self.actor_rngs, state["actor_rngs"]):
             r.bit_generator.state = s
@@ -416,3 +338,4 @@ class Trainer:
         random.setstate(state["python_rng"])
         self.buffer = self._load_buffer(self.run_dir / "buffer.pal")
         self.resumed_steps = state["steps"]
+        return state

@@ -77,7 +77,7 @@ class EnvStepper:
     """One actor's ``envs_per_actor`` environments stepped as a batch, for either backend: acting
     (uniform random actions for the continuous algorithms until ``learning_starts``), an n-step
     window per environment, and episode returns. ``policy`` supplies ``explore(t)``,
-    ``env_actions(actions)`` and ``act_dim`` (the thread trainer, or a Ray ``WorkerContext``)."""
+    ``env_actions(actions)`` and ``act_dim`` (the thread trainer, or a worker's ``RunCore``)."""
 
     def __init__(self, envs, seeds: list[int], cfg, algo, policy):
         self.envs, self.cfg, self.algo, self.policy = envs, cfg, algo, policy

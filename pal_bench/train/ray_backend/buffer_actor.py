@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.core import RunCore
 from pal_bench.train.rate_policy import RatePolicy
-from pal_bench.train.ray_backend.context import WorkerContext
 from pal_bench.train.replay_spec import buffer_class, make_buffer
 
 WAIT_S = 0.5          # longest wait inside one call (s); the caller then calls again
@@ -45,7 +45,7 @@ class BufferActor:
     def __init__(self, cfg: TrainConfig, slack: int, checkpoint_path: str | None = None,
                  restore_path: str | None = None, restore_counters: dict | None = None):
         self.cfg = cfg
-        self.ctx = WorkerContext(cfg)
+        self.ctx = RunCore(cfg)
         self.slack = slack
         self.policy = RatePolicy.from_config(cfg, slack)
         self.max_updates = self.policy.max_updates

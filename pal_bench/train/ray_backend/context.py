@@ -1,50 +1,13 @@
-"""What every Ray worker process rebuilds from the config: the algorithm module, the spaces, the
-replay fields, and the thread trainer's helpers (exploration schedule, beta annealing, action
-rescaling, tensor conversion, Ape-X priorities), borrowed from ``Trainer`` so that no algorithm
-math is duplicated."""
+"""Ray-specific helpers of the Ray backend's workers: chunk sizes, the rate slack with chunks in flight,
+and weights as numpy arrays for the object store. What a worker rebuilds from the config (algorithm,
+spaces, step helpers) is ``pal_bench.train.core.RunCore``, the same for every backend."""
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
-
-import gymnasium as gym
-import numpy as np
 
 from pal_bench.train import rate_policy
-from pal_bench.train.algos import module_for
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.replay_spec import replay_fields
-from pal_bench.train.trainer import Trainer
-
-
-class WorkerContext:
-    """The parts of ``Trainer`` a worker needs, without its threads, buffer or parameter server."""
-
-    make_vector_env = Trainer.make_vector_env
-    env_actions = Trainer.env_actions
-    explore = Trainer.explore
-    beta = Trainer.beta
-    to_tensors = Trainer.to_tensors
-    actor_priorities = Trainer.actor_priorities
-
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-        self.algo = module_for(cfg.algo)
-        probe = gym.make(cfg.env, **cfg.env_kwargs)
-        self.obs_dim = int(np.prod(probe.observation_space.shape))
-        self.action_space = probe.action_space
-        probe.close()
-        self.act_dim = 1 if not self.algo.CONTINUOUS else int(np.prod(self.action_space.shape))
-        # `Trainer.beta` reads rate.max_updates
-        self.rate = SimpleNamespace(max_updates=max_updates(cfg))
-
-    def networks(self):
-        return self.algo.networks(self.obs_dim, self.action_space, self.cfg)
-
-    def fields(self) -> dict:
-        """Replay fields, the same as every backend's (``replay_spec.replay_fields``)."""
-        return replay_fields(self.obs_dim, self.act_dim, self.algo.CONTINUOUS)
 
 
 def max_updates(cfg: TrainConfig) -> int:

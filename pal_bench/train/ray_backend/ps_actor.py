@@ -24,8 +24,9 @@ import ray
 import torch
 
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
-from pal_bench.train.ray_backend.context import WorkerContext, from_numpy, to_numpy
+from pal_bench.train.ray_backend.context import from_numpy, to_numpy
 
 
 class ParameterServerActor:
@@ -33,7 +34,7 @@ class ParameterServerActor:
         torch.set_num_threads(1)
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
-        ctx = WorkerContext(cfg)
+        ctx = RunCore(cfg)
         nets = ctx.networks()
         self.ps = ParameterServer(ctx.algo, nets, copy.deepcopy(nets), cfg, n_learners)
         if state is not None:

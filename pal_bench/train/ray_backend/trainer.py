@@ -20,20 +20,17 @@ its own; ``ray_placement`` "pack" or "spread" is the placement group's strategy.
 
 from __future__ import annotations
 
-import csv
 import math
-import random
-import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 
-from pal_bench.train.config import ConfigError, TrainConfig, validate
+from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.param_server import Snapshot
-from pal_bench.train.ray_backend.context import WorkerContext, from_numpy, max_updates, merge_seconds, rate_slack
+from pal_bench.train.ray_backend.context import from_numpy, merge_seconds, rate_slack
 from pal_bench.train.trainer import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError
 
 POLL_S = 0.2
@@ -59,39 +56,35 @@ class _PSView:
         return Snapshot(version, from_numpy(state["online"]), from_numpy(state["target"]))
 
 
+@dataclass
+class RemoteCounters:
+    """The driver's mirror of the buffer actor's counters (transitions inserted, updates done), refreshed
+    every ``POLL_S``; what ``Trainer``'s evaluation, summary and progress bar read as ``rate``."""
+
+    max_updates: int
+    steps: int = 0
+    done: int = 0
+    wait_s: dict = field(default_factory=dict)
+
+
+class RemoteBufferStats:
+    """What ``Trainer.summary`` reads from a buffer (``lock_stats``), from the buffer actor's last stats."""
+
+    def __init__(self):
+        self.stats: dict = {"lock": {}, "seconds": {}}
+
+    def lock_stats(self) -> dict:
+        return self.stats["lock"]
+
+
 class RayTrainer(Trainer):
     """Same interface as ``Trainer``: ``run() -> summary``, ``close()``, context manager, run directory."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False):
-        validate(cfg)
         if cfg.backend != "ray":
             raise ConfigError(f"backend: RayTrainer runs backend = 'ray', got {cfg.backend!r}")
-        self.cfg = cfg
-        self.ctx = WorkerContext(cfg)
-        self.algo, self.obs_dim, self.action_space, self.act_dim = (self.ctx.algo, self.ctx.obs_dim,
-                                                                    self.ctx.action_space, self.ctx.act_dim)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.rate = SimpleNamespace(steps=0, done=0, max_updates=max_updates(cfg), wait_s={})
-        self.ps = _PSView()
-        self._buffer_stats: dict = {"lock": {}, "seconds": {}}
-        self.buffer = SimpleNamespace(lock_stats=lambda: self._buffer_stats["lock"])
-        self.timers: dict = {}
-        self.episodes: list[tuple[int, float, int, float]] = []
-        self.evals: list[dict] = []
-        self.events: list[dict] = []               # restarts, timeouts, buffer reloads
         self.placement: dict[str, dict] = {}       # worker -> {pid, node_id, host}
         self.learner_results: dict[str, dict] = {}  # learner -> {updates, version, weights_sha1} at its end
-        self.reached_return = None
-        self.update_count = 0
-        self.resumed_steps, self.wall_offset = 0, 0.0
-        self.train_wall_s = None
-        self.t0 = time.perf_counter()
-        self.run_dir = cfg.run_dir()
-        self.errors: list = []
-        self.threads: list = []
-        self._closed = False
         self._owns_ray = False
         self._handles: dict = {}                   # name -> actor handle
         self._pg = None
@@ -101,8 +94,14 @@ class RayTrainer(Trainer):
         self._reviving: dict[str, float] = {}      # worker being restarted -> deadline (monotonic)
         self._stopping = False
         self._buffer_pid: int | None = None
-        if resume:
-            self.load_checkpoint()
+        super().__init__(cfg, resume=resume)
+
+    def _place(self) -> None:
+        """Ray: parameter server, buffer and counters live in Ray actors (started by ``run``); the driver
+        keeps views of them."""
+        self.rate = RemoteCounters(max_updates=self.max_updates)
+        self.ps = _PSView()
+        self.buffer = RemoteBufferStats()
 
     # ------------------------------------------------------------------ Ray set-up and tear-down
 
@@ -186,8 +185,7 @@ class RayTrainer(Trainer):
         """Train to ``cfg.steps`` transitions; returns the summary (also written to summary.json)."""
         if self._closed:
             raise RuntimeError("this RayTrainer is closed")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
+        self.recorder.write_config(self.cfg.to_dict())
         interrupted, failed = False, True
         progress = None
         try:
@@ -297,19 +295,6 @@ class RayTrainer(Trainer):
         wall = self.wall()
         self.episodes += [(s, r, n, wall) for s, r, n in st["episodes"]]
 
-    def _event(self, worker: str, event: str, lost: int, detail: str) -> None:
-        row = {"wall_s": round(self.wall(), 3), "env_steps": self.rate.steps, "worker": worker, "event": event,
-               "transitions_lost": lost, "detail": detail}
-        self.events.append(row)
-        print(f"[{self.cfg.run_name()}] {worker} {event}: {detail}", file=sys.stderr, flush=True)
-        self._write_events()
-
-    def _write_events(self) -> None:
-        with open(self.run_dir / "events.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["wall_s", "env_steps", "worker", "event", "transitions_lost", "detail"])
-            w.writeheader()
-            w.writerows(self.events)
-
     def _finish(self, progress, clean: bool, interrupted: bool) -> None:
         """Stop the workers, wait for their last phases, then (clean run) evaluate, checkpoint and log."""
         import ray
@@ -331,7 +316,7 @@ class RayTrainer(Trainer):
             ps, buf = ray.get([self._handles["parameter-server"].stats.remote(),
                                self._handles["buffer"].stats.remote()])
             self.ps.version, self.ps.dropped_stale, self.ps.times = ps["version"], ps["dropped_stale"], ps["times"]
-            self._buffer_stats = buf
+            self.buffer.stats = buf
             self.rate.wait_s = buf["wait_s"]
             for t in ps["timeouts"]:
                 self._event("parameter-server", "learner_timeout", 0,
@@ -346,7 +331,6 @@ class RayTrainer(Trainer):
                 self.evaluate()
             self.save_checkpoint()
             self._write_logs()
-            self._write_events()
 
     def close(self) -> None:
         """Kill this run's Ray actors and disconnect from Ray if we connected (idempotent)."""
@@ -359,9 +343,9 @@ class RayTrainer(Trainer):
 
     def summary(self) -> dict:
         s = super().summary()
-        s["phase_seconds"]["buffer"] = {k: round(v, 4) for k, v in self._buffer_stats["seconds"].items()}
+        s["phase_seconds"]["buffer"] = {k: round(v, 4) for k, v in self.buffer.stats["seconds"].items()}
         return s | {
-            "backend": "ray", "ray_address": self.cfg.ray_address, "buffer_size": self._buffer_stats.get("size"),
+            "backend": "ray", "ray_address": self.cfg.ray_address, "buffer_size": self.buffer.stats.get("size"),
             "restarts": [e for e in self.events if e["event"] == "restart"],
             "transitions_lost": sum(e["transitions_lost"] for e in self.events),
             "learner_timeouts": sum(e["event"] == "learner_timeout" for e in self.events),
@@ -378,30 +362,17 @@ class RayTrainer(Trainer):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = (self.run_dir / "buffer.pal").resolve()
         counters = ray.get(self._handles["buffer"].save.remote(str(path)))
-        state = {
-            "ps": ray.get(self._handles["parameter-server"].state_dict.remote()), "steps": counters["steps"],
-            "updates": counters["done"], "update_count": counters["done"], "episodes": self.episodes,
-            "evals": self.evals, "wall_s": self.wall(), "backend": "ray",
-            # for a thread trainer resuming this run
-            "actor_rngs": [np.random.default_rng([self.cfg.seed, a]).bit_generator.state
-                           for a in range(self.cfg.actors)],
-            "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
-            "config": self.cfg.to_dict(),
-        }
-        tmp = self.run_dir / "checkpoint.pt.tmp"
-        torch.save(state, tmp)
-        tmp.replace(self.run_dir / "checkpoint.pt")
-        return self.run_dir / "checkpoint.pt"
+        ps_state = ray.get(self._handles["parameter-server"].state_dict.remote())
+        # the actors' RNGs live in their processes: a thread trainer resuming this run starts them afresh
+        fresh = [np.random.default_rng([self.cfg.seed, a]) for a in range(self.cfg.actors)]
+        return self.recorder.save_checkpoint(self._checkpoint_state(ps_state, counters["steps"], counters["done"],
+                                                                    fresh))
 
-    def load_checkpoint(self) -> None:
-        path = self.run_dir / "checkpoint.pt"
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint to resume from at {path}")
-        state = torch.load(path, weights_only=False)
+    def load_checkpoint(self) -> dict:
+        """Counters and logs now; weights and buffer go to the Ray actors when ``run`` starts them."""
+        state = self.recorder.load_checkpoint()
         self._resume_state = state
         self.rate.steps, self.rate.done = state["steps"], state["updates"]
-        self.episodes = [tuple(e) for e in state["episodes"]]
-        self.evals = state["evals"]
         self.wall_offset = state["wall_s"]
         self.resumed_steps = state["steps"]
-
+        return state

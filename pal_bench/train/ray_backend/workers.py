@@ -29,9 +29,10 @@ import ray
 import torch
 
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.ray_backend.buffer_actor import _reconstructed
-from pal_bench.train.ray_backend.context import WorkerContext, chunk_size, from_numpy, to_numpy
+from pal_bench.train.ray_backend.context import chunk_size, from_numpy, to_numpy
 from pal_bench.train.workers import EnvStepper, PhaseTimer
 
 ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
@@ -64,7 +65,7 @@ class _Worker:
         torch.set_num_threads(1)
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self.cfg, self.id, self.buffer, self.ps = cfg, worker_id, buffer, ps
-        self.ctx = WorkerContext(cfg)
+        self.ctx = RunCore(cfg)
         self.restarted = _reconstructed()
 
     def info(self) -> dict:
