@@ -20,26 +20,26 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.regression
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.regression
 
 bench-compare: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench --compare
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.run --compare
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pal_bench tests suites
 
 # the fan-out study first: the suites' report at the end regenerates every table, the fan-out's too
 bench: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.fanout
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.shared_bench
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.fanout
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.shared_buffer
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.run
 
 # the trainer's reference runs (about 1 h on 2 cores) and the scaling / core-split measurements
 train-results: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.train.sweep
 
 scaling: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.scaling --max-threads 4
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.scaling --max-threads 4
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000
 
 # PAL's drop-in buffers inside RLlib and tianshou (about 15 min) and the race to a target return

@@ -38,7 +38,7 @@ def _train(args) -> int:
               f"the learner, {summary['bytes_to_buffer'] / 1e6:.2f} MB back, learner idle "
               f"{summary['learner_idle_frac']:.0%}")
         return 0
-    from pal_bench import profile
+    from pal_bench.train import profile
 
     profile.main(summary["run_dir"])
     return 0
@@ -52,7 +52,7 @@ DSE_BACKEND = "processes"
 def _dse(args) -> int:
     import pandas as pd
 
-    from pal_bench import dse, scaling
+    from pal_bench.studies import dse, scaling
     from pal_bench.train import make_config
 
     cfg = make_config(args.algo, args.env)
@@ -82,7 +82,7 @@ def _dse(args) -> int:
         print(f"curves: {args.curves} (backend {backend})")
     else:
         backend = args.backend or DSE_BACKEND
-        from pal_bench.conditions import refuse_if_busy
+        from pal_bench.bench.conditions import refuse_if_busy
 
         if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
             return 2
@@ -110,7 +110,7 @@ def _dse(args) -> int:
     fig_path.parent.mkdir(parents=True, exist_ok=True)
     measured = pd.read_csv(args.measured) if args.measured else None
     if args.validate:
-        from pal_bench.conditions import Conditions, refuse_if_busy
+        from pal_bench.bench.conditions import Conditions, refuse_if_busy
 
         if refuse_if_busy("pal-bench dse --validate", args.force):
             return 2
@@ -132,10 +132,13 @@ def _dse(args) -> int:
 
 # sub-commands with their own argument parsers: name -> (module with main(argv), help)
 FORWARDED = {
-    "race": ("pal_bench.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
-    "plugin-bench": ("pal_bench.plugin_bench", "training-iteration time with each framework's buffer vs PAL's drop-in"),
-    "aggregation": ("pal_bench.aggregation", "share of a training iteration spent aggregating gradients, per scheme"),
-    "longhaul": ("pal_bench.longhaul.experiment", "replay at the learner or at the buffer node, over a long-haul link"),
+    "race": ("pal_bench.studies.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
+    "plugin-bench": ("pal_bench.studies.plugin",
+                     "training-iteration time with each framework's buffer vs PAL's drop-in"),
+    "aggregation": ("pal_bench.studies.aggregation",
+                    "share of a training iteration spent aggregating gradients, per scheme"),
+    "longhaul": ("pal_bench.studies.longhaul.experiment",
+                 "replay at the learner or at the buffer node, over a long-haul link"),
 }
 
 
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--validate", type=int, metavar="STEPS", default=0,
                    help="also run the trainer at every split for STEPS transitions and compare "
                         "(results/dse_validation.csv)")
-    from pal_bench.conditions import add_force_flag
+    from pal_bench.bench.conditions import add_force_flag
 
     add_force_flag(d)
     sub.add_parser("report", help="rebuild every table and figure from stored results and write "
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dse":
         return _dse(args)
     if args.command == "profile":
-        from pal_bench import profile
+        from pal_bench.train import profile
 
         try:
             return profile.main(args.run)

@@ -3,9 +3,9 @@
 Reads only the files in ``results/`` (never re-measures), so it can be re-run at any time:
 ``results/latency.csv`` (one row per suite x peer x operation x capacity x batch [x fan-out], with
 median, IQR and rounds; skipped cases as rows with their reason), ``results/latency_tables.md``,
-every figure (``pal_bench.figures`` and each study's drawer, for the stored CSVs that exist), and
-every generated block of README.md and ``docs/*.md`` (``pal_bench.tables``). ``--html`` (``pal-bench
-report``) also writes the static page ``results/report/index.html`` (``pal_bench.html_report``).
+every figure (``pal_bench.bench.figures`` and each study's drawer, for the stored CSVs that exist), and
+every generated block of README.md and ``docs/*.md`` (``pal_bench.bench.tables``). ``--html`` (``pal-bench
+report``) also writes the static page ``results/report/index.html`` (``pal_bench.bench.html_report``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench import figures as figs
+from pal_bench.bench import figures as figs
 
 ROOT = Path(__file__).resolve().parent.parent
 OP_LABELS = {
@@ -42,7 +42,7 @@ def fmt_n(n: float) -> str:
 
 def load(path: Path) -> tuple[pd.DataFrame, dict]:
     """One row per benchmark (median/IQR/min in µs, rounds, and ``sample_us``: the stored sample of round
-    times kept by ``pal_bench.bench`` for bootstrap intervals, or None) and one per skipped case (with reason)."""
+    times kept by ``pal_bench.bench.run`` for bootstrap intervals, or None) and one per skipped case (with reason)."""
     data = json.loads(path.read_text())
     rows = []
     for b in data["benchmarks"]:
@@ -95,7 +95,7 @@ def pal_table(df: pd.DataFrame) -> pd.DataFrame:
 def speedup_ci(df: pd.DataFrame, peer: str, op: str, capacity: int) -> tuple[float, float, float]:
     """PAL's speedup over ``peer`` (peer median / PAL median) with a bootstrap 95% interval over the stored
     round samples; (point, nan, nan) where a sample was not kept."""
-    from pal_bench.stats import ratio_ci
+    from pal_bench.bench.stats import ratio_ci
 
     rows = ok(df)[(ok(df).op == op) & (ok(df).capacity == capacity)].set_index("peer")
     theirs, ours = rows.loc[peer], rows.loc["pal"]
@@ -107,7 +107,7 @@ def speedup_ci(df: pd.DataFrame, peer: str, op: str, capacity: int) -> tuple[flo
 def speedup_table(df: pd.DataFrame, ops=("insert_one", "insert_batch", "sample_update")) -> pd.DataFrame:
     """Rows: peer and operation; columns: capacity; cells: peer median / PAL median (with a bootstrap 95%
     interval where round samples were kept), or why not run."""
-    from pal_bench.stats import fmt_ci
+    from pal_bench.bench.stats import fmt_ci
 
     med = ok(df).pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
     if "pal" not in med.columns:
@@ -186,9 +186,9 @@ def tables_markdown(tidy: pd.DataFrame, machine: dict) -> str:
 
 def draw_trainer_figures(results: Path) -> list[Path]:
     """Redraw the trainer-scaling and buffer-concurrency figures from whichever stored CSVs exist."""
-    from pal_bench import concurrency
-    from pal_bench.scaling import backends_figure, draw_end_to_end
-    from pal_bench.scaling import draw as draw_scaling
+    from pal_bench.studies import concurrency
+    from pal_bench.studies.scaling import backends_figure, draw_end_to_end
+    from pal_bench.studies.scaling import draw as draw_scaling
 
     out, figures = results / "figures", []
     if (results / "scaling_async_env.csv").exists():
@@ -210,27 +210,27 @@ def draw_study_figures(results: Path) -> list[Path]:
     """Redraw the figures of the other studies from whichever stored CSVs exist."""
     figures: list[Path] = []
     if (results / "plugin.csv").exists():
-        from pal_bench.plugin_bench import draw as draw_plugin
-        from pal_bench.plugin_bench import speedup_table
+        from pal_bench.studies.plugin import draw as draw_plugin
+        from pal_bench.studies.plugin import speedup_table
 
         table = speedup_table(pd.read_csv(results / "plugin.csv"))
         figures.append(draw_plugin(table, results / "figures" / "plugin.png"))
     for task in ("quick", "full"):
         suffix = "" if task == "full" else f"_{task}"
         if (results / f"race{suffix}_curves.csv").exists():
-            from pal_bench.race import TASKS
-            from pal_bench.race import draw as draw_race
+            from pal_bench.studies.race import TASKS
+            from pal_bench.studies.race import draw as draw_race
 
             figures.append(draw_race(pd.read_csv(results / f"race{suffix}_curves.csv"), task, TASKS[task],
                                      results / "figures" / f"race{suffix}.png"))
     for base in (results, results / "full"):
         if (base / "longhaul.csv").exists() and (base / "longhaul_timeline.csv").exists():
-            from pal_bench.longhaul.experiment import draw as draw_longhaul
+            from pal_bench.studies.longhaul.experiment import draw as draw_longhaul
 
             figures += draw_longhaul(pd.read_csv(base / "longhaul.csv"), pd.read_csv(base / "longhaul_timeline.csv"),
                                      base / "figures")
         if (base / "aggregation.csv").exists():
-            from pal_bench.aggregation import draw as draw_aggregation
+            from pal_bench.studies.aggregation import draw as draw_aggregation
 
             figures += draw_aggregation(pd.read_csv(base / "aggregation.csv"), base / "figures")
     return figures
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-docs", action="store_true", help="leave README.md and docs/ alone")
     ap.add_argument("--html", action="store_true", help="also write results/report/index.html")
     args = ap.parse_args(argv)
-    from pal_bench import tables
+    from pal_bench.bench import tables
 
     try:
         tidy, machine = load_all(args.results)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_figures:
         figures = figs.draw_all(tidy, args.results / "figures", machine_line(machine))
         if (args.results / "scaling.csv").exists():
-            from pal_bench.scaling import draw as draw_scaling
+            from pal_bench.studies.scaling import draw as draw_scaling
 
             figures.append(draw_scaling(pd.read_csv(args.results / "scaling.csv"),
                                         args.results / "figures" / "scaling.png"))
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"generated blocks rebuilt in {len([f for f in files if f.exists()])} files; changed: "
               + (", ".join(changed) if changed else "none"))
     if args.html:
-        from pal_bench import html_report
+        from pal_bench.bench import html_report
 
         print(f"report: {html_report.write(args.root, args.results)}")
     return 0

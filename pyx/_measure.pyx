@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""A marker for instruction counting: ``pal_bench.regression`` runs the buffer under callgrind with
+"""A marker for instruction counting: ``pal_bench.bench.regression`` runs the buffer under callgrind with
 collection switched on only inside ``measured_region`` (``--toggle-collect``) and a profile dump after
 each call (``--dump-after``), so each measured operation's instructions land in a part of their own."""
 

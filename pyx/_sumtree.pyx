@@ -27,7 +27,7 @@ from _tree_core cimport (
 
 cnp.import_array()
 
-# Chosen by measurement: `python -m pal_bench.fanout` (one full buffer per K at capacity 1e6, batch 256,
+# Chosen by measurement: `python -m pal_bench.studies.fanout` (one full buffer per K at capacity 1e6, batch 256,
 # every K timed in each of 100 interleaved rounds; AMD EPYC, 2 cores, load < 1, 2026-12-01;
 # results/fanout.csv, table in docs/latency.md). Against K = 16, sample + update took 0.97x
 # [0.87, 1.10] at K = 8 (within noise), 1.06x [0.96, 1.19] at K = 32, 1.11x [0.97, 1.26] at K = 4,

@@ -1,10 +1,10 @@
 """Shared fixtures of the benchmark suites: profiles, the peer list, and a cache of filled buffers.
 
 Profile: ``PAL_BENCH_PROFILE=quick`` (default) or ``full``. Peers: ``PAL_BENCH_PEERS`` (comma
-separated, default: every adapter in ``pal_bench.adapters.ADAPTERS``). Cases that cannot run (a
+separated, default: every adapter in ``pal_bench.bench.adapters.ADAPTERS``). Cases that cannot run (a
 peer not installed, too large for the profile, no native batch insert) are skipped with a reason;
 when ``PAL_BENCH_SKIPS`` names a file, the skipped cases and their reasons are written there as
-JSON, so that the results record them (``pal_bench.bench`` merges them into the suite's JSON).
+JSON, so that the results record them (``pal_bench.bench.run`` merges them into the suite's JSON).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from pal_bench.adapters import ADAPTERS, available, make_adapter
+from pal_bench.bench.adapters import ADAPTERS, available, make_adapter
 
 PROFILE = os.environ.get("PAL_BENCH_PROFILE", "quick")
 if PROFILE not in ("quick", "full"):
@@ -42,7 +42,7 @@ def get_adapter(peer: str, capacity: int, **kwargs):
     why = available(peer)
     if why:
         pytest.skip(f"{peer}: {why}")
-    from pal_bench.adapters.registry import adapter_class
+    from pal_bench.bench.adapters.registry import adapter_class
 
     cls = adapter_class(peer)
     limit = cls.QUICK_MAX_CAPACITY if PROFILE == "quick" and cls.QUICK_MAX_CAPACITY else cls.MAX_CAPACITY
@@ -98,7 +98,7 @@ def pytest_runtest_logstart(nodeid):
 
 def run_op(benchmark, adapter, op: str, batch: int, **info) -> None:
     """Benchmark ``op`` on ``adapter`` and record what was measured in ``extra_info``."""
-    from pal_bench.adapters import lunar_batch, lunar_row
+    from pal_bench.bench.adapters import lunar_batch, lunar_row
 
     benchmark.extra_info.update(peer=adapter.name, op=op, batch=batch, capacity=adapter.capacity,
                                 profile=PROFILE, **info)

@@ -8,7 +8,7 @@ in ``extra_info``. Ids read ``test_buffer_concurrency[w=<writers>-s=<samplers>-<
 import pytest
 from conftest import PEERS, PROFILE
 
-from pal_bench.concurrency import GRID, measure
+from pal_bench.studies.concurrency import GRID, measure
 
 SECONDS = 1.0 if PROFILE == "quick" else 3.0
 IMPLS = [p for p in ("pal", "tianshou") if p in PEERS]

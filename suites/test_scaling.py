@@ -3,7 +3,7 @@
 x = 1..M threads (M = usable cores; ``PAL_BENCH_MAX_THREADS`` may go past it: oversubscribed rows
 are marked). DQN on CartPole-v1 by default (``PAL_BENCH_SCALING_ENV``). The throughput is in
 ``extra_info`` (transitions/s for f_a, updates/s for f_l); pytest-benchmark's time is the wall
-time of one measurement. ``python -m pal_bench.scaling`` runs the same measurements and draws them.
+time of one measurement. ``python -m pal_bench.studies.scaling`` runs the same measurements and draws them.
 Ids read ``test_scaling[<curve>-x=<threads>]``.
 """
 
@@ -12,7 +12,7 @@ import os
 import pytest
 from conftest import PROFILE
 
-from pal_bench.scaling import measure_fa, measure_fl, usable_cores
+from pal_bench.studies.scaling import measure_fa, measure_fl, usable_cores
 from pal_bench.train import make_config
 
 CORES = usable_cores()

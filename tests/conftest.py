@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pal_bench.adapters.base import LUNAR_FIELDS  # the fields every suite and test uses
+from pal_bench.bench.adapters.base import LUNAR_FIELDS  # the fields every suite and test uses
 
 
 def lunar_batch(n: int, start: int = 0) -> dict:

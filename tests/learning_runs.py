@@ -157,7 +157,7 @@ def run_one(name: str, seed: int) -> dict:
         return {"best": r["best"], "final": s["final_eval_return"], "updates": s["updates"],
                 "dropped": s["dropped_stale_gradients"], "wall_s": s["wall_s"], "curve": r["curve"]}
     if name == "ray":
-        from pal_bench import ray_session
+        from pal_bench.train.backends.ray import session as ray_session
 
         with tempfile.TemporaryDirectory() as d, ray_session.session(num_cpus=2, log_to_driver=False):
             r = ray_dqn_cartpole(seed, d)
@@ -197,7 +197,7 @@ def parse_seeds(text: str) -> list[int]:
 def sweep(name: str, seeds: list[int], jobs: int, out: Path) -> list[dict]:
     import pandas as pd
 
-    from pal_bench.conditions import Conditions
+    from pal_bench.bench.conditions import Conditions
 
     def one(seed: int) -> dict:
         with Conditions(f"learning sweep {name} seed {seed}") as c:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pal_bench.adapters import ADAPTERS, available, lunar_batch, lunar_row, make_adapter
-from pal_bench.adapters.registry import COMPONENTS
+from pal_bench.bench.adapters import ADAPTERS, available, lunar_batch, lunar_row, make_adapter
+from pal_bench.bench.adapters.registry import COMPONENTS
 
 
 @pytest.mark.parametrize("name", list(ADAPTERS) + list(COMPONENTS))

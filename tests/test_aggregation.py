@@ -1,4 +1,4 @@
-"""Gradient aggregation schemes (``pal_bench.aggregation``): the same inputs give the same averaged
+"""Gradient aggregation schemes (``pal_bench.studies.aggregation``): the same inputs give the same averaged
 gradients in every scheme (sync mode). Inputs are small integers, so every summation order is exact
 and the comparisons are bit for bit."""
 
@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import torch
 
-from pal_bench import aggregation as agg
+from pal_bench.studies import aggregation as agg
 from pal_bench.train.param_server import ParameterServer
 
 
@@ -80,9 +80,9 @@ def test_gloo_allreduce_and_hierarchical_match_the_mean(ray_session):
                 for a, b in zip(got, want):
                     np.testing.assert_array_equal(a, b, err_msg=scheme)
         # and the Ray parameter-server actor (sync) steps with that same average
+        from pal_bench.train.backends.ray.context import to_numpy
+        from pal_bench.train.backends.ray.ps_actor import ParameterServerActor
         from pal_bench.train.core import RunCore
-        from pal_bench.train.ray_backend.context import to_numpy
-        from pal_bench.train.ray_backend.ps_actor import ParameterServerActor
 
         cfg = agg._setup((8, 8))[0]
         ps = ray.remote(num_cpus=0)(ParameterServerActor).remote(cfg, 2)

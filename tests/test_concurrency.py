@@ -140,7 +140,7 @@ def test_lock_stats_count_waits_and_holds():
 
 
 def test_concurrency_measure_counts_both_sides():
-    from pal_bench.concurrency import measure
+    from pal_bench.studies.concurrency import measure
 
     r = measure("pal", writers=1, samplers=1, seconds=0.3)
     assert r["inserts_per_s"] > 0 and r["sample_updates_per_s"] > 0

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from pal_bench import conditions, stats
+from pal_bench.bench import conditions, stats
 
 
 def test_a_busy_machine_is_refused_unless_forced(monkeypatch, capsys):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pal_bench import tables
+from pal_bench.bench import tables
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = tables.doc_files(ROOT)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from pal_bench.dse import solve, table
+from pal_bench.studies.dse import solve, table
 
 
 def test_linear_curves_on_56_cores_balance_the_two_sides():
@@ -100,8 +100,8 @@ def test_dse_on_ray_curves_names_their_backend(tmp_path, monkeypatch, capsys):
 
 
 def test_scaling_sweep_repeats_each_point_and_the_table_gives_intervals(tmp_path):
-    from pal_bench import scaling
-    from pal_bench.tables import scaling_block
+    from pal_bench.bench.tables import scaling_block
+    from pal_bench.studies import scaling
     from pal_bench.train import make_config
 
     df = scaling.sweep(make_config("dqn", "CartPole-v1"), 2, 300, 10, progress=lambda m: None, repeats=2)

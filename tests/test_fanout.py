@@ -1,7 +1,8 @@
 """The interleaved fan-out study: every K timed in every round, a table from its CSV, bad arguments refused."""
 
-from pal_bench import DEFAULT_FANOUT, fanout
-from pal_bench.tables import fanout_block
+from pal_bench import DEFAULT_FANOUT
+from pal_bench.bench.tables import fanout_block
+from pal_bench.studies import fanout
 
 
 def test_every_fanout_is_timed_in_every_round(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pal_bench import html_report
+from pal_bench.bench import html_report
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from pal_bench.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, Link, Receiver, merge_stats, spec_from
+from pal_bench.studies.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, Link, Receiver, merge_stats, spec_from
 
 
 def _frames(sock):
@@ -204,7 +204,7 @@ def test_link_inside_a_ray_actor(ray_session):
 def test_topology_runs_a_short_cartpole_dqn(ray_session, topology):
     """A short CartPole-v1 DQN over the WAN preset runs to completion in both topologies, with
     learner updates, traffic each way and the crossing priorities measured."""
-    from pal_bench.longhaul import experiment as ex
+    from pal_bench.studies.longhaul import experiment as ex
 
     cfg = ex.make_cfg("CartPole-v1", 1_500, learning_starts=300, hidden=(32, 32))
     res = ex.run_one(cfg, topology, "wan", actors=1, actor_rate=1_000, eval_interval_s=0.5, eval_episodes=1)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pal_bench import profile
 from pal_bench.cli import main
+from pal_bench.train import profile
 
 
 def test_profile_tables_and_figure(tmp_path, capsys):

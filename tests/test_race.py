@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pal_bench import plugin_bench, race
+from pal_bench.studies import plugin as plugin_bench
+from pal_bench.studies import race
 
 SMOKE = race.TASKS["smoke"]
 

@@ -202,7 +202,7 @@ class TestLocalRay:
         assert torch.load(tmp_path / cfg.run_name() / "checkpoint.pt", weights_only=False)["ps"]["version"] == steps
 
     def test_buffer_actor_reloads_its_checkpoint_after_a_crash(self, tmp_path):
-        from pal_bench.train.ray_backend.buffer_actor import BufferActor
+        from pal_bench.train.backends.ray.buffer_actor import BufferActor
 
         cfg = cfg_for(tmp_path, buffer_checkpoint_interval=200)
         path = str(tmp_path / "buffer_actor.pal")

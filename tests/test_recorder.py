@@ -51,8 +51,8 @@ def test_recorder_writes_events_evaluations_logs_and_a_checkpoint_it_restores(tm
 
 def test_train_does_not_import_the_long_haul_study():
     """The trainer knows topologies only through the registry (``pal_bench.train.topology``)."""
-    code = ("import sys, pal_bench.train, pal_bench.train.trainer, pal_bench.train.process_backend, "
-            "pal_bench.train.ray_backend; print(sorted(m for m in sys.modules if 'longhaul' in m))")
+    code = ("import sys, pal_bench.train, pal_bench.train.backends.threads, pal_bench.train.backends.processes, "
+            "pal_bench.train.backends.ray; print(sorted(m for m in sys.modules if 'longhaul' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ))
     assert out.stdout.strip() == "[]"
@@ -62,7 +62,7 @@ def test_topologies_register_through_the_entry_point_and_unknown_ones_are_reject
     from pal_bench.train import ConfigError, make_config, topology, validate
 
     assert topology.names() == ["local", "learner-replay", "buffer-replay"]
-    from pal_bench.longhaul.trainer import LonghaulTrainer
+    from pal_bench.studies.longhaul.trainer import LonghaulTrainer
 
     assert topology.get("buffer-replay").trainer is LonghaulTrainer
     with pytest.raises(ConfigError, match="topology must be one of local, learner-replay, buffer-replay"):

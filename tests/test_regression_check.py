@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from pal_bench import instructions, regression
+from pal_bench.bench import instructions, regression
 
 needs_peers = pytest.mark.skipif(
     importlib.util.find_spec("tianshou") is None or importlib.util.find_spec("ray") is None,

@@ -262,7 +262,7 @@ def test_shared_and_private_buffers_store_and_sample_the_same():
 @pytest.mark.parametrize("impl", ["pal", "cpprb"])
 def test_the_process_throughput_benchmark_runs(impl):
     pytest.importorskip(impl if impl == "cpprb" else "pal_bench")
-    from pal_bench import shared_bench
+    from pal_bench.studies import shared_buffer as shared_bench
 
     r = shared_bench.measure(impl, 1, 1, 0.3)
     assert r["inserts_per_s"] > 0 and r["sample_updates_per_s"] > 0

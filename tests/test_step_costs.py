@@ -1,4 +1,4 @@
-"""The step attribution of one sample+update (pal_bench.step_costs): every step the docs table names gets
+"""The step attribution of one sample+update (pal_bench.bench.step_costs): every step the docs table names gets
 instructions, and the attribution follows the source, not the machine."""
 
 import shutil
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pal_bench import step_costs
+from pal_bench.bench import step_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 

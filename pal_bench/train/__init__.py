@@ -1,23 +1,23 @@
 """The parallel actor / learner / parameter-server trainer (threads in one process)."""
 
+from pal_bench.train.backends.threads import Trainer, WorkerError
 from pal_bench.train.config import ConfigError, TrainConfig, make_config, validate
-from pal_bench.train.trainer import Trainer, WorkerError
 
 
 def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
-    """``Trainer`` for ``cfg.backend == "threads"``, ``ProcessTrainer`` (pal_bench.train.process_backend) for
-    "processes", ``RayTrainer`` (pal_bench.train.ray_backend) for "ray", and the registered topology's
+    """``Trainer`` for ``cfg.backend == "threads"``, ``ProcessTrainer`` (pal_bench.train.backends.processes) for
+    "processes", ``RayTrainer`` (pal_bench.train.backends.ray) for "ray", and the registered topology's
     trainer (``pal_bench.train.topology``) for any ``cfg.topology`` but "local"."""
     if cfg.topology != "local":
         from pal_bench.train import topology
 
         return topology.get(cfg.topology).trainer(cfg, resume=resume)
     if cfg.backend == "ray":
-        from pal_bench.train.ray_backend import RayTrainer
+        from pal_bench.train.backends.ray import RayTrainer
 
         return RayTrainer(cfg, resume=resume)
     if cfg.backend == "processes":
-        from pal_bench.train.process_backend import ProcessTrainer
+        from pal_bench.train.backends.processes import ProcessTrainer
 
         return ProcessTrainer(cfg, resume=resume)
     return Trainer(cfg, resume=resume)

@@ -40,7 +40,7 @@ class TrainConfig:
     pin_cores: bool = False                            # pin each worker thread to a core (round robin)
     deterministic: bool | None = None                  # lockstep actor/learner; None: on for 1 actor + 1 learner
 
-    # backend: threads in this process, or Ray processes (pal_bench.train.ray_backend)
+    # backend: threads in this process, or Ray processes (pal_bench.train.backends.ray)
     backend: str = "threads"                           # "threads", "processes" (actor processes) or "ray"
     ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
     ray_placement: str = "pack"                        # "pack" or "spread" the workers over the nodes
@@ -48,7 +48,7 @@ class TrainConfig:
     ray_prefetch: int = 1                              # sampled batches a learner has in flight beyond the one used
     learner_timeout_s: float = 30.0                    # sync (ray): apply a round without a learner this late (s)
     buffer_checkpoint_interval: int = 0                # ray: buffer actor checkpoint every N transitions (0: off)
-    # long-haul layouts (backend ray, DQN family; pal_bench.longhaul): edge actors feed a buffer node and
+    # long-haul layouts (backend ray, DQN family; pal_bench.studies.longhaul): edge actors feed a buffer node and
     # one learner sits behind `link`; replay at the learner ("learner-replay") or at the node ("buffer-replay")
     topology: str = "local"                            # "local" (the layout above), "learner-replay", "buffer-replay"
     link: str = "none"                                 # link preset: none, fibre-10km, wan, wan-1MBps

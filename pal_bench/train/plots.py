@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.plotting import pyplot
+from pal_bench.bench.plotting import pyplot
 
 plt = pyplot()
 

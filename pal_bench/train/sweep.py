@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "results" / "runs"

@@ -2,7 +2,7 @@
 
 A package registers each of its topologies with the trainer that runs it and the checks its config needs;
 ``train`` knows none of them by name. Registration happens through the entry-point group
-``pal_bench.topologies`` (see pyproject.toml: ``pal_bench.longhaul`` registers "learner-replay" and
+``pal_bench.topologies`` (see pyproject.toml: ``pal_bench.studies.longhaul`` registers "learner-replay" and
 "buffer-replay"), loaded the first time a topology is looked up.
 """
 

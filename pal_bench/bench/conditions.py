@@ -1,0 +1,303 @@
+"""The conditions a measurement ran under: machine, commit, versions, date, load before and after.
+
+Every stored result carries them (``record(path, ...)`` writes ``<result>.meta.json`` beside a CSV;
+JSON results embed them under ``"conditions"``), so a table can say where each number came from and
+mark the ones measured on a busy machine (1-minute load average above half the usable cores) as noisy.
+
+    check_quiet("scaling", force)         # BusyMachineError on a busy machine unless forced (then a warning)
+    with Conditions("scaling") as c:      # reads the load before
+        ...measure...
+    c.write(Path("results/scaling.csv"))  # load after, commit, machine, versions -> results/scaling.csv.meta.json
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from pal_bench.atomic import atomic_write_text  # noqa: F401 - re-exported: the studies write through it
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("numpy", "torch", "gymnasium", "cython", "tianshou", "cpprb", "ray", "pandas", "scipy")
+
+
+class BusyMachineError(RuntimeError):
+    """The machine's load is above half its cores and the caller did not pass ``force``."""
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask), else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def load1() -> float:
+    """The 1-minute load average (0.0 where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def noisy_limit() -> float:
+    """Load above which a measurement is marked noisy: half the usable cores."""
+    return usable_cores() / 2
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def commit() -> str:
+    """The checked-out commit, with ``+dirty`` when tracked code has changes ('' outside git). Changes to
+    stored results and to the published text (results/, docs/, README.md) do not count: measuring
+    commands write those themselves."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!results", ":!docs", ":!README.md"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return sha + ("+dirty" if sha and dirty else "")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine() -> dict:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(), "memory_gib": memory_gib(),
+            "system": f"{platform.system()} {platform.release()}", "arch": platform.machine()}
+
+
+def check_quiet(what: str, force: bool = False) -> float:
+    """The load now; on a busy machine (load > half the cores) a warning, or ``BusyMachineError``
+    unless ``force``. Sweep commands call this before they start."""
+    load, limit = load1(), noisy_limit()
+    if load > limit:
+        msg = (f"the 1-minute load average is {load:.2f}, above half of the {usable_cores()} usable cores "
+               f"({limit:g}); results measured now are marked noisy")
+        if not force:
+            raise BusyMachineError(msg + ". Wait for a quiet machine, or pass --force to measure anyway.")
+        print(f"warning: {msg} (--force)", file=sys.stderr)
+    return load
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have kept cores busy since boot (/proc/stat), or None."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)          # idle + iowait
+    busy = sum(fields[:8]) - idle                                      # guest time is inside user time
+    return busy / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds used by this process and its reaped children so far."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class _TreeCpu:
+    """CPU seconds of this process's live descendants, sampled every ``period`` s by a daemon thread
+    (Linux /proc): processes such as Ray's workers, which this process never reaps, so that rusage
+    misses them. ``stop()`` returns the CPU seconds every descendant seen used since the start."""
+
+    def __init__(self, period: float = 0.5):
+        import threading
+
+        self.seen: dict[tuple[int, str], float] = {}
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._thread = threading.Thread(target=self._run, args=(period,), name="pal-conditions", daemon=True)
+        self.before: dict[tuple[int, str], float] = {}
+        if Path("/proc/self/stat").exists():
+            self.sample()
+            self.before = dict(self.seen)     # descendants alive at the start count from here on
+            self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.sample()
+
+    def sample(self) -> None:
+        parents: dict[int, int] = {}
+        stats: dict[int, list[str]] = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(d.name)] = int(fields[1])
+            stats[int(d.name)] = fields
+        me = os.getpid()
+        for pid, fields in stats.items():
+            p, hops = parents.get(pid), 0
+            while p not in (None, 0, 1, me) and hops < 64:
+                p, hops = parents.get(p), hops + 1
+            if p == me and pid != me:      # a descendant: utime + stime (+ its reaped children's)
+                cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._tick
+                self.seen[(pid, fields[19])] = cpu
+
+    def stop(self) -> float:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+        return sum(cpu - self.before.get(key, 0.0) for key, cpu in self.seen.items())
+
+
+class Conditions:
+    """Conditions of one measurement: load before (at construction) and after (at ``finish``).
+
+    The load average counts the measurement's own runnable threads too (more than its cores when it
+    oversubscribes them), so the result is marked noisy when the load before exceeded half the usable
+    cores (the machine was busy as it started), or when *other* processes kept more than half the cores
+    busy on average while it ran: ``other_cores`` = the machine's busy CPU seconds (/proc/stat) less those
+    of this process and its descendants (``own_cores``; descendants that are not our reaped children,
+    such as Ray's workers, are sampled from /proc every 0.5 s), over the wall time.
+    """
+
+    def __init__(self, what: str, command: str | None = None):
+        self.what = what
+        self.command = command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.load_before = load1()
+        self.commit = commit()           # the code that measured, read before any result is written
+        self.load_after: float | None = None
+        self.own_cores: float | None = None
+        self.finished: _dt.datetime | None = None
+        self._cpu0, self._t0 = _cpu_seconds(), _dt.datetime.now().timestamp()
+        self._busy0 = _machine_busy_seconds()
+        self.other_cores: float | None = None
+        self._tree = _TreeCpu()
+
+    def __enter__(self) -> Conditions:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.load_after is None:
+            self.finish()
+
+    def finish(self) -> dict:
+        self.load_after = load1()
+        self.finished = _dt.datetime.now(_dt.timezone.utc)
+        wall = max(_dt.datetime.now().timestamp() - self._t0, 1e-9)
+        # reaped children are in rusage, live or unreaped descendants in the sampler; a child counted by
+        # both (sampled, then reaped) is counted twice, which errs on the side of "our own load"
+        self.own_cores = (_cpu_seconds() - self._cpu0 + self._tree.stop()) / wall
+        busy = _machine_busy_seconds()
+        if busy is not None and self._busy0 is not None:
+            self.other_cores = max(0.0, (busy - self._busy0) / wall - self.own_cores)
+        return self.as_dict()
+
+    def noisy(self) -> bool:
+        """Busy as it started (load before), or other processes kept more than half the cores busy on
+        average while it ran (``other_cores``; where /proc/stat is missing: load after less ``own_cores``)."""
+        if self.other_cores is not None:
+            during = self.other_cores
+        elif self.load_after is not None:
+            during = self.load_after - (self.own_cores or 0.0)
+        else:
+            during = 0.0
+        return max(self.load_before, during) > noisy_limit()
+
+    def as_dict(self) -> dict:
+        return {
+            "what": self.what, "command": self.command,
+            "started": self.started.isoformat(timespec="seconds"),
+            "finished": self.finished.isoformat(timespec="seconds") if self.finished else None,
+            "load_before": round(self.load_before, 2),
+            "load_after": None if self.load_after is None else round(self.load_after, 2),
+            "own_cores": None if self.own_cores is None else round(self.own_cores, 2),
+            "other_cores": None if self.other_cores is None else round(self.other_cores, 2),
+            "noisy": self.noisy(),
+            "noisy_limit": noisy_limit(),
+            "commit": self.commit, "machine": machine(), "versions": versions(),
+        }
+
+    def write(self, result: Path) -> Path:
+        """Write ``<result>.meta.json`` beside a stored result file (atomically)."""
+        if self.load_after is None:
+            self.finish()
+        return write_meta(result, self.as_dict())
+
+
+def meta_path(result: Path) -> Path:
+    result = Path(result)
+    return result.with_name(result.name + ".meta.json")
+
+
+def write_meta(result: Path, meta: dict) -> Path:
+    path = meta_path(result)
+    atomic_write_text(path, json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+def read_meta(result: Path) -> dict | None:
+    """The conditions stored beside ``result`` (None where none were recorded)."""
+    path = meta_path(result)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def describe(meta: dict | None) -> str:
+    """One line for a table's caption: machine, date, load, commit; '(no conditions recorded)' otherwise."""
+    if not meta:
+        return "conditions not recorded"
+    m = meta.get("machine", {})
+    load = f"load {meta.get('load_before')} -> {meta.get('load_after')}"
+    noisy = " **noisy**" if meta.get("noisy") else ""
+    when = (meta.get("started") or "")[:16].replace("T", " ")
+    return (f"{m.get('cpu', '?')}, {m.get('usable_cores', '?')} cores, {m.get('memory_gib', '?')} GiB; {when} UTC; "
+            f"{load}{noisy}; commit {meta.get('commit') or '?'}")
+
+
+def add_force_flag(parser) -> None:
+    """``--force``: measure even when the machine is busy (the results are then marked noisy)."""
+    parser.add_argument("--force", action="store_true",
+                        help="measure even when the 1-minute load average is above half the cores "
+                             "(the results are marked noisy)")
+
+
+def refuse_if_busy(what: str, force: bool) -> bool:
+    """True (after printing why) when a sweep should not start: the machine is busy and ``force`` is off."""
+    try:
+        check_quiet(what, force)
+    except BusyMachineError as e:
+        print(f"{what}: {e}", file=sys.stderr)
+        return True
+    return False

@@ -1,0 +1,158 @@
+"""One self-contained static HTML page of everything published: ``pal-bench report`` (``make report``).
+
+``results/report/index.html`` holds README.md and every page of ``docs/`` (their prose, generated
+tables and figures; figures embedded as data URIs, so the page needs no other file), links between
+the pages turned into links between its sections, and a table of the conditions each stored result
+was measured under (machine, date, load before/after, noisy or not, commit). A small script at the
+end checks that every image decoded and shows a banner naming any that did not.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+
+from pal_bench.bench import conditions, tables
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#222;line-height:1.45}
+nav{position:fixed;top:0;left:0;bottom:0;width:14rem;overflow:auto;background:#f4f5f7;padding:1rem;
+    border-right:1px solid #ddd;font-size:.9rem}
+nav a{display:block;padding:.15rem 0;color:#0b57d0;text-decoration:none}
+main{margin-left:16rem;padding:1rem 2rem;max-width:70rem}
+section{border-bottom:2px solid #eee;padding-bottom:1.5rem;margin-bottom:1.5rem}
+table{border-collapse:collapse;font-size:.82rem;margin:.6rem 0;display:block;overflow-x:auto}
+th,td{border:1px solid #ccc;padding:.2rem .45rem;text-align:right;white-space:nowrap}
+th{background:#f0f0f0}
+td:first-child,th:first-child{text-align:left}
+img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
+pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;font-size:.82rem}
+code{font-size:.88em}
+.noisy{background:#fff3cd}
+#image-check{display:none;background:#f8d7da;padding:.6rem;border:1px solid #c00;margin-bottom:1rem}
+"""
+
+CHECK = """
+<script>
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var broken = imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); });
+  document.body.setAttribute("data-images", imgs.length);
+  document.body.setAttribute("data-broken-images", broken.length);
+  if (broken.length) {
+    var box = document.getElementById("image-check");
+    box.style.display = "block";
+    box.textContent = broken.length + " of " + imgs.length + " figures did not load: " +
+      broken.map(function (i) { return i.getAttribute("alt"); }).join(", ");
+  }
+});
+</script>
+"""
+
+
+def page_id(path: Path) -> str:
+    return "readme" if path.name == "README.md" else path.stem
+
+
+def _embed_images(text: str, base: Path, missing: list[str]) -> str:
+    def repl(m: re.Match) -> str:
+        alt, src = m.group(1), m.group(2)
+        path = (base / src).resolve()
+        if not path.exists():
+            missing.append(src)
+            return f"![{alt}]({src})"
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f"![{alt}](data:image/png;base64,{data})"
+    return re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", repl, text)
+
+
+def _relink(text: str, pages: dict[str, str]) -> str:
+    """Links to README.md or docs/*.md become links to their sections; other relative links stay."""
+    def repl(m: re.Match) -> str:
+        label, target = m.group(1), m.group(2)
+        name, _, anchor = target.partition("#")
+        stem = Path(name).name
+        if stem in pages:
+            return f"[{label}](#{pages[stem]}{'--' + anchor if anchor else ''})"
+        return m.group(0)
+    return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+\.md(?:#[\w-]+)?)\)", repl, text)
+
+
+def conditions_table(results: Path) -> str:
+    """HTML table: one row per stored result file with recorded (or unrecorded) conditions."""
+    rows = []
+    files = sorted(p for p in results.rglob("*") if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
+                   and "report" not in p.parts and "tmp" not in p.parts and "runs" not in p.parts)
+    for path in files:
+        meta = conditions.read_meta(path)
+        if meta is None and path.suffix == ".json":
+            try:
+                meta = json.loads(path.read_text()).get("conditions")
+            except (ValueError, AttributeError):
+                meta = None
+        rel = path.relative_to(results)
+        if meta:
+            m = meta.get("machine", {})
+            cells = [str(rel), m.get("cpu", ""), str(m.get("usable_cores", "")), (meta.get("started") or "")[:16],
+                     f"{meta.get('load_before')} → {meta.get('load_after')}", "noisy" if meta.get("noisy") else "quiet",
+                     meta.get("commit", ""), meta.get("command", "")]
+            cls = ' class="noisy"' if meta.get("noisy") else ""
+        else:
+            cells = [str(rel), "", "", "", "", "not recorded", tables.git_stamp(path), ""]
+            cls = ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("result", "CPU", "cores", "started (UTC)", "load before → after",
+                                             "load", "commit", "command"))
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def build(root: Path, results: Path) -> tuple[str, list[str]]:
+    """The page's HTML and the figure paths that were referenced but missing."""
+    import markdown
+
+    docs = [p for p in tables.doc_files(root) if p.exists()]
+    pages = {p.name: page_id(p) for p in docs}
+    missing: list[str] = []
+    sections, nav = [], []
+    for path in docs:
+        text = _relink(_embed_images(path.read_text(), path.parent, missing), pages)
+        body = markdown.markdown(text, extensions=["tables", "fenced_code"])
+        title = re.search(r"^# (.+)$", path.read_text(), re.M)
+        title = title.group(1) if title else path.stem
+        pid = pages[path.name]
+        nav.append(f'<a href="#{pid}">{html.escape(title)}</a>')
+        # headings get ids "<page>--<slug>" so links to a page's anchor land on the heading
+        body = re.sub(r"<h([23])>(.*?)</h\1>", lambda m, pid=pid: (
+            f'<h{m.group(1)} id="{pid}--{_slug(m.group(2))}">{m.group(2)}</h{m.group(1)}>'), body)
+        sections.append(f'<section id="{pid}">\n{body}\n</section>')
+    nav.append('<a href="#conditions">Conditions of every result</a>')
+    sections.append('<section id="conditions"><h1>Conditions of every stored result</h1>'
+                    "<p>Machine, start time, 1-minute load average before and after, whether it counts as noisy "
+                    "(load above half the usable cores), commit and command, from each result's recorded "
+                    "conditions; older results say they were not recorded and name the commit that stored them.</p>"
+                    + conditions_table(results) + "</section>")
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>PAL-Bench report</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>\n'
+            f'<body><nav><strong>PAL-Bench</strong>{"".join(nav)}</nav>\n<main><div id="image-check"></div>\n'
+            + "\n".join(sections) + f"\n</main>{CHECK}</body></html>\n")
+    return page, missing
+
+
+def _slug(heading: str) -> str:
+    text = re.sub(r"<[^>]+>", "", html.unescape(heading)).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def write(root: Path, results: Path, out: Path | None = None) -> Path:
+    """Write ``results/report/index.html`` (or ``out``/index.html); returns its path."""
+    page, missing = build(root, results)
+    folder = out or results / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "index.html"
+    conditions.atomic_write_text(path, page)
+    if missing:
+        print(f"warning: {len(missing)} figure(s) referenced but missing: {', '.join(sorted(set(missing)))}")
+    return path

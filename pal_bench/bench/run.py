@@ -1,0 +1,113 @@
+"""Run the benchmark suites and write their results: ``python -m pal_bench.bench.run``.
+
+Runs each suite in ``suites/`` with pytest-benchmark (GC off, warm-up on), stores the raw
+pytest-benchmark JSON (machine info included) in ``results/``, then rebuilds the tidy CSV and the
+Markdown tables from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
+one per case with how many are done and left, and pytest's verbose result lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pal_bench import report
+from pal_bench.bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private"]
+
+
+def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra: list[str]) -> int:
+    results.mkdir(parents=True, exist_ok=True)
+    skips = results / f"{suite}.skipped.tmp"
+    env = dict(os.environ, PAL_BENCH_PROFILE=profile, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
+    if peers:
+        env["PAL_BENCH_PEERS"] = peers
+    cmd = [
+        sys.executable, "-m", "pytest", str(ROOT / "suites" / f"test_{suite}.py"), "-v", "-p", "no:cacheprovider",
+        "--benchmark-only", "--benchmark-disable-gc", "--benchmark-warmup=on",
+        "--benchmark-min-rounds=20", f"--benchmark-max-time={0.25 if profile == 'quick' else 1.0}",
+        "--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name",
+        f"--benchmark-json={results / f'{suite}.json'}", *extra,
+    ]
+    print(f"== suite {suite} ({profile} profile)", flush=True)
+    with Conditions(f"suite {suite} ({profile} profile)") as c:
+        rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
+    finish_json(results / f"{suite}.json", skips, c.finish())
+    return rc
+
+
+SAMPLE = 200   # round times kept per case (evenly spaced over the run) for bootstrap intervals
+
+
+def finish_json(path: Path, skips: Path, meta: dict | None = None) -> None:
+    """Replace the per-round timings of a pytest-benchmark JSON (tens of MB) by an evenly spaced sample
+    of ``SAMPLE`` of them (``stats.data_sample``, for bootstrap intervals), keeping its statistics and
+    machine info, so the stored file stays small enough to commit; add the skipped cases with their
+    reasons under ``"skipped"`` and the run's conditions under ``"conditions"``."""
+    if not path.exists():
+        return
+    data = json.loads(path.read_text())
+    for b in data["benchmarks"]:
+        rounds = b["stats"].pop("data", None)
+        if rounds:
+            keep = np.linspace(0, len(rounds) - 1, min(SAMPLE, len(rounds))).round().astype(int)
+            b["stats"]["data_sample"] = [rounds[i] for i in keep]
+    if meta is not None:
+        data["conditions"] = meta
+    if skips.exists():
+        data["skipped"] = json.loads(skips.read_text())
+        skips.unlink()
+    atomic_write_text(path, json.dumps(data, indent=1))
+
+
+def compare(stored: Path, new: Path) -> None:
+    """pytest-benchmark's own comparison (per case, grouped by name), then one line per case with
+    the change of its median."""
+    subprocess.call([sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare",
+                     "--columns=median,iqr", "--sort=name", "--group-by=name", str(stored), str(new)])
+    old, _ = report.load(stored)
+    cur, _ = report.load(new)
+    both = old[old.status == "ok"].merge(cur[cur.status == "ok"], on="name", suffixes=("_stored", "_new"))
+    if both.empty:
+        print(f"no case of {new.name} is in the stored results")
+        return
+    both["change_%"] = (both.median_us_new / both.median_us_stored - 1) * 100
+    print(f"\n== {stored.stem}: median change per case (new vs stored; + is slower)")
+    print(both[["name", "median_us_stored", "median_us_new", "change_%"]].to_string(
+        index=False, float_format=lambda v: f"{v:.2f}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", choices=["quick", "full"], default="quick")
+    ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
+    ap.add_argument("--peers", help="comma-separated adapters (default: all installed)")
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--compare", action="store_true",
+                    help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
+    add_force_flag(ap)
+    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = ap.parse_args(argv)
+    if refuse_if_busy("pal_bench.bench.run", args.force):
+        return 2
+    out = args.results / "tmp" if args.compare else args.results
+    rc = 0
+    for suite in args.suite or SUITES:
+        rc |= run_suite(suite, args.profile, out, args.peers, args.pytest_args)
+        if args.compare and (args.results / f"{suite}.json").exists():
+            compare(args.results / f"{suite}.json", out / f"{suite}.json")
+    if not args.compare:
+        report.main(["--results", str(args.results)])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

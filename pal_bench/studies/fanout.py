@@ -1,0 +1,120 @@
+"""Which fan-out K should the sum tree default to? ``python -m pal_bench.studies.fanout``.
+
+The pytest-benchmark suite (``suites/test_latency_vs_fanout.py``) times each K in its own block,
+so drift of a shared machine between blocks lands on single K values. This study builds one full
+buffer per K (capacity 1e6 by default, LunarLander fields) and times them interleaved: in every
+round each K runs each operation once (a block of ``--calls`` calls, K order shuffled per round),
+so every K sees the same machine. It writes every block's mean µs per call to
+``results/fanout.csv`` (with its conditions beside it); the table (``pal_bench.bench.tables``) gives each
+K's median and its ratio to the current default with a bootstrap 95% interval over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pal_bench import DEFAULT_FANOUT, PrioritizedReplayBuffer
+from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch, lunar_row
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+
+ROOT = Path(__file__).resolve().parents[2]
+OPS = ("insert_one", "sample", "update", "sample_update")
+BATCH = 256
+INSERT_CALLS = 25     # a one-transition insert takes ~1 µs: its blocks are this many times longer
+
+
+def filled(capacity: int, fanout: int) -> PrioritizedReplayBuffer:
+    buf = PrioritizedReplayBuffer(capacity, LUNAR_FIELDS, alpha=ALPHA, fanout=fanout, seed=0)
+    chunk = lunar_batch(8192, seed=1)
+    for _ in range(-(-capacity // 8192)):
+        buf.add_batch(**chunk)
+    rng = np.random.default_rng(2)        # non-uniform priorities, as after some learning
+    for _ in range(capacity // 4096):
+        buf.update_priorities(buf.sample(4096, beta=BETA)["indices"], rng.random(4096) * 2)
+    return buf
+
+
+def block(buf: PrioritizedReplayBuffer, op: str, calls: int, pool: list[np.ndarray], row: dict,
+          idx: np.ndarray) -> float:
+    """Mean µs per call of ``op`` over ``calls`` calls (``INSERT_CALLS`` times as many for ``insert_one``)."""
+    if op == "insert_one":
+        calls *= INSERT_CALLS
+    t0 = time.perf_counter()
+    if op == "insert_one":
+        for _ in range(calls):
+            buf.add(**row)
+    elif op == "sample":
+        for _ in range(calls):
+            buf.sample(BATCH, beta=BETA)
+    elif op == "update":
+        for i in range(calls):
+            buf.update_priorities(idx, pool[i % len(pool)])
+    else:
+        for i in range(calls):
+            buf.update_priorities(buf.sample(BATCH, beta=BETA)["indices"], pool[i % len(pool)])
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def study(capacity: int, fanouts: list[int], rounds: int, calls: int, progress=print) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    pool = [rng.random(BATCH) * 2 for _ in range(64)]
+    row = lunar_row()
+    bufs = {}
+    for k in fanouts:
+        progress(f"[fanout] filling K={k} to {capacity}")
+        bufs[k] = filled(capacity, k)
+    idx = {k: b.sample(BATCH, beta=BETA)["indices"] for k, b in bufs.items()}
+    for k, b in bufs.items():                 # warm-up
+        for op in OPS:
+            block(b, op, calls, pool, row, idx[k])
+    rows = []
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        for op in OPS:
+            for k in rng.permutation(fanouts):
+                k = int(k)
+                rows.append({"fanout": k, "op": op, "round": r, "capacity": capacity, "batch": BATCH,
+                             "calls": calls * (INSERT_CALLS if op == "insert_one" else 1),
+                             "us_per_call": block(bufs[k], op, calls, pool, row, idx[k])})
+        if (r + 1) % max(1, rounds // 10) == 0:
+            progress(f"[fanout] round {r + 1}/{rounds}, {time.perf_counter() - t0:.0f} s")
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--capacity", type=float, default=1e6)
+    ap.add_argument("--fanouts", default="2,4,8,16,32,64")
+    ap.add_argument("--rounds", type=int, default=100, help="interleaved rounds (default 100)")
+    ap.add_argument("--calls", type=int, default=20, help="calls per timed block (default 20)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    add_force_flag(ap)
+    args = ap.parse_args(argv)
+    fanouts = [int(k) for k in args.fanouts.split(",")]
+    if any(k < 2 for k in fanouts) or args.rounds < 2 or args.calls < 1 or args.capacity < 1:
+        print("pal_bench.studies.fanout: fan-outs must be >= 2, --rounds >= 2, --calls >= 1, --capacity >= 1",
+              file=sys.stderr)
+        return 2
+    if refuse_if_busy("pal_bench.studies.fanout", args.force):
+        return 2
+    with Conditions("fan-out sweep, interleaved") as c:
+        df = study(int(args.capacity), fanouts, args.rounds, args.calls,
+                   progress=lambda m: print(m, file=sys.stderr, flush=True))
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "fanout.csv", index=False, float_format="%.4f")
+    c.write(args.out / "fanout.csv")
+    from pal_bench.bench.tables import fanout_block
+
+    print(fanout_block(args.out))
+    print(f"default fan-out now: {DEFAULT_FANOUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

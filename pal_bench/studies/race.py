@@ -1,0 +1,404 @@
+"""Race to a target return: PAL's parallel trainer against RLlib's and tianshou's DQN.
+
+``pal-bench race [--quick] [--seeds N] [--only NAME ...]``: every contestant trains DQN on the
+same task with the same network shape and, as far as each framework allows, the same
+hyperparameters (``Task``); every ``eval_interval`` env steps each is evaluated the same way
+(``eval_episodes`` greedy episodes on a separately seeded env, ``greedy_return``), and a run
+stops at the first evaluation whose mean return reaches the target, or at its budget (env steps
+or wall-clock seconds) and is then reported as not reaching it. Wall-clock time counts from
+before the contestant is built (framework start-up included, also reported alone as
+``setup_s``) and includes evaluation, which costs every contestant the same episodes.
+
+Each run is a separate process (``python -m pal_bench.studies.race --worker ...``), so Ray, torch
+thread pools and imports of one contestant cannot slow another. Results: ``results/race.csv``
+(one row per run), ``results/race_curves.csv`` (every evaluation) and ``results/figures/race.png``
+(return against wall-clock time); the table (``pal_bench.bench.tables``) is printed and lives in docs/race.md.
+``--quick`` is CartPole-v1 with
+one seed; the full profile is LunarLander-v3 at target 200 with 3 seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTESTANTS = ("pal", "rllib", "rllib-pal", "tianshou")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One race: environment, target and budget, and the shared DQN hyperparameters."""
+
+    env: str
+    target: float                  # mean greedy evaluation return that counts as solved
+    max_steps: int                 # env-step budget per run
+    max_wall_s: float              # wall-clock budget per run (s)
+    eval_interval: int             # env steps between evaluations
+    eval_episodes: int
+    hidden: tuple[int, ...]
+    lr: float
+    gamma: float = 0.99
+    batch_size: int = 128
+    n_step: int = 3
+    buffer_capacity: int = 100_000
+    learning_starts: int = 1_000
+    updates_per_step: float = 0.25  # learner updates (batches) per env step
+    target_update: int = 200        # learner updates between hard target-network copies
+    eps_end: float = 0.05
+    eps_fraction: float = 0.2       # of max_steps over which epsilon decays from 1 to eps_end
+    alpha: float = 0.6
+    beta: float = 0.4
+
+
+TASKS = {
+    "quick": Task(env="CartPole-v1", target=200.0, max_steps=50_000, max_wall_s=240.0, eval_interval=2_500,
+                  eval_episodes=5, hidden=(128, 128), lr=1e-3),
+    "full": Task(env="LunarLander-v3", target=200.0, max_steps=400_000, max_wall_s=3_600.0, eval_interval=10_000,
+                 eval_episodes=10, hidden=(256, 256), lr=5e-4, buffer_capacity=200_000, learning_starts=10_000,
+                 target_update=250, eps_fraction=0.15),
+    # a few seconds per contestant: for tests of the race itself, not a result
+    "smoke": Task(env="CartPole-v1", target=500.0, max_steps=3_000, max_wall_s=120.0, eval_interval=1_000,
+                  eval_episodes=2, hidden=(32, 32), lr=1e-3, learning_starts=500, batch_size=32),
+}
+
+
+def greedy_return(act: Callable[[np.ndarray], int], env_id: str, episodes: int, seed: int) -> float:
+    """Mean return of ``episodes`` episodes acting with ``act(obs) -> action``."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    returns = []
+    try:
+        for k in range(episodes):
+            obs, _ = env.reset(seed=10_000 + 1_000 * seed + k)
+            done, total = False, 0.0
+            while not done:
+                obs, r, term, trunc, _ = env.step(act(obs))
+                total += float(r)
+                done = term or trunc
+            returns.append(total)
+    finally:
+        env.close()
+    return float(np.mean(returns))
+
+
+class Clock:
+    """Evaluation schedule, curve and stop rule shared by the framework loops."""
+
+    def __init__(self, task: Task, seed: int, t0: float):
+        self.task, self.seed, self.t0 = task, seed, t0
+        self.next_eval = task.eval_interval
+        self.curve: list[dict] = []
+        self.setup_s: float | None = None
+
+    def started(self) -> None:
+        self.setup_s = time.perf_counter() - self.t0
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def due(self, steps: int) -> bool:
+        return steps >= self.next_eval
+
+    def record(self, steps: int, act: Callable[[np.ndarray], int]) -> bool:
+        """Evaluate at ``steps``; True when the run should stop (target reached or budget spent)."""
+        while self.next_eval <= steps:
+            self.next_eval += self.task.eval_interval
+        ret = greedy_return(act, self.task.env, self.task.eval_episodes, self.seed)
+        self.curve.append({"env_steps": int(steps), "wall_s": round(self.wall(), 3), "mean_return": ret})
+        print(f"  {steps:>8} steps {self.wall():7.1f} s  return {ret:8.1f}", file=sys.stderr, flush=True)
+        return self.done(steps)
+
+    def done(self, steps: int) -> bool:
+        reached = bool(self.curve) and self.curve[-1]["mean_return"] >= self.task.target
+        return reached or steps >= self.task.max_steps or self.wall() >= self.task.max_wall_s
+
+
+# ---------------------------------------------------------------------------- contestants
+
+def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int]) -> None:
+    """PAL-Bench's trainer (threads) at ``split`` = (actors, learners); its own evaluator."""
+    from pal_bench.train import Trainer, make_config
+
+    with tempfile.TemporaryDirectory(prefix="pal-race-") as out:
+        cfg = make_config("dqn", task.env, out_dir=out, seed=seed, actors=split[0], learners=split[1],
+                          steps=task.max_steps, hidden=task.hidden, lr=task.lr, gamma=task.gamma,
+                          batch_size=task.batch_size, n_step=task.n_step, buffer_capacity=task.buffer_capacity,
+                          learning_starts=task.learning_starts, updates_per_step=task.updates_per_step,
+                          target_update=task.target_update, eps_end=task.eps_end, eps_fraction=task.eps_fraction,
+                          alpha=task.alpha, beta=task.beta, eval_interval=task.eval_interval,
+                          eval_episodes=task.eval_episodes, stop_return=task.target, deterministic=False,
+                          progress=False)
+        with Trainer(cfg) as tr:
+            clock.started()
+            timer = _WallLimit(tr, task.max_wall_s - clock.setup_s)
+            try:
+                s = tr.run()
+            finally:
+                timer.cancel()
+        # the trainer's own evaluation (greedy, same episodes and seeds scheme); its wall clock
+        # starts when it starts running, so add the set-up time
+        for e in s["eval"]:
+            clock.curve.append({"env_steps": e["env_steps"], "wall_s": round(e["wall_s"] + clock.setup_s, 3),
+                                "mean_return": e["mean_return"]})
+
+
+class _WallLimit:
+    """Stop a Trainer after ``seconds`` (the race's wall-clock budget)."""
+
+    def __init__(self, trainer, seconds: float):
+        import threading
+
+        self._timer = threading.Timer(max(0.0, seconds), trainer.stop.set)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def rllib_config(task: Task, seed: int, buffer: str):
+    """RLlib DQN (new API stack) with the task's hyperparameters; ``buffer`` "rllib" or "pal"."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    replay = {"capacity": task.buffer_capacity, "alpha": task.alpha, "beta": task.beta,
+              "type": ("pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer" if buffer == "pal"
+                       else "PrioritizedEpisodeReplayBuffer")}
+    decay = int(task.eps_fraction * task.max_steps)
+    return (DQNConfig()
+            .environment(task.env)
+            .env_runners(num_env_runners=0, num_envs_per_env_runner=1)
+            .training(lr=task.lr, gamma=task.gamma, train_batch_size_per_learner=task.batch_size, n_step=task.n_step,
+                      double_q=False, dueling=False, hiddens=[task.hidden[-1]],
+                      num_steps_sampled_before_learning_starts=task.learning_starts,
+                      # replayed transitions per sampled transition = batch x updates per step
+                      training_intensity=task.batch_size * task.updates_per_step,
+                      # RLlib counts the target period in sampled env steps
+                      target_network_update_freq=int(task.target_update / task.updates_per_step),
+                      epsilon=[(0, 1.0), (decay, task.eps_end)], replay_buffer_config=replay)
+            .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(task.hidden[:-1]), fcnet_activation="relu"))
+            .reporting(min_sample_timesteps_per_iteration=min(1_000, task.eval_interval))
+            .debugging(seed=seed))
+
+
+def run_rllib(task: Task, seed: int, clock: Clock, buffer: str) -> None:
+    import ray
+    import torch
+
+    from pal_bench.studies.plugin import local_ray
+
+    local_ray()
+    algo = rllib_config(task, seed, buffer).build_algo()
+    clock.started()
+    module = algo.get_module()
+
+    def act(obs: np.ndarray) -> int:
+        with torch.no_grad():
+            out = module.forward_inference({"obs": torch.as_tensor(obs[None], dtype=torch.float32)})
+        return int(out["actions"][0])
+
+    try:
+        steps = 0
+        while True:
+            result = algo.train()
+            steps = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+            if clock.due(steps) and clock.record(steps, act):
+                break
+            if clock.done(steps):
+                break
+    finally:
+        algo.stop()
+        ray.shutdown()
+
+
+def run_tianshou(task: Task, seed: int, clock: Clock) -> None:
+    from pal_bench.integrations.tianshou_dqn import train_dqn
+
+    train_dqn(task, seed, clock)
+
+
+def run_one(name: str, task: Task, seed: int, split: tuple[int, int]) -> dict:
+    t0 = time.perf_counter()
+    clock = Clock(task, seed, t0)
+    if name == "pal":
+        run_pal(task, seed, clock, split)
+    elif name in ("rllib", "rllib-pal"):
+        run_rllib(task, seed, clock, "pal" if name == "rllib-pal" else "rllib")
+    elif name == "tianshou":
+        run_tianshou(task, seed, clock)
+    else:
+        raise ValueError(f"unknown contestant {name!r}; choose from {', '.join(CONTESTANTS)}")
+    return {"contestant": name, "seed": seed, "setup_s": clock.setup_s, "wall_s": clock.wall(),
+            "curve": clock.curve}
+
+
+# ---------------------------------------------------------------------------- orchestration
+
+def dse_split(task: Task, curves: Path = ROOT / "results" / "scaling.csv") -> tuple[int, int]:
+    """The design-space exploration's split for this machine from stored f_a/f_l curves
+    (``make scaling``); (1, 1) when none are stored."""
+    from pal_bench.studies import dse, scaling
+
+    if not curves.exists():
+        return 1, 1
+    c = pd.read_csv(curves)
+    f = {k: dict(zip(g.threads, g.throughput)) for k, g in c.groupby("curve")}
+    best, _, _ = dse.solve(f["f_a"], f["f_l"], task.updates_per_step, max(2, scaling.usable_cores()))
+    return best.actors, best.learners
+
+
+def summarise(run: dict, task: Task) -> dict:
+    hit = next((e for e in run["curve"] if e["mean_return"] >= task.target), None)
+    rets = [e["mean_return"] for e in run["curve"]]
+    return {"contestant": run["contestant"], "seed": run["seed"], "env": task.env, "target": task.target,
+            "reached": hit is not None, "wall_to_target_s": hit["wall_s"] if hit else None,
+            "steps_to_target": hit["env_steps"] if hit else None, "setup_s": round(run["setup_s"] or 0.0, 2),
+            "wall_s": round(run["wall_s"], 1), "evals": len(rets), "best_return": max(rets) if rets else None,
+            "final_return": rets[-1] if rets else None, "split": run.get("split", "")}
+
+
+def race_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per contestant: runs, reached, median wall/steps to target over the runs that reached it,
+    and PAL's speedup over each (median wall to target ratio)."""
+    rows = []
+    for name, g in runs.groupby("contestant", sort=False):
+        hit = g[g.reached]
+        rows.append({"contestant": name, "runs": len(g), "reached": int(g.reached.sum()),
+                     "median_wall_to_target_s": hit.wall_to_target_s.median() if len(hit) else np.nan,
+                     "median_steps_to_target": hit.steps_to_target.median() if len(hit) else np.nan,
+                     "median_setup_s": g.setup_s.median(), "best_return": g.best_return.max()})
+        # a contestant that never got there ran at least its wall time (its budget) without reaching it
+        rows[-1]["ran_without_reaching_s"] = g[~g.reached].wall_s.median() if (~g.reached).any() else np.nan
+    t = pd.DataFrame(rows)
+    pal = t.loc[t.contestant == "pal", "median_wall_to_target_s"]
+    if len(pal) and np.isfinite(pal.iloc[0]):
+        t["pal_speedup"] = t.median_wall_to_target_s / pal.iloc[0]
+        t["pal_speedup_at_least"] = (t.ran_without_reaching_s / pal.iloc[0]).where(t.reached == 0)
+    return t
+
+
+def draw(curves: pd.DataFrame, task_name: str, task: Task, path: Path) -> Path:
+    from pal_bench.bench.plotting import pyplot
+
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    colors = dict(zip(CONTESTANTS, ("#d62728", "#1f77b4", "#9467bd", "#2ca02c")))
+    for (name, seed), g in curves.groupby(["contestant", "seed"], sort=False):
+        first = seed == curves[curves.contestant == name].seed.min()
+        ax.plot(g.wall_s, g.mean_return, marker=".", color=colors.get(name), alpha=0.9 if first else 0.45,
+                label=name if first else None)
+    ax.axhline(task.target, color="k", ls="--", lw=1, label=f"target {task.target:g}")
+    ax.set_xlabel("wall-clock time (s, framework start-up included)")
+    ax.set_ylabel(f"mean greedy return ({task.eval_episodes} episodes)")
+    ax.set_title(f"DQN on {task.env}: time to target ({task_name})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    from pal_bench.bench.figures import save_figure
+
+    return save_figure(fig, path)
+
+
+def launch(name: str, task_name: str, seed: int, split: tuple[int, int], log: Path) -> dict:
+    """Run one contestant in its own process; its evaluations stream to stderr."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    cmd = [sys.executable, "-m", "pal_bench.studies.race", "--worker", name, "--task", task_name, "--seeds", "1",
+           "--seed", str(seed), "--split", f"{split[0]}x{split[1]}", "--worker-out", str(out)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", RAY_DEDUP_LOGS="0")
+    with open(log, "a") as lf:
+        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env).returncode
+    try:
+        if rc != 0:
+            raise RuntimeError(f"{name} (seed {seed}) failed with exit code {rc}; see {log}")
+        return json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pal-bench race", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CartPole-v1, one seed (default: LunarLander-v3, 3 seeds)")
+    ap.add_argument("--task", choices=sorted(TASKS), help=argparse.SUPPRESS)
+    ap.add_argument("--seeds", type=int, help="seeds per contestant (default: 1 quick, 3 full)")
+    ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants")
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--split", help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice)")
+    ap.add_argument("--report", action="store_true", help="only print the table and redraw the figure from stored CSVs")
+    add_force_flag(ap)
+    ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    task_name = args.task or ("quick" if args.quick else "full")
+    task = TASKS[task_name]
+    split = tuple(int(v) for v in args.split.split("x")) if args.split else dse_split(task)
+    if args.report:
+        return report(args.out, task_name)
+    if args.worker:
+        run = run_one(args.worker, task, args.seed, split)
+        args.worker_out.write_text(json.dumps(run))
+        return 0
+    if refuse_if_busy("pal-bench race", args.force):
+        return 2
+    measured = Conditions(f"race ({task_name})")
+    seeds = args.seeds or (1 if task_name == "quick" else 3)
+    names = args.only or list(CONTESTANTS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "race.log"
+    log.write_text("")
+    runs, curves = [], []
+    total, i = len(names) * seeds, 0
+    for seed in range(seeds):
+        for name in names:
+            i += 1
+            where = f", split {split[0]}+{split[1]}" if name == "pal" else ""
+            print(f"[{i}/{total}] {name} seed {seed} on {task.env} (target {task.target:g}, budget "
+                  f"{task.max_steps} steps / {task.max_wall_s:.0f} s){where}", file=sys.stderr, flush=True)
+            run = launch(name, task_name, seed, split, log)
+            run["split"] = f"{split[0]}+{split[1]}" if name == "pal" else ""
+            row = summarise(run, task)
+            runs.append(row)
+            curves += [{"contestant": name, "seed": seed, **e} for e in run["curve"]]
+            verdict = (f"target at {row['wall_to_target_s']:.1f} s, {row['steps_to_target']} steps"
+                       if row["reached"] else f"not reached (best {row['best_return']})")
+            print(f"[{i}/{total}] {name} seed {seed}: {verdict}", file=sys.stderr, flush=True)
+    runs_df, curves_df = pd.DataFrame(runs), pd.DataFrame(curves)
+    suffix = "" if task_name == "full" else f"_{task_name}"
+    runs_df.to_csv(args.out / f"race{suffix}.csv", index=False, float_format="%.2f")
+    curves_df.to_csv(args.out / f"race{suffix}_curves.csv", index=False, float_format="%.3f")
+    measured.write(args.out / f"race{suffix}.csv")
+    return report(args.out, task_name)
+
+
+def report(out: Path, task_name: str) -> int:
+    """Print the table (``pal_bench.bench.tables``) and redraw the figure from the stored ``race[_quick].csv`` /
+    ``_curves.csv``."""
+    from pal_bench.bench.tables import race_block
+
+    task = TASKS[task_name]
+    suffix = "" if task_name == "full" else f"_{task_name}"
+    curves_df = pd.read_csv(out / f"race{suffix}_curves.csv")
+    print(race_block(out, f"race{suffix}.csv"))
+    print(f"figure: {draw(curves_df, task_name, task, out / 'figures' / f'race{suffix}.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

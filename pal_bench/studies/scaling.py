@@ -1,0 +1,500 @@
+"""Throughput of data collection f_a(x) and data consumption f_l(x) against thread (or process) counts.
+
+- ``measure_fa(cfg, x, steps)``: transitions/s into the buffer with x actor threads and no
+  learning (``learning_starts`` is set past the budget, so learners never start);
+- ``measure_fl(cfg, x, updates)``: learner updates/s (sample + loss + gradients + parameter
+  server + priority update) with x learner threads on a buffer pre-filled with real environment
+  transitions, and no actors.
+
+Both run the real trainer's worker loops and parameter server. ``python -m pal_bench.studies.scaling``
+measures x = 1..M (M = usable cores by default; ``--max-threads`` may go past it, and those rows
+are marked ``oversubscribed``), writes ``results/scaling.csv`` and draws ``results/figures/scaling.png``
+(throughput vs threads with f_a and f_l on one plot, speedup with the ideal line, parallel
+efficiency).
+
+``--backend ray`` measures the same curves with the Ray backend (``pal_bench.train.backends.ray``):
+x actor processes (``RayTrainer`` with learning held off), and x learner processes on a buffer
+actor pre-filled with real transitions (the backend's own buffer, parameter-server and learner
+actors, no actor processes). It writes ``results/scaling_ray.csv`` (``--end-to-end``:
+``results/end_to_end_ray.csv``, sync, async and allreduce aggregation); with both CSVs present
+``results/figures/scaling_backends.png`` draws the two backends on one figure (``draw_backends``),
+so that the GIL's effect (threads) and Ray's per-call overhead (processes) show side by side.
+One local Ray session serves the whole sweep (started once, not per point). ``cores_used`` is
+the driver's CPU time / wall time for threads; for Ray it is left empty (the work is in other
+processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.train import Trainer, make_config, make_trainer
+from pal_bench.train.backends.ray.session import usable_cores
+from pal_bench.train.rate import RateController
+from pal_bench.train.workers import learner_loop
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quiet(cfg, out_dir: str, **kw):
+    return dataclasses.replace(cfg, progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
+                               deterministic=False, out_dir=out_dir, **kw)
+
+
+# CPU cores the process kept busy during the last measurement (process CPU time / wall time):
+# about 1.0 with several threads means they were serialised (the GIL), not spread over cores
+last_cores_used: dict[str, float] = {}
+
+
+def measure_fa(cfg, actors: int, steps: int) -> float:
+    """Transitions/s collected by ``actors`` actor threads, or actor processes for ``cfg.backend`` "processes"
+    and "ray" (no learning)."""
+    with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
+        cfg = _quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
+                     buffer_capacity=max(cfg.buffer_capacity, steps), batch_size=min(cfg.batch_size, steps))
+        with make_trainer(cfg) as tr:
+            cpu0 = time.process_time()
+            s = tr.run()
+            # Ray and actor processes: the work is in other processes, not in the driver's CPU time
+            last_cores_used["f_a"] = (None if cfg.backend != "threads"
+                                      else (time.process_time() - cpu0) / max(1e-9, tr.wall()))
+    return s["env_steps"] / s["wall_s"]
+
+
+def transitions(tr, n: int, seed: int = 0) -> dict:
+    """``n`` real transitions from random actions, as replay-buffer columns; ``tr`` is a ``Trainer``
+    or a worker's ``RunCore`` (anything with ``cfg``, ``algo``, ``act_dim``, ``action_space`` and
+    ``env_actions``)."""
+    env = gym.make(tr.cfg.env, **tr.cfg.env_kwargs)
+    rng = np.random.default_rng(seed)
+    rows = {k: [] for k in ("obs", "act", "rew", "next_obs", "done", "disc")}
+    obs, _ = env.reset(seed=seed)
+    for _ in range(n):
+        if tr.algo.CONTINUOUS:
+            a = rng.uniform(-1, 1, tr.act_dim).astype(np.float32)
+        else:
+            a = int(rng.integers(tr.action_space.n))
+        nxt, r, term, trunc, _ = env.step(tr.env_actions(a))
+        for k, v in zip(rows, (obs, a, r, nxt, float(term), tr.cfg.gamma)):
+            rows[k].append(v)
+        obs = env.reset()[0] if term or trunc else nxt
+    env.close()
+    return {k: np.asarray(v) for k, v in rows.items()}
+
+
+def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
+    """Fill the trainer's buffer with ``n`` real transitions from random actions."""
+    tr.buffer.add_batch(**transitions(tr, n, seed))
+
+
+def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
+    """Learner updates/s with ``learners`` learner threads (Ray: learner processes, ``cfg.backend``
+    "ray") on a pre-filled buffer (no actors). The process backend's learners are threads of the driver,
+    placed exactly as the thread backend's, so "processes" measures them the same way."""
+    with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
+        c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
+        return (_measure_fl_ray if cfg.backend == "ray" else _measure_fl)(c, updates, filled)
+
+
+def _measure_fl(cfg, updates: int, filled: int) -> float:
+    learners = cfg.learners
+    tr = Trainer(cfg)
+    try:
+        prefill(tr, filled)
+        # every update may start at once: `updates` updates over a budget of `filled` transitions
+        tr.rate = RateController(updates / filled, 0, filled, slack=0, lockstep=False)
+        tr.rate.restore(filled, 0)
+        tr.actors_finished.set()
+        tr._spawn("parameter-server", tr.ps.serve, tr.stop)
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for i in range(learners):
+            tr._spawn(f"learner{i}", learner_loop, tr, i, tr.stop)
+        learner_threads = tr.threads[1:]
+        while any(t.is_alive() for t in learner_threads) and not tr.errors:
+            time.sleep(0.01)
+        wall = time.perf_counter() - t0
+        last_cores_used["f_l"] = (time.process_time() - cpu0) / wall
+        done = tr.rate.done
+    finally:
+        tr.stop.set()
+        tr._join()
+    return done / wall
+
+
+def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
+    """``_measure_fl`` with the Ray backend's pieces: its buffer actor (pre-filled with ``filled`` real
+    transitions, its counters set as if the actors had collected them), parameter-server actor and
+    ``cfg.learners`` learner processes; the clock runs from the learners' ``run`` calls to the last
+    one's return (``cfg.aggregation`` sync, async or allreduce)."""
+    import ray
+
+    from pal_bench.train.backends.ray.buffer_actor import BufferActor
+    from pal_bench.train.backends.ray.context import max_updates
+    from pal_bench.train.backends.ray.ps_actor import ParameterServerActor
+    from pal_bench.train.backends.ray.workers import LearnerWorker
+    from pal_bench.train.core import RunCore
+
+    # a budget of `filled` transitions, all collected, and exactly `updates` updates to start
+    ratio = updates / filled
+    cfg = dataclasses.replace(cfg, steps=filled, learning_starts=0, updates_per_step=ratio)
+    while max_updates(cfg) < updates:
+        cfg = dataclasses.replace(cfg, updates_per_step=float(np.nextafter(cfg.updates_per_step, 1.0)))
+    with ray_session(cfg):
+        n = cfg.learners
+        cpu = math.floor(100 * min(1.0, ray.cluster_resources().get("CPU", 1.0) / n)) / 100
+        buffer = ray.remote(BufferActor).options(num_cpus=0).remote(cfg, 0)
+        ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
+        learners = [ray.remote(LearnerWorker).options(num_cpus=cpu).remote(cfg, i, buffer, ps) for i in range(n)]
+        try:
+            ray.get(buffer.add_batch.remote(0, transitions(RunCore(cfg), filled), filled, [], 0))
+            ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
+            init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
+            t0 = time.perf_counter()
+            ray.get([h.run.remote(init) for h in learners])
+            wall = time.perf_counter() - t0
+            done = ray.get(buffer.status.remote())["done"]
+        finally:
+            for h in (*learners, ps, buffer):
+                ray.kill(h, no_restart=True)
+    last_cores_used["f_l"] = None
+    return done / wall
+
+
+@contextlib.contextmanager
+def ray_session(cfg):
+    """For ``cfg.backend`` "ray": connect to Ray (``cfg.ray_address``, else a local Ray with the usable
+    cores) unless already connected, and disconnect at the end only if connected here. Every
+    measurement in the block shares the session (starting Ray takes seconds)."""
+    if cfg.backend != "ray":
+        yield
+        return
+    from pal_bench.train.backends.ray.session import session
+
+    with session(cfg.ray_address):
+        yield
+
+
+def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFrame:
+    """Env steps/s and updates/s of the whole trainer for every (actors, learners) split with
+    actors + learners <= max_threads, sync and async aggregation (Ray backend: and allreduce), env
+    backend sync and async (the process backend: sync only)."""
+    from pal_bench.studies.dse import validate
+
+    cores = usable_cores()
+    splits = [(a, b) for a in range(1, max_threads) for b in range(1, max_threads) if a + b <= max_threads]
+    aggregations = ("sync", "async", "allreduce") if cfg.backend == "ray" else ("sync", "async")
+    frames = []
+    with ray_session(cfg):
+        for aggregation in aggregations:
+            # actor processes step their environments in-process (they cannot start env subprocesses)
+            for backend in ("sync",) if cfg.backend == "processes" else ("sync", "async"):
+                c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
+                df = validate(c, splits, steps,
+                              progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
+                frames.append(df.assign(aggregation=aggregation, env_backend=backend))
+    out = pd.concat(frames, ignore_index=True)
+    out["threads"] = out.actors + out.learners
+    out["oversubscribed"] = out.threads > cores
+    out["backend"] = cfg.backend
+    return out
+
+
+def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repeats: int = 1) -> pd.DataFrame:
+    """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
+    ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
+    ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups."""
+    cores = usable_cores()
+    got: dict[tuple[str, int], list[tuple[float, float, float | None]]] = {}
+    with ray_session(cfg):
+        for rep in range(repeats):
+            for x in range(1, max_threads + 1):
+                for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
+                    where = f"[{cfg.backend} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
+                                                                           if repeats > 1 else "]")
+                    progress(f"{where} measuring ...")
+                    # the machine's 1-minute load average as the point started (other jobs share the cores)
+                    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+                    v = fn(cfg, x, n)
+                    got.setdefault((kind, x), []).append((v, load, last_cores_used.get(kind)))
+                    progress(f"{where} {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
+    rows = []
+    for (kind, x), runs in sorted(got.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        values = [r[0] for r in runs]
+        used = [r[2] for r in runs if r[2] is not None]
+        rows.append({"curve": kind, "threads": x, "throughput": float(np.median(values)),
+                     "throughput_reps": " ".join(f"{v:.3f}" for v in values),
+                     "cores_used": float(np.median(used)) if used else None, "cores": cores,
+                     "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env, "env_backend": cfg.env_backend,
+                     "backend": cfg.backend, "load1": max(r[1] for r in runs)})
+    df = pd.DataFrame(rows)
+    base = df[df.threads == 1].set_index("curve").throughput
+    df["speedup"] = df.throughput / df.curve.map(base)
+    df["efficiency"] = df.speedup / df.threads
+    # Amdahl's serial fraction implied by the speedup at x threads: 0 = perfectly parallel, 1 = serial
+    x = df.threads.clip(upper=cores)
+    df["serial_fraction"] = ((x / df.speedup - 1) / (x - 1)).where(x > 1)
+    return df
+
+
+def draw(df: pd.DataFrame, path: Path) -> Path:
+    from pal_bench.bench.plotting import pyplot
+
+    plt = pyplot()
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    labels = {"f_a": "f_a: transitions/s (actors)", "f_l": "f_l: updates/s (learners)"}
+    ray = "backend" in df and df.backend.iloc[0] == "ray"
+    unit = "Ray processes" if ray else "threads"
+    for kind, g in df.groupby("curve"):
+        axes[0].plot(g.threads, g.throughput, marker="o", label=labels[kind])
+        axes[1].plot(g.threads, g.speedup, marker="o", label=kind)
+        axes[2].plot(g.threads, g.efficiency, marker="o", label=kind)
+    xs = sorted(df.threads.unique())
+    axes[1].plot(xs, xs, "k--", lw=1, label="ideal")
+    cores = int(df.cores.iloc[0])
+    for ax, title, ylabel in zip(axes, (f"throughput vs {unit}", "speedup", "parallel efficiency"),
+                                 ("per second", "speedup over 1 worker", f"speedup / {unit}")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(f"{unit} (cores)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        if df.oversubscribed.any():
+            ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
+        ax.legend(fontsize=7)
+    backend = df.backend.iloc[0] if "backend" in df else "threads"
+    fig.text(0.99, 0.01, f"{df.algo.iloc[0]} {df.env.iloc[0]}, backend {backend}, {cores} usable cores", ha="right",
+             fontsize=6, color="gray")
+    from pal_bench.bench.figures import save_figure
+
+    return save_figure(fig, path)
+
+
+def draw_backends(threads: pd.DataFrame, ray: pd.DataFrame, path: Path,
+                  e2e: dict[str, pd.DataFrame] | None = None, processes: pd.DataFrame | None = None) -> Path:
+    """f_a and f_l of the thread backend (``results/scaling.csv``) and the Ray backend
+    (``results/scaling_ray.csv``) on one figure: throughput vs workers (threads or processes; log
+    scale, so both curves read), speedup over one worker with the ideal line, and the Ray path's
+    cost per transition / per update (1/f_ray - 1/f_threads, µs) at each worker count. With ``processes``
+    (``results/scaling_processes.csv``) the process backend's curves join the first two panels; with ``e2e``
+    (backend -> ``end_to_end`` table) a fourth panel: the whole trainer's env steps/s vs workers."""
+    from pal_bench.bench.plotting import pyplot
+
+    plt = pyplot()
+
+    e2e = {k: v for k, v in (e2e or {}).items() if v is not None and len(v)}
+    fig, axes = plt.subplots(1, 4 if e2e else 3, figsize=(17 if e2e else 13, 3.8))
+    colors = {"f_a": "#1f77b4", "f_l": "#d62728"}
+    styles = {"threads": ("-", "o", "threads"), "ray": ("--", "s", "Ray processes"),
+              "processes": ("-.", "^", "actor processes")}
+    labels = {"f_a": "f_a transitions/s", "f_l": "f_l updates/s"}
+    frames = {"threads": threads, "ray": ray} | ({"processes": processes} if processes is not None else {})
+    for backend, df in frames.items():
+        ls, marker, name = styles[backend]
+        for kind, g in df.sort_values("threads").groupby("curve"):
+            axes[0].plot(g.threads, g.throughput, ls=ls, marker=marker, color=colors[kind],
+                         label=f"{labels[kind]}, {name}")
+            axes[1].plot(g.threads, g.speedup, ls=ls, marker=marker, color=colors[kind], label=f"{kind}, {name}")
+    xs = sorted({int(x) for df in frames.values() for x in df.threads})
+    axes[1].plot(xs, xs, "k:", lw=1, label="ideal")
+    t = threads.set_index(["curve", "threads"]).throughput
+    r = ray.set_index(["curve", "threads"]).throughput
+    both = t.index.intersection(r.index)
+    width = 0.38
+    # f_a's overhead (µs per transition) on the left axis, f_l's (ms per update) on the right: they differ
+    # by orders of magnitude
+    ax_l = axes[2].twinx()
+    for j, (kind, ax, scale, unit) in enumerate((("f_a", axes[2], 1e6, "µs per transition"),
+                                                 ("f_l", ax_l, 1e3, "ms per update"))):
+        keys = [k for k in both if k[0] == kind]
+        over = [(1 / r[k] - 1 / t[k]) * scale for k in keys]
+        bars = ax.bar([k[1] + (j - 0.5) * width for k in keys], over, width, color=colors[kind],
+                      label=f"{kind}: {unit}")
+        ax.bar_label(bars, fmt="%.0f" if kind == "f_a" else "%.1f", fontsize=7)
+        ax.axhline(0, color=colors[kind], lw=0.6)
+        ax.set_ylabel(unit, fontsize=8, color=colors[kind])
+    axes[0].set_yscale("log")
+    cores = int(threads.cores.iloc[0])
+    for ax, title, ylabel in zip(axes, ("throughput vs workers", "speedup over 1 worker",
+                                        "Ray's extra cost: 1/f_ray - 1/f_threads"),
+                                 ("per second (log)", "speedup", None)):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("workers (threads or Ray processes)", fontsize=8)
+        if ylabel:
+            ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+        if max(xs) > cores:
+            ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
+        if ax is not axes[2]:
+            ax.legend(fontsize=6.5)
+    handles = [h for a in (axes[2], ax_l) for h in a.get_legend_handles_labels()[0]]
+    ax_l.legend(handles, [h.get_label() for h in handles], fontsize=6.5, loc="upper right")
+    if e2e:
+        _draw_e2e_backends(axes[3], e2e, styles, cores)
+    loads = [f"{name} load {df.load1.min():.1f}-{df.load1.max():.1f}" for name, df in frames.items() if "load1" in df]
+    fig.text(0.99, 0.01, f"{threads.algo.iloc[0]} {threads.env.iloc[0]}, {cores} usable cores; threads: "
+             f"results/scaling.csv, Ray: results/scaling_ray.csv"
+             + (", processes: results/scaling_processes.csv" if processes is not None else "")
+             + (f" (1-min {', '.join(loads)})" if loads else ""),
+             ha="right", fontsize=6, color="gray")
+    from pal_bench.bench.figures import save_figure
+
+    return save_figure(fig, path)
+
+
+def _draw_e2e_backends(ax, e2e: dict[str, pd.DataFrame], styles: dict, cores: int) -> None:
+    """Per backend, the best env steps/s over the (actors, learners) splits and the aggregation
+    modes of each worker count (in-thread environments), split and mode annotated."""
+    top = 0.0
+    for backend, df in e2e.items():
+        ls, marker, name = styles[backend]
+        d = df[df.env_backend == "sync"].assign(workers=df.actors + df.learners)
+        best = d.loc[d.groupby("workers").measured_transitions_per_s.idxmax()].sort_values("workers")
+        ax.plot(best.workers, best.measured_transitions_per_s, ls=ls, marker=marker, color="#2ca02c", label=name)
+        top = max(top, best.measured_transitions_per_s.max())
+        for r in best.itertuples():
+            ax.annotate(f"{r.actors}a/{r.learners}l {r.aggregation}", (r.workers, r.measured_transitions_per_s),
+                        fontsize=6.5, textcoords="offset points", xytext=(3, -10))
+    xs = sorted({int(a + b) for df in e2e.values() for a, b in zip(df.actors, df.learners)})
+    if max(xs) > cores:
+        ax.axvspan(cores + 0.5, max(xs) + 0.5, color="gray", alpha=0.12, label="oversubscribed")
+    ax.set_xticks(xs)
+    ax.set_title("whole trainer (best split and aggregation)", fontsize=9)
+    ax.set_xlabel("workers: actors + learners", fontsize=8)
+    ax.set_ylabel("env steps/s", fontsize=8)
+    ax.set_ylim(0, 1.15 * top)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6.5)
+
+
+def backends_figure(results: Path) -> Path | None:
+    """``figures/scaling_backends.png`` from the stored CSVs in ``results`` (None without both
+    scaling CSVs); the end-to-end panel when ``end_to_end.csv`` and ``end_to_end_ray.csv`` exist."""
+    threads_csv, ray_csv = results / "scaling.csv", results / "scaling_ray.csv"
+    if not (threads_csv.exists() and ray_csv.exists()):
+        return None
+    e2e = {b: pd.read_csv(results / f"end_to_end{s}.csv")
+           for b, s in (("threads", ""), ("ray", "_ray"), ("processes", "_processes"))
+           if (results / f"end_to_end{s}.csv").exists()}
+    processes_csv = results / "scaling_processes.csv"
+    return draw_backends(pd.read_csv(threads_csv), pd.read_csv(ray_csv), results / "figures" / "scaling_backends.png",
+                         e2e if {"threads", "ray"} <= set(e2e) else None,
+                         pd.read_csv(processes_csv) if processes_csv.exists() else None)
+
+
+def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:
+    """Per curve and worker count: both throughputs, their ratio and the Ray path's extra cost per
+    transition (f_a) or update (f_l), 1/f_ray - 1/f_threads in µs."""
+    m = threads[["curve", "threads", "throughput"]].merge(ray[["curve", "threads", "throughput"]],
+                                                          on=["curve", "threads"], suffixes=("_threads", "_ray"))
+    m["ray_over_threads"] = m.throughput_ray / m.throughput_threads
+    m["overhead_us"] = (1 / m.throughput_ray - 1 / m.throughput_threads) * 1e6
+    return m
+
+
+def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
+    """Bars of env steps/s and updates/s per (actors, learners) split, one bar per aggregation x
+    env backend; oversubscribed splits (actors + learners > cores) are hatched."""
+    from pal_bench.bench.plotting import pyplot
+
+    plt = pyplot()
+
+    df = df.sort_values(["threads", "actors"])
+    splits = list(dict.fromkeys(zip(df.actors, df.learners)))
+    variants = list(dict.fromkeys(zip(df.aggregation, df.env_backend)))
+    width = 0.8 / len(variants)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    for ax, col, title in zip(axes, ("measured_transitions_per_s", "measured_updates_per_s"),
+                              ("env steps/s (whole trainer)", "updates/s (whole trainer)")):
+        for j, (agg, backend) in enumerate(variants):
+            g = df[(df.aggregation == agg) & (df.env_backend == backend)].set_index(["actors", "learners"])
+            xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(splits))]
+            ys = [g[col].get(s, float("nan")) for s in splits]
+            bars = ax.bar(xs, ys, width, label=f"aggregation {agg}, env {backend}")
+            for bar, s in zip(bars, splits):
+                if bool(g.oversubscribed.get(s, False)):
+                    bar.set_hatch("//")
+        ax.set_xticks(range(len(splits)), [f"{a}+{b}" for a, b in splits], fontsize=8)
+        ax.set_xlabel("actors + learners (hatched: more threads than cores)", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    backend = df.backend.iloc[0] if "backend" in df else "threads"
+    fig.text(0.99, 0.01, f"backend {backend}; {int(df.threads.max())} workers max, {usable_cores()} usable cores "
+             "when drawn", ha="right", fontsize=6, color="gray")
+    from pal_bench.bench.figures import save_figure
+
+    return save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", default="dqn")
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--max-threads", type=int, default=usable_cores())
+    ap.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point")
+    ap.add_argument("--updates", type=int, default=1_000, help="updates per f_l point")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved rounds per point, for the speedups' intervals (default 3)")
+    ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
+                    help="async: actors step their environments in subprocesses (outside the GIL)")
+    ap.add_argument("--backend", choices=["threads", "processes", "ray"], default="threads",
+                    help="threads in this process, actor processes on the shared buffer "
+                         "(results/scaling_processes.csv), or Ray processes (results/scaling_ray.csv)")
+    ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
+                    help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
+                         "end_to_end_ray.csv for --backend ray)")
+    add_force_flag(ap)
+    args = ap.parse_args(argv)
+    if refuse_if_busy("pal_bench.studies.scaling", args.force):
+        return 2
+    cfg = make_config(args.algo, args.env, env_backend=args.env_backend, backend=args.backend,
+                      ray_address=args.ray_address)
+    measured = Conditions("scaling")
+    suffix = "" if args.backend == "threads" else f"_{args.backend}"
+    if args.end_to_end:
+        e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
+        args.out.mkdir(parents=True, exist_ok=True)
+        e2e.to_csv(args.out / f"end_to_end{suffix}.csv", index=False, float_format="%.2f")
+        measured.write(args.out / f"end_to_end{suffix}.csv")
+        print(e2e.to_string(index=False))
+        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'end_to_end{suffix}.png')}")
+        if (fig := backends_figure(args.out)) is not None:
+            print(f"figure: {fig}")
+        return 0
+    df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr),
+               repeats=args.repeats)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
+    df.to_csv(args.out / name, index=False, float_format="%.3f")
+    measured.write(args.out / name)
+    print(df.to_string(index=False))
+    print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
+    threads_csv, ray_csv = args.out / "scaling.csv", args.out / "scaling_ray.csv"
+    if args.env_backend == "sync" and threads_csv.exists() and ray_csv.exists():
+        t, r = pd.read_csv(threads_csv), pd.read_csv(ray_csv)
+        print("\nRay vs threads (overhead_us: 1/f_ray - 1/f_threads per transition or update):")
+        print(overhead_table(t, r).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"figure: {backends_figure(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "main"
+    sys.exit(main())

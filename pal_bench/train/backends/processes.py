@@ -1,0 +1,410 @@
+"""The process backend: actor processes write straight into the shared-memory replay buffer.
+
+Placement: every actor is an OS process (``spawn``) stepping its own environments with its own copy of
+the policy; learners are threads of the driver, next to the parameter server (torch releases the GIL in
+its kernels). What crosses a process boundary, and how:
+
+- transitions: each actor calls ``add_batch`` on the driver's ``PrioritizedReplayBuffer(shared=True)``
+  segment (attached by name): no pipe, no pickling;
+- weights: the driver publishes every new parameter-server version into a ``SharedWeights`` block
+  (seqlock); an actor copies it when its version counter moved;
+- counters: one shared int64 array: per actor, transitions reserved and inserted (one writer each),
+  plus the learners' started updates, a pause flag and a stop flag written by the driver. An actor asks
+  for its next vector step under one process-shared lock, with the rule of ``rate_policy.RatePolicy``;
+- episodes, errors and per-phase timers: small messages on a queue.
+
+Everything else (config, algorithms, learners, evaluation, checkpoints, logs, ``summary.json``) is the
+thread trainer's. An actor process that dies (exception or SIGKILL) is restarted; the transitions it had
+reserved but not inserted are given back to the budget and recorded in ``events.csv``. Actor processes
+exit on the stop flag, on the end of the budget, and when the driver dies (``PR_SET_PDEATHSIG`` plus a
+parent check), and ignore Ctrl-C (the driver handles it and stops them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from pal_bench.train.backends.threads import Trainer, WorkerError
+from pal_bench.train.config import TrainConfig
+from pal_bench.train.rate import RateController
+from pal_bench.train.rate_policy import RatePolicy, default_slack
+from pal_bench.train.replay_spec import buffer_class, make_buffer
+from pal_bench.train.shared_weights import SharedWeights, spec_of
+from pal_bench.train.workers import PhaseTimer
+
+STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
+HEADER = 8                       # counters before the per-actor pairs (reserved, inserted)
+MAX_RESTARTS = 5                 # per actor: more deaths than this end the run with an error
+POLL_S = 0.002                   # the driver's counter sync period
+STOP_JOIN_S = 1.5                # an actor process that has not exited this long after stop is killed
+
+
+def _reserved(a: int) -> int:
+    return HEADER + 2 * a
+
+
+def _inserted(a: int) -> int:
+    return HEADER + 2 * a + 1
+
+
+def _segment_name(run_dir: Path, kind: str) -> str:
+    """A name per run directory, so that the next run in the same place replaces what a killed driver left."""
+    digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    return f"pal_{kind}_{digest}"
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------- the actor process
+
+def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: str, weights_name: str,
+                  weights_spec, counters, lock, messages, parent_pid: int) -> None:
+    """Body of one actor process (spawned). Steps ``envs_per_actor`` environments and inserts n-step rows
+    with ``add_batch`` into the shared buffer until the budget is spent or the driver says stop."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the driver handles Ctrl-C and stops us
+    import torch
+
+    from pal_bench.train.core import RunCore
+    from pal_bench.train.workers import EnvStepper
+
+    torch.set_num_threads(1)
+    envs = buf = weights = None
+    try:
+        ctx = RunCore(cfg)
+        policy = RatePolicy.from_config(cfg, default_slack(cfg))
+        timer = PhaseTimer()
+        buf = buffer_class(cfg).attach(buffer_name, seed=cfg.seed)
+        weights = SharedWeights.attach(weights_name, weights_spec)
+        nets = ctx.networks()
+        targets = ctx.networks() if cfg.actor_priorities else None
+        E = cfg.envs_per_actor
+        rng = np.random.default_rng([cfg.seed, actor, incarnation])
+        envs = ctx.make_vector_env(actor)
+        start = int(counters[_inserted(actor)])
+        stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
+                                    for i in range(E)], cfg, ctx.algo, ctx)
+        version = _pull(weights, nets, targets, 0)
+        timer.lap("setup")
+        n_actors = cfg.actors
+        # tests only: "ACTOR:STEPS" makes that actor stall inside the lock once it has inserted STEPS transitions
+        hold = os.environ.get("PAL_BENCH_TEST_HOLD_RESERVATION", "")
+        hold_actor, hold_after = (int(x) for x in hold.split(":")) if hold else (-1, 0)
+        while True:
+            if counters[STOP] or os.getppid() != parent_pid:
+                break
+            with lock:
+                counters[HOLDER] = actor + 1
+                if actor == hold_actor and counters[_inserted(actor)] >= hold_after and incarnation == 0:
+                    time.sleep(60)
+                reserved = sum(int(counters[_reserved(a)]) for a in range(n_actors))
+                spent = policy.budget_spent(reserved)
+                ok = (not spent and not counters[PAUSED]
+                      and policy.actor_may_step(reserved, int(counters[STARTED])))
+                if ok:
+                    counters[_reserved(actor)] += E
+                counters[HOLDER] = 0
+            if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
+                _insert(ctx, buf, stepper.flush(), nets, targets, timer)
+                break
+            if not ok:
+                time.sleep(0.0005)
+                timer.lap("rate_wait")
+                continue
+            timer.lap("rate_wait")
+            version = _pull(weights, nets, targets, version)
+            timer.lap("weights_pull")
+            rows, episodes = stepper.step(nets, reserved + E, rng, timer)
+            if episodes:
+                messages.put(("episodes", actor, episodes))
+            if reserved + E >= cfg.steps:                # the budget is spent: flush the pending windows
+                rows += stepper.flush()
+            _insert(ctx, buf, rows, nets, targets, timer)
+            counters[_inserted(actor)] += E
+        messages.put(("timers", actor, timer.seconds))
+    except BaseException:
+        tb = traceback.format_exc()
+        print(f"pal-bench actor{actor} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
+        messages.put(("error", actor, tb))
+        messages.close()
+        messages.join_thread()                           # the error reaches the driver before we exit
+        raise SystemExit(1) from None
+    finally:
+        if envs is not None:
+            envs.close()
+        if buf is not None:
+            buf.close()
+        if weights is not None:
+            weights.close()
+
+
+def _pull(weights: SharedWeights, nets, targets, version: int) -> int:
+    """Load a newer published version into the actor's networks (online, and targets for Ape-X priorities)."""
+    got = weights.read(min_version=version + 1)
+    if got is None:
+        return version
+    new, tensors = got
+    online = {k[len("online."):]: v for k, v in tensors.items() if k.startswith("online.")}
+    nets.load_state_dict(online)
+    if targets is not None:
+        targets.load_state_dict({k[len("target."):]: v for k, v in tensors.items() if k.startswith("target.")})
+    return new
+
+
+def _insert(ctx, buf, rows: list[tuple], nets, targets, timer: PhaseTimer) -> None:
+    if not rows:
+        return
+    batch = {k: np.stack([r[j] for r in rows]) for j, k in enumerate(("obs", "act", "rew", "next_obs", "done", "disc"))}
+    priorities = ctx.actor_priorities(nets, targets, batch) if targets is not None else None
+    timer.lap("inference")
+    buf.add_batch(priorities=priorities, **batch)
+    timer.lap("buffer_insert")
+
+
+def _flat_state(snap) -> dict:
+    out = {f"online.{k}": v for k, v in _as_state(snap.online).items()}
+    out.update({f"target.{k}": v for k, v in _as_state(snap.target).items()})
+    return out
+
+
+def _as_state(nets) -> dict:
+    return nets.state_dict() if hasattr(nets, "state_dict") else nets
+
+
+# ---------------------------------------------------------------------- the driver
+
+class SharedRate(RateController):
+    """The thread trainer's rate controller with its counters in the shared array: ``steps`` and ``reserved``
+    are the sums of the actors' inserted and reserved counts, ``started`` and ``paused`` are written through
+    for the actors to read. Learner threads wait on it as on the thread trainer's (polling every 0.5 ms,
+    since actor processes cannot notify a condition variable)."""
+
+    POLL_S = 0.0005
+
+    def __init__(self, cfg: TrainConfig, counters):
+        self._c, self._actors = counters, cfg.actors
+        self._started = 0
+        self._paused = False
+        super().__init__(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg), lockstep=False)
+
+    def _sum(self, at) -> int:
+        return sum(int(self._c[at(a)]) for a in range(self._actors))
+
+    @property
+    def steps(self) -> int:
+        return self._sum(_inserted)
+
+    @steps.setter
+    def steps(self, value: int) -> None:             # init and restore only: all on actor 0's account
+        self._c[_inserted(0)] = value - (self.steps - int(self._c[_inserted(0)]))
+
+    @property
+    def reserved(self) -> int:
+        return self._sum(_reserved)
+
+    @reserved.setter
+    def reserved(self, value: int) -> None:
+        self._c[_reserved(0)] = value - (self.reserved - int(self._c[_reserved(0)]))
+
+    @property
+    def started(self) -> int:
+        return self._started
+
+    @started.setter
+    def started(self, value: int) -> None:
+        self._started = value
+        self._c[STARTED] = value
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._paused = value
+        self._c[PAUSED] = int(value)
+
+    def _wait(self, role: str) -> None:
+        t0 = time.perf_counter()
+        self.cond.wait(self.POLL_S)
+        self.wait_s[role] += time.perf_counter() - t0
+
+
+class ProcessTrainer(Trainer):
+    """``Trainer`` with actor processes on a shared-memory buffer (``backend = "processes"``)."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False):
+        self._ctx = mp.get_context("spawn")
+        self._weights: SharedWeights | None = None
+        super().__init__(cfg, resume=resume)
+        # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
+        self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
+        self._sync_lock = threading.Lock()
+        self._published = -1
+        self.restarts = [0] * cfg.actors
+        self.lost = [0] * cfg.actors
+        name = _segment_name(self.run_dir, "w")
+        stale = Path("/dev/shm") / name
+        if stale.exists():                                # left by a driver killed in this run directory
+            stale.unlink()
+        self._weights = SharedWeights.create(spec_of(_flat_state(self.ps.snapshot)), name=name)
+        self._publish()
+
+    def _place(self) -> None:
+        """The thread trainer's parameter server; the buffer in shared memory; the rate counters in a shared
+        array (a resumed run's steps count as actor 0's)."""
+        super()._place()
+        self.counters = self._ctx.RawArray("q", HEADER + 2 * self.cfg.actors)
+        self.rate = SharedRate(self.cfg, self.counters)
+        self._lock_mp = self._ctx.Lock()
+
+    # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
+    def _new_buffer(self, fields: dict):
+        cfg = self.cfg
+        return make_buffer(cfg, fields, shared=True, name=_segment_name(cfg.run_dir(), "buf"))
+
+    def _load_buffer(self, path: Path):
+        self.buffer.close()
+        return buffer_class(self.cfg).load(path, shared=True, name=_segment_name(self.cfg.run_dir(), "buf"))
+
+    # ------------------------------------------------------------------ counters and weights
+
+    def _publish(self) -> None:
+        snap = self.ps.snapshot
+        if snap.version != self._published:
+            self._weights.publish(_flat_state(snap))
+            self._published = snap.version
+
+    def _sync(self) -> None:
+        """Publish new weights and drain the actors' messages (episodes, timers, errors)."""
+        with self._sync_lock:
+            self._publish()
+            for actor in range(self.cfg.actors):
+                self._drain(actor)
+
+    def _drain(self, actor: int) -> None:
+        """(sync lock held) Read what actor ``actor`` sent. A message cut short by a killed actor ends it."""
+        q = self._messages[actor]
+        while True:
+            try:
+                kind, _, payload = q.get_nowait()
+            except queue.Empty:
+                return
+            except Exception:                    # a truncated message from a killed writer
+                return
+            if kind == "episodes":
+                for ret, length in payload:
+                    self.record_episode(ret, length)
+            elif kind == "timers":
+                timer = self.timers.setdefault(f"actor{actor}", PhaseTimer())
+                for phase, s in payload.items():
+                    timer.seconds[phase] = timer.seconds.get(phase, 0.0) + s
+            elif kind == "error":
+                self._last_error[actor] = payload
+
+    def _pump(self) -> None:
+        while not self.stop.is_set():
+            self._sync()
+            time.sleep(POLL_S)
+        self._sync()
+
+    # ------------------------------------------------------------------ actors
+
+    def run(self) -> dict:
+        self._last_error: dict[int, str] = {}
+        self._spawn("counters", self._pump)
+        return super().run()
+
+    def _actors(self, i: int) -> None:
+        try:
+            self._supervise(i)
+        finally:
+            self._sync()
+            with self._lock:
+                self._actors_left -= 1
+                if self._actors_left == 0:
+                    self.actors_finished.set()
+            self.rate.wake()
+
+    def _start(self, i: int) -> mp.Process:
+        p = self._ctx.Process(
+            target=actor_process, name=f"pal-actor{i}", daemon=True,
+            args=(self.cfg, i, self.restarts[i], self.buffer.shared_name, self._weights.name,
+                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid()))
+        p.start()
+        return p
+
+    def _supervise(self, i: int) -> None:
+        """Run actor ``i``'s process to the end of the budget, restarting it when it dies."""
+        p = self._start(i)
+        while True:
+            p.join(0.05)
+            if self.stop.is_set():
+                self.counters[STOP] = 1
+                p.join(STOP_JOIN_S)
+                if p.is_alive():
+                    p.kill()
+                    p.join(1.0)
+                return
+            if p.exitcode is None:
+                continue
+            if p.exitcode == 0:
+                return
+            self._sync()
+            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: release it for the others
+                self.counters[HOLDER] = 0
+                self._lock_mp.release()
+            with self._lock_mp:                  # give back what it reserved and never inserted
+                lost = int(self.counters[_reserved(i)] - self.counters[_inserted(i)])
+                self.counters[_reserved(i)] = self.counters[_inserted(i)]
+            self.lost[i] += lost
+            why = self._last_error.pop(i, None)
+            cause = (f"exit code {p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
+                     + (f": {why.strip().splitlines()[-1]}" if why else ""))
+            if self.restarts[i] >= MAX_RESTARTS:
+                raise WorkerError(f"actor{i} died {self.restarts[i] + 1} times; last: {cause}\n{why or ''}")
+            self.restarts[i] += 1
+            with self._sync_lock:                # the dead actor's queue may hold its write lock: a new one
+                self._drain(i)
+                self._messages[i] = self._ctx.Queue()
+            self._event(f"actor{i}", "restart", lost, f"process {p.pid} died ({cause}); "
+                                                     f"{lost} reserved transitions lost; restarted")
+            p = self._start(i)
+
+    def summary(self) -> dict:
+        out = super().summary()
+        out["backend"] = "processes"
+        out["restarts"] = [e for e in self.events if e["event"] == "restart"]
+        out["transitions_lost"] = sum(self.lost)
+        return out
+
+    def close(self) -> None:
+        """Stop every thread and actor process, then unlink the shared buffer and weights (idempotent)."""
+        was_closed = self._closed
+        super().close()
+        if was_closed:
+            return
+        if hasattr(self, "counters"):
+            self.counters[STOP] = 1
+        if self._weights is not None:
+            self._weights.close()
+        self.buffer.close()
