@@ -45,8 +45,9 @@ def test_summary_and_table_report_unreached_runs_as_such():
     assert t.loc["tianshou", "reached"] == 0 and np.isnan(t.loc["tianshou", "median_wall_to_target_s"])
 
 
-def test_pal_contestant_runs_to_its_budget_and_reports_its_evaluations():
-    run = race.run_one("pal", SMOKE, seed=0, split=(1, 1))
+@pytest.mark.parametrize("name", ["pal", "pal-processes"])
+def test_pal_contestant_runs_to_its_budget_and_reports_its_evaluations(name):
+    run = race.run_one(name, SMOKE, seed=0, split=(1, 1))
     steps = [e["env_steps"] for e in run["curve"]]
     assert steps and steps[-1] >= SMOKE.max_steps and steps == sorted(steps)
     assert 0 < run["setup_s"] < run["wall_s"] and all(e["wall_s"] > run["setup_s"] for e in run["curve"])
@@ -110,3 +111,21 @@ def test_paired_alternates_the_two_buffers_and_closes_both():
     assert [e for e in log if e[0] == "close"] == [("close", "default"), ("close", "pal")]
     for r in out.values():
         assert r["iterations"] == 4 and r["buffer_len"] == 7 and 0 < r["buffer_share"] <= 1
+
+
+def test_each_pal_backend_takes_the_split_from_its_own_curves(tmp_path, monkeypatch):
+    """Actor-bound curves (learners 16x faster than 0.25 updates per step needs): threads lose with a second
+    actor, processes gain, so on 3 cores the solver gives processes 2 actors and threads 1."""
+    from pal_bench.studies import scaling
+
+    monkeypatch.setattr(scaling, "usable_cores", lambda: 3)
+    rows = [{"curve": c, "threads": x, "throughput": v, "backend": b}
+            for b, fa in (("threads", (1000, 900)), ("processes", (1000, 1900)))
+            for c, vals in (("f_a", fa), ("f_l", (1000, 1100))) for x, v in zip((1, 2), vals)]
+    df = pd.DataFrame(rows)
+    df[df.backend == "threads"].drop(columns="backend").to_csv(tmp_path / "scaling.csv", index=False)
+    df[df.backend == "processes"].to_csv(tmp_path / "scaling_processes.csv", index=False)
+    task = race.TASKS["full"]
+    assert race.dse_split(task, "threads", tmp_path)[0] == 1
+    assert race.dse_split(task, "processes", tmp_path) == (2, 1)
+    assert race.dse_split(task, "processes", tmp_path / "none") == (1, 1)

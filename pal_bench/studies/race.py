@@ -36,7 +36,8 @@ import pandas as pd
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTESTANTS = ("pal", "rllib", "rllib-pal", "tianshou")
+CONTESTANTS = ("pal", "pal-processes", "rllib", "rllib-pal", "tianshou")
+PAL_BACKENDS = {"pal": "threads", "pal-processes": "processes"}    # PAL's trainer on each of its local backends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +131,10 @@ class Clock:
 
 # ---------------------------------------------------------------------------- contestants
 
-def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int]) -> None:
-    """PAL-Bench's trainer (threads) at ``split`` = (actors, learners); its own evaluator."""
-    from pal_bench.train import Trainer, make_config
+def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int], backend: str = "threads") -> None:
+    """PAL-Bench's trainer on ``backend`` (threads, or actor processes on the shared buffer) at ``split`` =
+    (actors, learners); its own evaluator."""
+    from pal_bench.train import make_config, make_trainer
 
     with tempfile.TemporaryDirectory(prefix="pal-race-") as out:
         cfg = make_config("dqn", task.env, out_dir=out, seed=seed, actors=split[0], learners=split[1],
@@ -142,8 +144,8 @@ def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int]) -> None
                           target_update=task.target_update, eps_end=task.eps_end, eps_fraction=task.eps_fraction,
                           alpha=task.alpha, beta=task.beta, eval_interval=task.eval_interval,
                           eval_episodes=task.eval_episodes, stop_return=task.target, deterministic=False,
-                          progress=False)
-        with Trainer(cfg) as tr:
+                          progress=False, backend=backend)
+        with make_trainer(cfg) as tr:
             clock.started()
             timer = _WallLimit(tr, task.max_wall_s - clock.setup_s)
             try:
@@ -235,8 +237,8 @@ def run_tianshou(task: Task, seed: int, clock: Clock) -> None:
 def run_one(name: str, task: Task, seed: int, split: tuple[int, int]) -> dict:
     t0 = time.perf_counter()
     clock = Clock(task, seed, t0)
-    if name == "pal":
-        run_pal(task, seed, clock, split)
+    if name in PAL_BACKENDS:
+        run_pal(task, seed, clock, split, PAL_BACKENDS[name])
     elif name in ("rllib", "rllib-pal"):
         run_rllib(task, seed, clock, "pal" if name == "rllib-pal" else "rllib")
     elif name == "tianshou":
@@ -249,14 +251,17 @@ def run_one(name: str, task: Task, seed: int, split: tuple[int, int]) -> dict:
 
 # ---------------------------------------------------------------------------- orchestration
 
-def dse_split(task: Task, curves: Path = ROOT / "results" / "scaling.csv") -> tuple[int, int]:
-    """The design-space exploration's split for this machine from stored f_a/f_l curves
-    (``make scaling``); (1, 1) when none are stored."""
+def dse_split(task: Task, backend: str = "threads", results: Path = ROOT / "results") -> tuple[int, int]:
+    """The design-space exploration's split for this machine from the backend's stored f_a/f_l curves
+    (``results/scaling.csv`` for threads, ``scaling_processes.csv`` for processes); (1, 1) when none are stored."""
     from pal_bench.studies import dse, scaling
 
+    curves = results / ("scaling.csv" if backend == "threads" else f"scaling_{backend}.csv")
     if not curves.exists():
         return 1, 1
     c = pd.read_csv(curves)
+    if "backend" in c:
+        c = c[c.backend.fillna("threads") == backend]
     f = {k: dict(zip(g.threads, g.throughput)) for k, g in c.groupby("curve")}
     best, _, _ = dse.solve(f["f_a"], f["f_l"], task.updates_per_step, max(2, scaling.usable_cores()))
     return best.actors, best.learners
@@ -298,7 +303,7 @@ def draw(curves: pd.DataFrame, task_name: str, task: Task, path: Path) -> Path:
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    colors = dict(zip(CONTESTANTS, ("#d62728", "#1f77b4", "#9467bd", "#2ca02c")))
+    colors = dict(zip(CONTESTANTS, ("#d62728", "#ff7f0e", "#1f77b4", "#9467bd", "#2ca02c")))
     for (name, seed), g in curves.groupby(["contestant", "seed"], sort=False):
         first = seed == curves[curves.contestant == name].seed.min()
         ax.plot(g.wall_s, g.mean_return, marker=".", color=colors.get(name), alpha=0.9 if first else 0.45,
@@ -339,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, help="seeds per contestant (default: 1 quick, 3 full)")
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
-    ap.add_argument("--split", help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice)")
+    ap.add_argument("--split", help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice from each backend's "
+                                    "stored curves)")
     ap.add_argument("--report", action="store_true", help="only print the table and redraw the figure from stored CSVs")
     add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
@@ -348,11 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     task_name = args.task or ("quick" if args.quick else "full")
     task = TASKS[task_name]
-    split = tuple(int(v) for v in args.split.split("x")) if args.split else dse_split(task)
+    fixed = tuple(int(v) for v in args.split.split("x")) if args.split else None
+
+    def split_of(name: str) -> tuple[int, int]:
+        return fixed or (dse_split(task, PAL_BACKENDS[name]) if name in PAL_BACKENDS else (1, 1))
+
     if args.report:
         return report(args.out, task_name)
     if args.worker:
-        run = run_one(args.worker, task, args.seed, split)
+        run = run_one(args.worker, task, args.seed, split_of(args.worker))
         args.worker_out.write_text(json.dumps(run))
         return 0
     if refuse_if_busy("pal-bench race", args.force):
@@ -368,11 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(seeds):
         for name in names:
             i += 1
-            where = f", split {split[0]}+{split[1]}" if name == "pal" else ""
+            split = split_of(name)
+            where = f", split {split[0]}+{split[1]}" if name in PAL_BACKENDS else ""
             print(f"[{i}/{total}] {name} seed {seed} on {task.env} (target {task.target:g}, budget "
                   f"{task.max_steps} steps / {task.max_wall_s:.0f} s){where}", file=sys.stderr, flush=True)
             run = launch(name, task_name, seed, split, log)
-            run["split"] = f"{split[0]}+{split[1]}" if name == "pal" else ""
+            run["split"] = f"{split[0]}+{split[1]}" if name in PAL_BACKENDS else ""
             row = summarise(run, task)
             runs.append(row)
             curves += [{"contestant": name, "seed": seed, **e} for e in run["curve"]]
