@@ -16,13 +16,12 @@ def _train(args) -> int:
              "env_backend": args.env_backend, "out_dir": args.out_dir, "backend": args.backend,
              "ray_address": args.ray_address, "topology": args.topology, "link": args.link,
              "actor_rate": args.actor_rate}
-    try:
-        overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
-        cfg = make_config(args.algo, args.env, args.config, **overrides)
-        trainer = make_trainer(cfg, resume=args.resume)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"pal-bench train: {e}", file=sys.stderr)
-        return 2
+    overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
+    cfg = make_config(args.algo, args.env, args.config, **overrides)
+    if cfg.topology == "local" and cfg.steps <= cfg.learning_starts:
+        raise ConfigError(f"steps ({cfg.steps}) must exceed learning_starts ({cfg.learning_starts}): no learner "
+                          f"update would run; raise --steps or lower --set learning_starts=N")
+    trainer = make_trainer(cfg, resume=args.resume)
     try:
         with trainer:
             summary = trainer.run()
@@ -50,6 +49,8 @@ DSE_BACKEND = "processes"
 
 
 def _dse(args) -> int:
+    from pathlib import Path
+
     import pandas as pd
 
     from pal_bench.studies import dse, scaling
@@ -58,8 +59,20 @@ def _dse(args) -> int:
     cfg = make_config(args.algo, args.env)
     ratio = args.ratio or cfg.updates_per_step
     m = args.max_cores or scaling.usable_cores()
+    if args.max_cores is not None and args.max_cores < 2:
+        raise UsageError(f"--max-cores {args.max_cores}: a split needs at least 2 cores (one actor, one learner)")
     if args.curves:
-        curves = pd.read_csv(args.curves)
+        if not Path(args.curves).is_file():
+            raise UsageError(f"--curves {args.curves}: no such file (make one with `python -m "
+                             "pal_bench.studies.scaling`)")
+        try:
+            curves = pd.read_csv(args.curves)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise UsageError(f"--curves {args.curves}: not a curves CSV ({str(e).splitlines()[0]})") from None
+        missing = {"curve", "threads", "throughput"} - set(curves.columns)
+        if missing:
+            raise UsageError(f"--curves {args.curves}: missing column(s) {', '.join(sorted(missing))} "
+                             "(expected the CSV that `python -m pal_bench.studies.scaling` writes)")
         # curves written before the backend column are the thread backend's
         found = sorted(curves.backend.dropna().unique()) if "backend" in curves else ["threads"]
         if args.backend:
@@ -104,8 +117,6 @@ def _dse(args) -> int:
           f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
           f"(limited by the {best.bottleneck})")
     print(best.command(args.algo, args.env, ratio) + (f" --backend {backend}" if backend != "threads" else ""))
-    from pathlib import Path
-
     fig_path = Path("results") / "figures" / "dse.png"
     fig_path.parent.mkdir(parents=True, exist_ok=True)
     measured = pd.read_csv(args.measured) if args.measured else None
@@ -142,8 +153,29 @@ FORWARDED = {
 }
 
 
+class UsageError(Exception):
+    """A user error found by the command line itself (a missing file, a bad column); one line, exit status 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``pal-bench``: a user error (bad config, unreadable file, bad argument) ends in one line on stderr and
+    exit status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _main(argv)
+    except Exception as e:                      # noqa: BLE001 - sorted below: user errors get one line
+        from pal_bench.train.config import ConfigError
+
+        if debug or not isinstance(e, (ConfigError, UsageError, OSError)):
+            raise
+        command = argv[0] if argv and not argv[0].startswith("-") else ""
+        print(f"pal-bench {command}: {e}".replace(" :", ":"), file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "report":
         from pal_bench import report
 
@@ -152,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return importlib.import_module(FORWARDED[argv[0]][0]).main(argv[1:])
-    ap = argparse.ArgumentParser(prog="pal-bench", description="PAL-Bench: replay buffers and parallel RL, measured.")
+    ap = argparse.ArgumentParser(prog="pal-bench", description="PAL-Bench: replay buffers and parallel RL, measured. "
+                                 "Add --debug anywhere to see a traceback instead of a one-line error.")
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (_, helptext) in FORWARDED.items():
         sub.add_parser(name, help=helptext + f" (see `pal-bench {name} --help`)", add_help=False)

@@ -125,11 +125,17 @@ def _coerce(name: str, value: Any) -> Any:
     if name not in FIELD_TYPES:
         raise ConfigError(f"unknown config field {name!r}; known: {', '.join(sorted(FIELD_TYPES))}")
     default = getattr(TrainConfig(), name)
-    try:
-        if isinstance(value, str) and not isinstance(default, str):
-            import yaml
+    if isinstance(value, str) and not isinstance(default, str):
+        import yaml
 
+        try:
             value = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"{name}: cannot read {value!r} as a value ({getattr(e, 'problem', None) or e}{where})"
+                              ) from None
+    try:
         if name == "hidden":
             value = tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
         elif name == "deterministic":
@@ -167,11 +173,20 @@ def load_file(path: str | os.PathLike) -> dict:
     if path.suffix == ".toml":
         import tomllib
 
-        data = tomllib.loads(path.read_text())
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:         # the message names line and column
+            raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
     elif path.suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            raise ConfigError(f"config file {path}: not valid YAML: {getattr(e, 'problem', None) or e}{where}"
+                              ) from None
     else:
         raise ConfigError(f"config file {path}: expected .toml, .yaml or .yml")
     if not isinstance(data, dict):
