@@ -9,7 +9,7 @@ import sys
 
 def _train(args) -> int:
     from pal_bench.train import ConfigError, make_config, make_trainer
-    from pal_bench.train.config import parse_overrides
+    from pal_bench.train.config import load_file, parse_overrides, resume_config
 
     flags = {"actors": args.actors, "learners": args.learners, "steps": args.steps, "seed": args.seed,
              "envs_per_actor": args.envs_per_actor, "aggregation": args.aggregation, "name": args.name,
@@ -18,6 +18,10 @@ def _train(args) -> int:
              "actor_rate": args.actor_rate}
     overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
     cfg = make_config(args.algo, args.env, args.config, **overrides)
+    if args.resume:    # the run's own config; the flags given may change only what a run can change mid-way
+        given = (load_file(args.config) if args.config else {}) | overrides | {
+            k: v for k, v in (("algo", args.algo), ("env", args.env)) if v is not None}
+        cfg = resume_config(cfg.run_dir(), given)
     if cfg.topology == "local" and cfg.steps <= cfg.learning_starts:
         raise ConfigError(f"steps ({cfg.steps}) must exceed learning_starts ({cfg.learning_starts}): no learner "
                           f"update would run; raise --steps or lower --set learning_starts=N")
@@ -212,7 +216,10 @@ def _main(argv: list[str]) -> int:
     t.add_argument("--seed", type=int)
     t.add_argument("--name", help="run directory name under --out-dir")
     t.add_argument("--out-dir")
-    t.add_argument("--resume", action="store_true", help="continue the run in <out-dir>/<name> from its checkpoint")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in <out-dir>/<name> from its checkpoint, with its own config.yaml; flags "
+                        "may change only steps, eval_interval, eval_episodes, checkpoint_interval, stop_return, "
+                        "progress")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config field (repeatable)")
     d = sub.add_parser("dse", help="choose how many cores go to actors and to learners")
     d.add_argument("--algo", default="dqn")

@@ -54,3 +54,30 @@ def test_dse_curves_without_the_curve_columns(tmp_path, monkeypatch, capsys):
 def test_debug_shows_the_traceback(capsys):
     with pytest.raises(ConfigError, match="hidden"):
         main(["train", "--set", "hidden=[64,", "--debug"])
+
+
+def test_resume_takes_the_runs_own_config_and_changes_only_what_may_change(tmp_path, capsys):
+    """README's form: ``--name N --out-dir D --resume --steps S`` on a 2-actor, 2-learner run goes on as that
+    run (not as the 1 x 1 defaults), keeps its config.yaml, and says so when it is already past ``--steps``."""
+    import json
+
+    import yaml
+
+    base = ["train", "--name", "r", "--out-dir", str(tmp_path)]
+    first = base + ["--algo", "dqn", "--env", "CartPole-v1", "--actors", "2", "--learners", "2", "--steps", "1200",
+                    "--set", "learning_starts=500", "--set", "batch_size=32", "--set", "eval_episodes=0",
+                    "--set", "progress=false"]
+    assert main(first) == 0
+    capsys.readouterr()
+    assert main(base + ["--resume", "--steps", "1600"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out[:out.index("\n}") + 2])
+    assert summary["env_steps"] == 1600
+    saved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert (saved["actors"], saved["learners"], saved["steps"], saved["batch_size"]) == (2, 2, 1600, 32)
+    err = one_line_error(capsys, base + ["--resume", "--actors", "1", "--steps", "2000"])
+    assert "actors: cannot change when resuming (the run has actors = 2)" in err
+    err = one_line_error(capsys, base + ["--resume", "--steps", "1000"])
+    assert "has done 1600 steps already" in err and "larger --steps" in err
+    err = one_line_error(capsys, ["train", "--name", "none", "--out-dir", str(tmp_path), "--resume"])
+    assert "no run to resume" in err

@@ -204,6 +204,34 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+# what a resumed run may change: how long it runs and how it is watched, not what it trains
+RESUMABLE = ("steps", "eval_interval", "eval_episodes", "checkpoint_interval", "stop_return", "progress")
+LOCATION = ("name", "out_dir")
+
+
+def resume_config(run_dir: str | os.PathLike, overrides: dict) -> TrainConfig:
+    """The config a run in ``run_dir`` was started with (its ``config.yaml``), with ``overrides`` applied to
+    the fields a resumed run may change (``RESUMABLE``). An override of any other field that differs from the
+    saved value is a ``ConfigError`` naming the field and the run's value."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"resume: no run to resume in {run_dir} (no config.yaml); start it without --resume")
+    saved = make_config(file=path)
+    for k, v in overrides.items():
+        if v is None or k in LOCATION:
+            continue
+        new = _coerce(k, v)
+        if new == getattr(saved, k):
+            continue
+        if k not in RESUMABLE:
+            raise ConfigError(f"{k}: cannot change when resuming (the run has {k} = {getattr(saved, k)!r}); a "
+                              f"resumed run may change only {', '.join(RESUMABLE)}")
+        setattr(saved, k, new)
+    saved.name, saved.out_dir = run_dir.name, str(run_dir.parent)
+    return saved
+
+
 def make_config(algo: str | None = None, env: str | None = None, file: str | None = None,
                 **overrides) -> TrainConfig:
     """Build a config: defaults, then the algorithm's defaults (per env too), then ``file``, then ``overrides``."""

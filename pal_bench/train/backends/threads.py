@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pal_bench.train.config import TrainConfig, validate
+from pal_bench.train.config import ConfigError, TrainConfig, validate
 from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
@@ -88,9 +88,19 @@ class Trainer(RunCore):
         self.wall_offset = 0.0
         self.train_wall_s: float | None = None          # wall time when the workers had stopped
         self._closed = False
+        # read a checkpoint before anything (threads, shared segments, Ray actors) exists, so a run that
+        # cannot be resumed fails leaving nothing behind
+        state = self.recorder.load_checkpoint() if resume else None
+        if state is not None and state["steps"] >= cfg.steps:
+            raise ConfigError(f"steps: the run in {self.run_dir} has done {state['steps']} steps already, not fewer "
+                              f"than steps = {cfg.steps}; give a larger --steps to continue it")
         self._place()
-        if resume:
-            self.load_checkpoint()
+        if state is not None:
+            try:
+                self._restore(state)
+            except BaseException:
+                self.close()          # a backend's shared segments go with it
+                raise
 
     def _place(self) -> None:
         """Threads: parameter server, replay buffer and rate controller are objects of this process."""
@@ -327,6 +337,11 @@ class Trainer(RunCore):
     def load_checkpoint(self) -> dict:
         """Restore counters, logs, weights, RNG states and the buffer from checkpoint.pt and buffer.pal."""
         state = self.recorder.load_checkpoint()
+        self._restore(state)
+        return state
+
+    def _restore(self, state: dict) -> None:
+        """Counters, weights, RNG states and the buffer of a loaded checkpoint (the logs are the recorder's)."""
         self.ps.load_state_dict(state["ps"])
         self.rate.restore(state["steps"], state["updates"])
         self.update_count = state["update_count"]
@@ -338,4 +353,3 @@ class Trainer(RunCore):
         random.setstate(state["python_rng"])
         self.buffer = self._load_buffer(self.run_dir / "buffer.pal")
         self.resumed_steps = state["steps"]
-        return state

@@ -368,11 +368,9 @@ class RayTrainer(Trainer):
         return self.recorder.save_checkpoint(self._checkpoint_state(ps_state, counters["steps"], counters["done"],
                                                                     fresh))
 
-    def load_checkpoint(self) -> dict:
-        """Counters and logs now; weights and buffer go to the Ray actors when ``run`` starts them."""
-        state = self.recorder.load_checkpoint()
+    def _restore(self, state: dict) -> None:
+        """Counters now; weights and buffer go to the Ray actors when ``run`` starts them."""
         self._resume_state = state
         self.rate.steps, self.rate.done = state["steps"], state["updates"]
         self.wall_offset = state["wall_s"]
         self.resumed_steps = state["steps"]
-        return state
