@@ -40,7 +40,7 @@ train-results: $(VENV)/.installed
 
 scaling: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.scaling --max-threads 4
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000 --out results
 
 # PAL's drop-in buffers inside RLlib and tianshou (about 15 min) and the race to a target return
 # (quick: CartPole-v1, about 10 min; `$(VENV)/bin/pal-bench race` alone is the full LunarLander race)
@@ -53,7 +53,7 @@ race: $(VENV)/.installed
 # every table of README.md and docs/ and every figure, from the stored results alone (measures nothing)
 figures: $(VENV)/.installed
 	$(PY) -m pal_bench.report
-	test ! -f results/dse_validation.csv || $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --measured results/dse_validation.csv
+	test ! -f results/dse_validation.csv || $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --measured results/dse_validation.csv --out results
 
 # the same, plus one static page of everything: results/report/index.html
 report: $(VENV)/.installed

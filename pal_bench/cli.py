@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _train(args) -> int:
@@ -50,21 +51,22 @@ def _train(args) -> int:
 # the backend whose curves `pal-bench dse` measures and uses unless told otherwise: actor processes collect
 # in parallel where actor threads lose to the GIL (docs/backends.md, "Actor processes against threads")
 DSE_BACKEND = "processes"
+DSE_OUT = "pal-bench-out"       # dse's default --out: never the tracked results/ unless asked
 
 
 def _dse(args) -> int:
-    from pathlib import Path
-
     import pandas as pd
 
     from pal_bench.studies import dse, scaling
     from pal_bench.train import make_config
 
-    cfg = make_config(args.algo, args.env)
-    ratio = args.ratio or cfg.updates_per_step
-    m = args.max_cores or scaling.usable_cores()
     if args.max_cores is not None and args.max_cores < 2:
         raise UsageError(f"--max-cores {args.max_cores}: a split needs at least 2 cores (one actor, one learner)")
+    if args.ratio is not None and not args.ratio > 0:
+        raise UsageError(f"--ratio {args.ratio}: updates per transition must be > 0")
+    if args.measured and not Path(args.measured).is_file():
+        raise UsageError(f"--measured {args.measured}: no such file")
+    m = args.max_cores or scaling.usable_cores()
     if args.curves:
         if not Path(args.curves).is_file():
             raise UsageError(f"--curves {args.curves}: no such file (make one with `python -m "
@@ -77,6 +79,15 @@ def _dse(args) -> int:
         if missing:
             raise UsageError(f"--curves {args.curves}: missing column(s) {', '.join(sorted(missing))} "
                              "(expected the CSV that `python -m pal_bench.studies.scaling` writes)")
+        for flag, col in (("algo", "algo"), ("env", "env")):   # the curves say what they were measured on
+            found = sorted(curves[col].dropna().unique()) if col in curves else []
+            given = getattr(args, flag)
+            if given is not None and found and found != [given]:
+                raise UsageError(f"--{flag} {given}: the curves in {args.curves} were measured with "
+                                 f"{col} {', '.join(found)}; measure {given}'s curves (python -m "
+                                 f"pal_bench.studies.scaling --{flag} {given}) or drop --{flag}")
+            if given is None and len(found) == 1:
+                setattr(args, flag, found[0])
         # curves written before the backend column are the thread backend's
         found = sorted(curves.backend.dropna().unique()) if "backend" in curves else ["threads"]
         if args.backend:
@@ -97,15 +108,18 @@ def _dse(args) -> int:
                   "--backend", file=sys.stderr)
             return 2
         print(f"curves: {args.curves} (backend {backend})")
+        cfg = make_config(args.algo, args.env)
     else:
         backend = args.backend or DSE_BACKEND
         from pal_bench.bench.conditions import refuse_if_busy
 
         if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
             return 2
-        cfg = make_config(args.algo, args.env, backend=backend)
+        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend)
         curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"curves: measured now (backend {backend})")
+    args.algo, args.env = cfg.algo, cfg.env
+    ratio = args.ratio or cfg.updates_per_step
     if backend != cfg.backend:       # --validate runs the backend the curves came from
         cfg = make_config(args.algo, args.env, backend=backend)
     f_a = dict(zip(curves[curves.curve == "f_a"].threads, curves[curves.curve == "f_a"].throughput))
@@ -113,15 +127,14 @@ def _dse(args) -> int:
     try:
         best, table, frontier = dse.solve(f_a, f_l, ratio, m)
     except ValueError as e:
-        print(f"pal-bench dse: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     ranked = table.sort_values("transitions_per_s", ascending=False)
     print(ranked.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\nchosen split for M={m}, {ratio:g} updates per transition: {best.actors} actor(s) + {best.learners} "
           f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
           f"(limited by the {best.bottleneck})")
     print(best.command(args.algo, args.env, ratio) + (f" --backend {backend}" if backend != "threads" else ""))
-    fig_path = Path("results") / "figures" / "dse.png"
+    fig_path = args.out / "figures" / "dse.png"
     fig_path.parent.mkdir(parents=True, exist_ok=True)
     measured = pd.read_csv(args.measured) if args.measured else None
     if args.validate:
@@ -136,10 +149,9 @@ def _dse(args) -> int:
         v = table.merge(measured, on=["actors", "learners"])
         v["predicted_rank"] = v.transitions_per_s.rank(ascending=False, method="min").astype(int)
         v["chosen"] = (v.actors == best.actors) & (v.learners == best.learners)
-        out = Path("results")
-        out.mkdir(exist_ok=True)
-        v.to_csv(out / "dse_validation.csv", index=False, float_format="%.2f")
-        validated.write(out / "dse_validation.csv")
+        args.out.mkdir(parents=True, exist_ok=True)
+        v.to_csv(args.out / "dse_validation.csv", index=False, float_format="%.2f")
+        validated.write(args.out / "dse_validation.csv")
         print(dse.validation_text(v))
     print(f"figure: {dse.draw(table, frontier, best, fig_path, measured)}")
     return 0
@@ -215,15 +227,21 @@ def _main(argv: list[str]) -> int:
     t.add_argument("--actor-rate", type=float, help="with --topology: edge env steps/s, all actors (0: unpaced)")
     t.add_argument("--seed", type=int)
     t.add_argument("--name", help="run directory name under --out-dir")
-    t.add_argument("--out-dir")
+    t.add_argument("--out-dir", "--out", dest="out_dir",
+                   help="where run directories go (default: results/runs); the run writes only into "
+                        "<out-dir>/<name>")
     t.add_argument("--resume", action="store_true",
                    help="continue the run in <out-dir>/<name> from its checkpoint, with its own config.yaml; flags "
                         "may change only steps, eval_interval, eval_episodes, checkpoint_interval, stop_return, "
                         "progress")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config field (repeatable)")
     d = sub.add_parser("dse", help="choose how many cores go to actors and to learners")
-    d.add_argument("--algo", default="dqn")
-    d.add_argument("--env", default="CartPole-v1")
+    d.add_argument("--algo", help="algorithm of the curves and of the suggested command (default: the curves' "
+                                  "algo column, else dqn)")
+    d.add_argument("--env", help="environment (default: the curves' env column, else CartPole-v1)")
+    d.add_argument("--out", type=Path, default=Path(DSE_OUT),
+                   help=f"where the figure (figures/dse.png) and --validate's dse_validation.csv go (default: "
+                        f"{DSE_OUT}/ in the current directory; the Makefile passes --out results)")
     d.add_argument("--ratio", type=float, help="updates per transition (default: the algorithm's config)")
     d.add_argument("--max-cores", type=int, help="core budget M (default: usable cores)")
     d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, scaling_processes.csv, "
@@ -244,6 +262,7 @@ def _main(argv: list[str]) -> int:
                                   "results/report/index.html (see `pal-bench report --help`)", add_help=False)
     p = sub.add_parser("profile", help="where a run's time went: per-phase table and stacked-bar figure")
     p.add_argument("run", help="a run directory, e.g. results/runs/<name>")
+    p.add_argument("--out", help="where profile.png goes (default: the run directory)")
     args = ap.parse_args(argv)
     if args.command == "train":
         return _train(args)
@@ -253,7 +272,7 @@ def _main(argv: list[str]) -> int:
         from pal_bench.train import profile
 
         try:
-            return profile.main(args.run)
+            return profile.main(args.run, args.out)
         except (FileNotFoundError, ValueError) as e:
             print(f"pal-bench profile: {e}", file=sys.stderr)
             return 2

@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="where README.md and docs/ are (their generated blocks are rebuilt)")
     ap.add_argument("--no-figures", action="store_true", help="tables only")
     ap.add_argument("--no-docs", action="store_true", help="leave README.md and docs/ alone")
-    ap.add_argument("--html", action="store_true", help="also write results/report/index.html")
+    ap.add_argument("--html", action="store_true", help="also write the HTML page (see --out)")
+    ap.add_argument("--out", type=Path, help="where the HTML page goes (default: <results>/report)")
     args = ap.parse_args(argv)
     from pal_bench.bench import tables
 
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.html:
         from pal_bench.bench import html_report
 
-        print(f"report: {html_report.write(args.root, args.results)}")
+        print(f"report: {html_report.write(args.root, args.results, args.out)}")
     return 0
 
 

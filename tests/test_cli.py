@@ -81,3 +81,13 @@ def test_resume_takes_the_runs_own_config_and_changes_only_what_may_change(tmp_p
     assert "has done 1600 steps already" in err and "larger --steps" in err
     err = one_line_error(capsys, ["train", "--name", "none", "--out-dir", str(tmp_path), "--resume"])
     assert "no run to resume" in err
+
+
+def test_profile_draws_into_out_and_leaves_the_run_alone(tmp_path, capsys):
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[1] / "results" / "runs" / "dqn-lunarlander-a1l1"
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    assert main(["profile", str(run), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "profile.png").stat().st_size > 1000
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before

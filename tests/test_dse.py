@@ -54,7 +54,7 @@ def test_dse_command_on_stored_curves(tmp_path, monkeypatch, capsys):
     rows = [{"curve": "f_a", "threads": x, "throughput": 1000.0 * x} for x in (1, 2, 3)]
     rows += [{"curve": "f_l", "threads": x, "throughput": 100.0 * x} for x in (1, 2, 3)]
     pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
-    monkeypatch.chdir(tmp_path)         # the command draws results/figures/dse.png under the working directory
+    monkeypatch.chdir(tmp_path)         # the command draws pal-bench-out/figures/dse.png under the working directory
     assert main(["dse", "--curves", str(tmp_path / "scaling.csv"), "--max-cores", "4", "--ratio", "0.25"]) == 0
     out = capsys.readouterr().out
     # f_l / r = 400 x: (1, 3) gives min(1000, 1200) = 1000 transitions/s, the best of the 4-core splits
@@ -70,12 +70,31 @@ def test_dse_validate_runs_the_trainer_at_every_split(tmp_path, monkeypatch, cap
     pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
     monkeypatch.chdir(tmp_path)
     assert main(["dse", "--curves", "scaling.csv", "--max-cores", "2", "--validate", "300", "--force"]) == 0
-    v = pd.read_csv(tmp_path / "results" / "dse_validation.csv")
+    out = tmp_path / "pal-bench-out"          # the default --out: never the tracked results/ unless asked
+    v = pd.read_csv(out / "dse_validation.csv")
     assert len(v) == 1 and v.measured_transitions_per_s.iloc[0] > 0 and bool(v.chosen.iloc[0])
     assert "the best measured" in capsys.readouterr().out
-    meta = json.loads((tmp_path / "results" / "dse_validation.csv.meta.json").read_text())
+    meta = json.loads((out / "dse_validation.csv.meta.json").read_text())
     assert {"load_before", "load_after", "machine", "commit", "versions", "noisy"} <= set(meta)
-    assert (tmp_path / "results" / "figures" / "dse.png").stat().st_size > 1000
+    assert (out / "figures" / "dse.png").stat().st_size > 1000
+    assert not (tmp_path / "results").exists()
+
+
+def test_dse_writes_only_under_out_and_follows_the_curves_algo_and_env(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from pal_bench.cli import main
+
+    rows = [{"curve": c, "threads": x, "throughput": v * x, "algo": "dqn", "env": "CartPole-v1"}
+            for x in (1, 2) for c, v in (("f_a", 1000.0), ("f_l", 100.0))]
+    pd.DataFrame(rows).to_csv(tmp_path / "curves.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["dse", "--curves", "curves.csv", "--out", "elsewhere"]) == 0
+    assert "--algo dqn --env CartPole-v1" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.csv", "elsewhere"]
+    assert (tmp_path / "elsewhere" / "figures" / "dse.png").exists()
+    assert main(["dse", "--curves", "curves.csv", "--algo", "sac"]) == 2
+    assert "--algo sac: the curves in curves.csv were measured with algo dqn" in capsys.readouterr().err
 
 
 def test_dse_on_ray_curves_names_their_backend(tmp_path, monkeypatch, capsys):

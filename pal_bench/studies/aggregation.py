@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=2, help="hierarchical: learners per group")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results",
+                    help="where the CSV and figure go (default: the project's results/)")
     add_force_flag(ap)
     args = ap.parse_args(argv)
     import pandas as pd

@@ -71,7 +71,8 @@ def lock_line(run_dir: str | Path) -> str | None:
             f"held {s['hold_s']:.3f} s in total")
 
 
-def main(run_dir: str) -> int:
+def main(run_dir: str, out: str | None = None) -> int:
+    """Print the per-phase table of the run in ``run_dir``; draw profile.png into ``out`` (default: the run)."""
     df = phases(run_dir)
     t = role_table(df)
     t["share"] = (t.share * 100).round(1)
@@ -79,5 +80,5 @@ def main(run_dir: str) -> int:
     line = lock_line(run_dir)
     if line:
         print(line)
-    print(f"figure: {draw(df, Path(run_dir) / 'profile.png')}")
+    print(f"figure: {draw(df, Path(out or run_dir) / 'profile.png')}")
     return 0

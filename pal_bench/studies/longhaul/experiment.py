@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="buffer-replay: batch requests in flight beyond the one in use (ray_prefetch)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "results",
+                    help="where the CSV and figure go (default: the project's results/)")
     add_force_flag(ap)
     args = ap.parse_args(argv)
     prof = dict(PROFILES["quick" if args.quick else "full"])
