@@ -336,6 +336,17 @@ def launch(name: str, task_name: str, seed: int, split: tuple[int, int], log: Pa
         out.unlink(missing_ok=True)
 
 
+def _split_arg(text: str) -> tuple[int, int]:
+    """``AxL`` (e.g. 1x1): actors and learners, each >= 1."""
+    try:
+        a, learners = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ACTORSxLEARNERS such as 1x1, got {text!r}") from None
+    if a < 1 or learners < 1:
+        raise argparse.ArgumentTypeError(f"actors and learners must be >= 1, got {text!r}")
+    return a, learners
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench race", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -344,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, help="seeds per contestant (default: 1 quick, 3 full)")
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
-    ap.add_argument("--split", help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice from each backend's "
-                                    "stored curves)")
+    ap.add_argument("--split", type=_split_arg,
+                    help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice from each backend's curves)")
     ap.add_argument("--report", action="store_true", help="only print the table and redraw the figure from stored CSVs")
     add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
@@ -354,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     task_name = args.task or ("quick" if args.quick else "full")
     task = TASKS[task_name]
-    fixed = tuple(int(v) for v in args.split.split("x")) if args.split else None
+    fixed = args.split
 
     def split_of(name: str) -> tuple[int, int]:
         return fixed or (dse_split(task, PAL_BACKENDS[name]) if name in PAL_BACKENDS else (1, 1))
@@ -405,6 +416,8 @@ def report(out: Path, task_name: str) -> int:
 
     task = TASKS[task_name]
     suffix = "" if task_name == "full" else f"_{task_name}"
+    if not (out / f"race{suffix}_curves.csv").exists():
+        raise FileNotFoundError(f"--report: no stored race in {out} (race{suffix}_curves.csv); run the race first")
     curves_df = pd.read_csv(out / f"race{suffix}_curves.csv")
     print(race_block(out, f"race{suffix}.csv"))
     print(f"figure: {draw(curves_df, task_name, task, out / 'figures' / f'race{suffix}.png')}")
