@@ -18,7 +18,7 @@ def _train(args) -> int:
              "ray_address": args.ray_address, "topology": args.topology, "link": args.link,
              "actor_rate": args.actor_rate}
     overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
-    cfg = make_config(args.algo, args.env, args.config, **overrides)
+    cfg = make_config(args.algo, args.env, args.config, preset=args.preset, **overrides)
     if args.resume:    # the run's own config; the flags given may change only what a run can change mid-way
         given = (load_file(args.config) if args.config else {}) | overrides | {
             k: v for k, v in (("algo", args.algo), ("env", args.env)) if v is not None}
@@ -210,6 +210,9 @@ def _main(argv: list[str]) -> int:
     t.add_argument("--env", help="gymnasium id (default: the algorithm's; LunarLander-v3 continuous for DDPG/TD3/SAC "
                                  "via --set env_kwargs='{continuous: true}')")
     t.add_argument("--config", help="TOML or YAML file of config fields")
+    t.add_argument("--preset", choices=["apex"],
+                   help="named settings under --config and flags: apex = Ape-X (Double DQN, dueling head, 3-step "
+                        "returns, actor-side priorities, per-actor epsilon, one learner)")
     t.add_argument("--actors", type=int)
     t.add_argument("--learners", type=int)
     t.add_argument("--envs-per-actor", type=int)

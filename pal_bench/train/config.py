@@ -81,6 +81,11 @@ class TrainConfig:
     eps_start: float = 1.0                             # DQN family: epsilon-greedy schedule
     eps_end: float = 0.05
     eps_fraction: float = 0.3                          # of `steps` over which epsilon decays
+    exploration: str = "decay"                         # DQN family: "decay" (the schedule above, every actor) or
+                                                       # "apex": actor i of N fixed at apex_eps^(1 + apex_alpha i/(N-1))
+    apex_eps: float = 0.4                              # Ape-X (Horgan et al. 2018): base epsilon
+    apex_alpha: float = 7.0                            # Ape-X: exponent spread over the actors
+    dueling: bool = False                              # DQN family: value and advantage streams (Wang et al. 2016)
     exploration_noise: float = 0.1                     # DDPG/TD3 Gaussian noise (action scale)
     policy_noise: float = 0.2                          # TD3 target smoothing
     noise_clip: float = 0.5
@@ -232,12 +237,31 @@ def resume_config(run_dir: str | os.PathLike, overrides: dict) -> TrainConfig:
     return saved
 
 
+# named sets of fields (``preset = "apex"`` in a file, ``--preset apex``), applied over the algorithm's
+# defaults and under the file and overrides
+PRESETS = {
+    # Ape-X (Horgan et al. 2018): one learner, many actors; Double DQN with a dueling head, 3-step returns,
+    # prioritized replay with priorities computed by the actors, each actor at its own fixed epsilon
+    "apex": dict(algo="ddqn", dueling=True, n_step=3, prioritized=True, actor_priorities=True,
+                 exploration="apex", learners=1),
+}
+
+
 def make_config(algo: str | None = None, env: str | None = None, file: str | None = None,
-                **overrides) -> TrainConfig:
-    """Build a config: defaults, then the algorithm's defaults (per env too), then ``file``, then ``overrides``."""
+                preset: str | None = None, **overrides) -> TrainConfig:
+    """Build a config: defaults, then the algorithm's defaults (per env too), then ``preset`` (``PRESETS``),
+    then ``file``, then ``overrides``."""
     layers: list[dict] = []
     data = load_file(file) if file else {}
-    algo = overrides.get("algo") or algo or data.get("algo") or "dqn"
+    preset = preset or data.pop("preset", None)
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    chosen = dict(PRESETS.get(preset, {}))
+    preset_algo = chosen.pop("algo", None)
+    given = overrides.get("algo") or algo or data.get("algo")
+    if preset_algo and given not in (None, preset_algo):
+        raise ConfigError(f"algo: preset {preset!r} trains {preset_algo}, not {given}")
+    algo = given or preset_algo or "dqn"
     env = overrides.get("env") or env or data.get("env") or None
     if algo not in ALGOS:
         raise ConfigError(f"algo: unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
@@ -247,6 +271,7 @@ def make_config(algo: str | None = None, env: str | None = None, file: str | Non
     env = env or mod.DEFAULT_ENV
     layers.append(dict(mod.DEFAULTS))
     layers.append(dict(mod.ENV_DEFAULTS.get(env, {})))
+    layers.append(chosen)
     layers.append(data)
     layers.append({k: v for k, v in overrides.items() if v is not None})
     cfg = TrainConfig(algo=algo, env=env)
@@ -305,6 +330,15 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"stop_return must be a finite number or unset, got {cfg.stop_return}")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
+    if cfg.exploration not in ("decay", "apex"):
+        raise ConfigError(f"exploration must be 'decay' or 'apex', got {cfg.exploration!r}")
+    if (cfg.exploration == "apex" or cfg.dueling) and cfg.algo not in ("dqn", "ddqn"):
+        what = "dueling" if cfg.dueling else "exploration: 'apex'"
+        raise ConfigError(f"{what} is for the DQN family (dqn, ddqn), not {cfg.algo!r}")
+    if not 0.0 < cfg.apex_eps <= 1.0:
+        raise ConfigError(f"apex_eps must be in (0, 1], got {cfg.apex_eps}")
+    if not (math.isfinite(cfg.apex_alpha) and cfg.apex_alpha >= 0):
+        raise ConfigError(f"apex_alpha must be >= 0, got {cfg.apex_alpha}")
     if not (math.isfinite(cfg.actor_rate) and cfg.actor_rate >= 0):
         raise ConfigError(f"actor_rate must be >= 0 (0: unpaced), got {cfg.actor_rate}")
     if cfg.topology != "local":

@@ -54,16 +54,26 @@ class RunCore:
         low, high = self.action_space.low, self.action_space.high
         return low + (actions + 1.0) * 0.5 * (high - low)
 
-    def explore(self, t: int):
-        """The exploration setting at env step ``t``: epsilon (DQN family, linear decay over
-        ``eps_fraction * steps``), True (SAC samples its policy) or the Gaussian noise scale (DDPG, TD3)."""
+    def explore(self, t: int, actor: int = 0):
+        """The exploration setting of actor ``actor`` at env step ``t``: epsilon (DQN family: linear decay over
+        ``eps_fraction * steps``, or Ape-X's fixed ``actor_epsilon``), True (SAC samples its policy) or the
+        Gaussian noise scale (DDPG, TD3)."""
         cfg = self.cfg
+        if cfg.algo in ("dqn", "ddqn") and cfg.exploration == "apex":
+            return self.actor_epsilon(actor)
         if cfg.algo in ("dqn", "ddqn"):
             frac = min(1.0, t / max(1.0, cfg.eps_fraction * cfg.steps))
             return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
         if cfg.algo == "sac":
             return True
         return cfg.exploration_noise
+
+    def actor_epsilon(self, actor: int) -> float:
+        """Ape-X (Horgan et al. 2018): actor i of N acts at epsilon_i = apex_eps^(1 + apex_alpha * i / (N - 1)),
+        fixed for the run (N = 1: apex_eps)."""
+        n = self.cfg.actors
+        frac = actor / (n - 1) if n > 1 else 0.0
+        return self.cfg.apex_eps ** (1.0 + self.cfg.apex_alpha * frac)
 
     def beta(self, update: int) -> float:
         """Importance-sampling exponent for update number ``update``: linear from beta to beta_final."""

@@ -17,6 +17,31 @@ def mlp(n_in: int, n_out: int, hidden: tuple = (256, 256), out_act: nn.Module | 
     return nn.Sequential(*layers)
 
 
+class DuelingQ(nn.Module):
+    """Dueling Q-network (Wang et al. 2016): a shared trunk, then a value stream V(s) and an advantage stream
+    A(s, a), combined with the advantages' mean subtracted so that V and A are identifiable:
+
+        Q(s, a) = V(s) + A(s, a) - (1 / |A|) * sum_a' A(s, a')
+
+    [B, obs] -> [B, n_actions]. The trunk is ``hidden[:-1]``; each stream has one hidden layer of ``hidden[-1]``.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple):
+        super().__init__()
+        *trunk, width = hidden
+        self.trunk = mlp(obs_dim, trunk[-1], tuple(trunk[:-1])) if trunk else nn.Identity()
+        feat = trunk[-1] if trunk else obs_dim
+        self.trunk_act = nn.ReLU() if trunk else nn.Identity()
+        self.value = mlp(feat, 1, (width,))
+        self.advantage = mlp(feat, n_actions, (width,))
+        self.out_features = n_actions
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.trunk_act(self.trunk(obs))
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(dim=-1, keepdim=True)
+
+
 class QCritic(nn.Module):
     """Q(s, a) for continuous actions: [B, obs] x [B, act] -> [B]."""
 

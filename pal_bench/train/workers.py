@@ -76,11 +76,11 @@ class PhaseTimer:
 class EnvStepper:
     """One actor's ``envs_per_actor`` environments stepped as a batch, for either backend: acting
     (uniform random actions for the continuous algorithms until ``learning_starts``), an n-step
-    window per environment, and episode returns. ``policy`` supplies ``explore(t)``,
+    window per environment, and episode returns. ``policy`` supplies ``explore(t, actor)``,
     ``env_actions(actions)`` and ``act_dim`` (the thread trainer, or a worker's ``RunCore``)."""
 
-    def __init__(self, envs, seeds: list[int], cfg, algo, policy):
-        self.envs, self.cfg, self.algo, self.policy = envs, cfg, algo, policy
+    def __init__(self, envs, seeds: list[int], cfg, algo, policy, actor: int = 0):
+        self.envs, self.cfg, self.algo, self.policy, self.actor = envs, cfg, algo, policy, actor
         self.obs, _ = envs.reset(seed=seeds)
         E = cfg.envs_per_actor
         self.builders = [NStep(cfg.n_step, cfg.gamma) for _ in range(E)]
@@ -93,7 +93,7 @@ class EnvStepper:
         if self.algo.CONTINUOUS and t <= self.cfg.learning_starts:
             actions = rng.uniform(-1, 1, (E, self.policy.act_dim)).astype(np.float32)
         else:
-            actions = self.algo.act(nets, self.obs, self.policy.explore(t), rng)
+            actions = self.algo.act(nets, self.obs, self.policy.explore(t, self.actor), rng)
         timer.lap("inference")
         next_obs, rew, term, trunc, info = self.envs.step(self.policy.env_actions(actions))
         timer.lap("env_step")
@@ -138,7 +138,7 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
         version = -1
         E = cfg.envs_per_actor
         stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)],
-                             cfg, algo, tr)
+                             cfg, algo, tr, actor_id)
         timer.lap("setup")
         while tr.rate.acquire_steps(E, stop):
             timer.lap("rate_wait")

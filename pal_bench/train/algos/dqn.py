@@ -1,4 +1,5 @@
-"""DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016) with n-step returns (Ape-X).
+"""DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016) with n-step returns (Ape-X), optionally
+with a dueling head (Wang et al. 2016, ``dueling = true``): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a').
 
     y = R^(n) + gamma^k * (1 - done) * Q_target(s', a*)
         a* = argmax_a Q_target(s', a)   (DQN)
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_bench.train.nets import mlp
+from pal_bench.train.nets import DuelingQ, mlp
 
 DEFAULT_ENV = "CartPole-v1"
 DEFAULTS = dict(lr=1e-3, batch_size=128, n_step=3, target_update=250, updates_per_step=0.25, hidden=(256, 256))
@@ -29,15 +30,17 @@ TARGETS = ["q"]
 
 
 def networks(obs_dim: int, action_space, cfg) -> nn.ModuleDict:
-    return nn.ModuleDict({"q": mlp(obs_dim, int(action_space.n), cfg.hidden)})
+    n = int(action_space.n)
+    return nn.ModuleDict({"q": DuelingQ(obs_dim, n, cfg.hidden) if cfg.dueling else mlp(obs_dim, n, cfg.hidden)})
 
 
 def act(nets: nn.ModuleDict, obs: np.ndarray, explore: float, generator: np.random.Generator) -> np.ndarray:
     """Epsilon-greedy actions (int64[B]) for observations [B, obs_dim]."""
     with torch.no_grad():
-        greedy = nets["q"](torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+        q = nets["q"](torch.as_tensor(obs, dtype=torch.float32))
+    greedy = q.argmax(-1).numpy()
     if explore > 0:
-        n_act = nets["q"][-1].out_features
+        n_act = q.shape[-1]
         rand = generator.random(len(obs)) < explore
         greedy = np.where(rand, generator.integers(0, n_act, len(obs)), greedy)
     return greedy.astype(np.int64)

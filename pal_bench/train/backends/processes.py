@@ -102,7 +102,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         envs = ctx.make_vector_env(actor)
         start = int(counters[_inserted(actor)])
         stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
-                                    for i in range(E)], cfg, ctx.algo, ctx)
+                                    for i in range(E)], cfg, ctx.algo, ctx, actor)
         version = _pull(weights, nets, targets, 0)
         timer.lap("setup")
         n_actors = cfg.actors

@@ -286,6 +286,8 @@ class Trainer(RunCore):
             "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()}
             | {"parameter-server": self._ps_phases(wall)},
             "rate_wait_s": self.rate.wait_s,
+            "actor_epsilons": ([self.actor_epsilon(a) for a in range(self.cfg.actors)]
+                               if self.cfg.exploration == "apex" and self.cfg.algo in ("dqn", "ddqn") else None),
             "buffer_lock": self.buffer.lock_stats(),
         }
 

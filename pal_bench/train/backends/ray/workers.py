@@ -96,7 +96,7 @@ class ActorWorker(_Worker):
             nets = ctx.networks()
             targets = ctx.networks() if cfg.actor_priorities else None
             stepper = EnvStepper(envs, [cfg.seed * 100_003 + self.id * E + i + sum(salt) for i in range(E)], cfg,
-                                 algo, ctx)
+                                 algo, ctx, self.id)
             version, collected = -1, 0
             grant_ref = self.buffer.acquire.remote(self.id, chunk)
             weights_ref = self.ps.latest.remote(version)
