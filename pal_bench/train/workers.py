@@ -72,6 +72,11 @@ class PhaseTimer:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._t
         self._t = now
 
+    def add(self, seconds: dict[str, float]) -> None:
+        """Add another timer's per-phase seconds (a worker's other process or incarnation)."""
+        for phase, s in seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + s
+
 
 class EnvStepper:
     """One actor's ``envs_per_actor`` environments stepped as a batch, for either backend: acting

@@ -315,9 +315,7 @@ class ProcessTrainer(Trainer):
                 for ret, length in payload:
                     self.record_episode(ret, length)
             elif kind == "timers":
-                timer = self.timers.setdefault(f"actor{actor}", PhaseTimer())
-                for phase, s in payload.items():
-                    timer.seconds[phase] = timer.seconds.get(phase, 0.0) + s
+                self.timers.setdefault(f"actor{actor}", PhaseTimer()).add(payload)
             elif kind == "error":
                 self._last_error[actor] = payload
 

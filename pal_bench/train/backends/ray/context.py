@@ -46,10 +46,3 @@ def from_numpy(arrays):
         if isinstance(arrays, dict):
             return {k: torch.from_numpy(v) for k, v in arrays.items()}
         return [torch.from_numpy(v) for v in arrays]
-
-
-def merge_seconds(into: dict, add: dict) -> dict:
-    """Add per-phase seconds (``PhaseTimer.seconds``) of one incarnation to the total."""
-    for k, v in add.items():
-        into[k] = into.get(k, 0.0) + v
-    return into

@@ -24,14 +24,14 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
-from pal_bench.train.backends.ray.context import from_numpy, merge_seconds, rate_slack
+from pal_bench.train.backends.ray.context import from_numpy, rate_slack
 from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError
 from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.param_server import Snapshot
+from pal_bench.train.workers import PhaseTimer
 
 POLL_S = 0.2
 MAX_RESTARTS = 3          # per actor / learner process
@@ -253,8 +253,7 @@ class RayTrainer(Trainer):
             if not self._stopping:
                 self._running[self._start(name)] = name
             return
-        self.timers[name] = SimpleNamespace(seconds=merge_seconds(self.timers.get(name, SimpleNamespace(
-            seconds={})).seconds, out["seconds"]))
+        self.timers.setdefault(name, PhaseTimer()).add(out["seconds"])    # summed over its incarnations
         self.placement[name] = {k: out[k] for k in ("pid", "node_id", "host")}
         if name.startswith("learner"):
             prev = self.learner_results.get(name, {}).get("updates", 0)
