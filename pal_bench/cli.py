@@ -159,6 +159,11 @@ def _dse(args) -> int:
 
 # sub-commands with their own argument parsers: name -> (module with main(argv), help)
 FORWARDED = {
+    "scaling": ("pal_bench.studies.scaling", "actor and learner throughput against workers, per backend"),
+    "concurrency": ("pal_bench.studies.concurrency", "the buffer under concurrent writers and samplers"),
+    "fanout": ("pal_bench.studies.fanout", "sample + update latency against the sum tree's fan-out K"),
+    "shared-buffer": ("pal_bench.studies.shared_buffer",
+                      "the shared-memory buffer across processes against a private one"),
     "race": ("pal_bench.studies.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
     "plugin-bench": ("pal_bench.studies.plugin",
                      "training-iteration time with each framework's buffer vs PAL's drop-in"),
