@@ -1,6 +1,7 @@
 """The race's bookkeeping and stop rules, and the plug-in benchmark's tables and buffer clock."""
 
 import dataclasses
+import json
 import time
 
 import numpy as np
@@ -129,3 +130,53 @@ def test_each_pal_backend_takes_the_split_from_its_own_curves(tmp_path, monkeypa
     assert race.dse_split(task, "threads", tmp_path)[0] == 1
     assert race.dse_split(task, "processes", tmp_path) == (2, 1)
     assert race.dse_split(task, "processes", tmp_path / "none") == (1, 1)
+
+
+def _fake_launch(calls: list, busy: bool = False):
+    """A contestant run without training: reaches the target at its second evaluation."""
+    def launch(name, task_name, seed, split, log):
+        calls.append((name, seed, split))
+        task = race.TASKS[task_name]
+        return {"contestant": name, "seed": seed, "setup_s": 1.0, "wall_s": 30.0,
+                "curve": [{"env_steps": 1000, "wall_s": 10.0, "mean_return": 10.0},
+                          {"env_steps": 2000, "wall_s": 20.0, "mean_return": task.target}]}
+    return launch
+
+
+def test_race_stores_each_run_and_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    calls: list = []
+    monkeypatch.setattr(race, "launch", _fake_launch(calls))
+    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
+    split = lambda name: (1, 1)                                          # noqa: E731
+    # --max-minutes 0: the first run, then a clean stop with what is stored
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, max_minutes=0) == 0
+    assert calls == [("pal", 0, (1, 1))]
+    assert sorted(p.name for p in (tmp_path / "race_smoke_runs").iterdir()) == ["pal-s0.json"]
+    assert not (tmp_path / "race_smoke.csv").exists()
+    assert "1 of 4 runs stored" in capsys.readouterr().err
+    # the same command again: the stored run is skipped, the other three run, then the race's files
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path) == 0
+    assert calls[1:] == [("tianshou", 0, (1, 1)), ("pal", 1, (1, 1)), ("tianshou", 1, (1, 1))]
+    runs = pd.read_csv(tmp_path / "race_smoke.csv")
+    assert len(runs) == 4 and runs.reached.all() and (runs.wall_to_target_s == 20.0).all()
+    meta = json.loads((tmp_path / "race_smoke.csv.meta.json").read_text())
+    assert meta["runs"] == 4 and "load_before" in meta
+    # everything stored: nothing runs; a different split for PAL runs PAL again, not tianshou
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path) == 0 and len(calls) == 4
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, lambda n: (2, 1), tmp_path) == 0
+    assert calls[4:] == [("pal", 0, (2, 1)), ("pal", 1, (2, 1))]
+
+
+def test_noisy_runs_are_marked_and_run_again_on_request(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(race, "launch", _fake_launch(calls))
+    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
+    split = lambda name: (1, 1)                                          # noqa: E731
+    assert race.run_race("smoke", ["pal"], 1, split, tmp_path) == 0
+    path = tmp_path / "race_smoke_runs" / "pal-s0.json"
+    run = json.loads(path.read_text())
+    assert "noisy" in run and run["conditions"]["what"].startswith("race (smoke): pal seed 0")
+    run["noisy"] = True
+    path.write_text(json.dumps(run))
+    assert race.run_race("smoke", ["pal"], 1, split, tmp_path) == 0 and len(calls) == 1
+    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, rerun_noisy=True) == 0 and len(calls) == 2

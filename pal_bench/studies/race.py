@@ -10,7 +10,11 @@ before the contestant is built (framework start-up included, also reported alone
 ``setup_s``) and includes evaluation, which costs every contestant the same episodes.
 
 Each run is a separate process (``python -m pal_bench.studies.race --worker ...``), so Ray, torch
-thread pools and imports of one contestant cannot slow another. Results: ``results/race.csv``
+thread pools and imports of one contestant cannot slow another. Each run is stored as soon as it ends
+(``results/race[_quick]_runs/<contestant>-s<seed>.json``: its evaluations, set-up and wall time, split, the
+task's settings and the conditions it ran under); the same command run again skips the stored runs that match
+its settings, so a long race can be completed in several sittings (``--max-minutes M`` starts no run after M
+minutes; ``--rerun-noisy`` runs again those during which the machine was busy). Results: ``results/race.csv``
 (one row per run), ``results/race_curves.csv`` (every evaluation) and ``results/figures/race.png``
 (return against wall-clock time); the table (``pal_bench.bench.tables``) is printed and lives in docs/race.md.
 ``--quick`` is CartPole-v1 with
@@ -33,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.atomic import atomic_write_text
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, write_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTESTANTS = ("pal", "pal-processes", "rllib", "rllib-pal", "tianshou")
@@ -358,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", type=_split_arg,
                     help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice from each backend's curves)")
     ap.add_argument("--report", action="store_true", help="only print the table and redraw the figure from stored CSVs")
+    ap.add_argument("--max-minutes", type=float, metavar="M",
+                    help="stop after the run that is going when M minutes have passed (the stored runs stay; run "
+                         "the same command to go on)")
+    ap.add_argument("--rerun-noisy", action="store_true",
+                    help="run again the stored runs during which the machine was busy (marked noisy)")
     add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -378,35 +388,95 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if refuse_if_busy("pal-bench race", args.force):
         return 2
-    measured = Conditions(f"race ({task_name})")
     seeds = args.seeds or (1 if task_name == "quick" else 3)
     names = args.only or list(CONTESTANTS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = args.out / "race.log"
-    log.write_text("")
-    runs, curves = [], []
-    total, i = len(names) * seeds, 0
-    for seed in range(seeds):
-        for name in names:
-            i += 1
-            split = split_of(name)
-            where = f", split {split[0]}+{split[1]}" if name in PAL_BACKENDS else ""
-            print(f"[{i}/{total}] {name} seed {seed} on {task.env} (target {task.target:g}, budget "
-                  f"{task.max_steps} steps / {task.max_wall_s:.0f} s){where}", file=sys.stderr, flush=True)
-            run = launch(name, task_name, seed, split, log)
-            run["split"] = f"{split[0]}+{split[1]}" if name in PAL_BACKENDS else ""
-            row = summarise(run, task)
-            runs.append(row)
-            curves += [{"contestant": name, "seed": seed, **e} for e in run["curve"]]
-            verdict = (f"target at {row['wall_to_target_s']:.1f} s, {row['steps_to_target']} steps"
-                       if row["reached"] else f"not reached (best {row['best_return']})")
-            print(f"[{i}/{total}] {name} seed {seed}: {verdict}", file=sys.stderr, flush=True)
-    runs_df, curves_df = pd.DataFrame(runs), pd.DataFrame(curves)
+    return run_race(task_name, names, seeds, split_of, args.out, args.max_minutes, args.rerun_noisy)
+
+
+def run_key(task_name: str, name: str, split: tuple[int, int]) -> dict:
+    """What a stored run must match to be reused: the task's settings, and PAL's split."""
+    return {"task": task_name, "task_config": json.loads(json.dumps(dataclasses.asdict(TASKS[task_name]))),
+            "split": f"{split[0]}+{split[1]}" if name in PAL_BACKENDS else ""}
+
+
+def stored_run(path: Path, key: dict) -> dict | None:
+    """The run stored at ``path`` if it matches ``key`` (else None: it is run again)."""
+    if not path.exists():
+        return None
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return run if all(run.get(k) == v for k, v in key.items()) else None
+
+
+def run_race(task_name: str, names: list[str], seeds: int, split_of: Callable[[str], tuple[int, int]], out: Path,
+             max_minutes: float | None = None, rerun_noisy: bool = False) -> int:
+    """Run every (contestant, seed) not stored yet, storing each as ``race[_task]_runs/<name>-s<seed>.json`` as
+    soon as it ends (with the conditions it ran under); when all are stored, write the race's CSVs and
+    draw its table and figure. ``max_minutes``: once that many minutes have passed, stop after the current
+    run (each call runs at least one); ``rerun_noisy``: run again the stored runs during which the machine
+    was busy."""
+    task = TASKS[task_name]
     suffix = "" if task_name == "full" else f"_{task_name}"
-    runs_df.to_csv(args.out / f"race{suffix}.csv", index=False, float_format="%.2f")
-    curves_df.to_csv(args.out / f"race{suffix}_curves.csv", index=False, float_format="%.3f")
-    measured.write(args.out / f"race{suffix}.csv")
-    return report(args.out, task_name)
+    runs_dir = out / f"race{suffix}_runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    log = out / "race.log"
+    todo = [(seed, name) for seed in range(seeds) for name in names]
+    t_start, launched = time.monotonic(), 0
+    stored: dict[tuple[int, str], dict] = {}
+    for i, (seed, name) in enumerate(todo, 1):
+        split = split_of(name)
+        key = run_key(task_name, name, split)
+        path = runs_dir / f"{name}-s{seed}.json"
+        run = stored_run(path, key)
+        if run is not None and not (rerun_noisy and run.get("noisy")):
+            stored[seed, name] = run
+            print(f"[{i}/{len(todo)}] {name} seed {seed}: stored ({path.name}"
+                  + (", noisy" if run.get("noisy") else "") + ")", file=sys.stderr, flush=True)
+            continue
+        if launched and max_minutes is not None and time.monotonic() - t_start > 60 * max_minutes:
+            print(f"pal-bench race: stopped after {max_minutes:g} minutes with {len(stored)} of {len(todo)} runs "
+                  f"stored in {runs_dir}; run the same command again to go on", file=sys.stderr)
+            return 0
+        where = f", split {split[0]}+{split[1]}" if name in PAL_BACKENDS else ""
+        print(f"[{i}/{len(todo)}] {name} seed {seed} on {task.env} (target {task.target:g}, budget "
+              f"{task.max_steps} steps / {task.max_wall_s:.0f} s){where}", file=sys.stderr, flush=True)
+        measured = Conditions(f"race ({task_name}): {name} seed {seed}")
+        run = launch(name, task_name, seed, split, log)
+        launched += 1
+        conditions = measured.finish()
+        run |= key | {"noisy": measured.noisy(), "conditions": conditions}
+        atomic_write_text(path, json.dumps(run))
+        stored[seed, name] = run
+        row = summarise(run, task)
+        verdict = (f"target at {row['wall_to_target_s']:.1f} s, {row['steps_to_target']} steps"
+                   if row["reached"] else f"not reached (best {row['best_return']})")
+        print(f"[{i}/{len(todo)}] {name} seed {seed}: {verdict}" + (" (noisy: the machine was busy; "
+              "--rerun-noisy runs it again)" if run["noisy"] else ""), file=sys.stderr, flush=True)
+    runs = [stored[k] for k in todo]
+    runs_df = pd.DataFrame([summarise(r, task) for r in runs])
+    curves_df = pd.DataFrame([{"contestant": r["contestant"], "seed": r["seed"], **e}
+                              for r in runs for e in r["curve"]])
+    runs_df.to_csv(out / f"race{suffix}.csv", index=False, float_format="%.2f")
+    curves_df.to_csv(out / f"race{suffix}_curves.csv", index=False, float_format="%.3f")
+    write_meta(out / f"race{suffix}.csv", combined_conditions([r["conditions"] for r in runs]))
+    return report(out, task_name)
+
+
+def combined_conditions(parts: list[dict]) -> dict:
+    """The conditions of a race stored in pieces: first start, last finish, the highest loads, noisy if any
+    run was, every commit that ran one."""
+    meta = dict(parts[0])
+    meta["what"] = meta["what"].split(":")[0]
+    meta["started"] = min(p["started"] for p in parts)
+    meta["finished"] = max(p["finished"] or "" for p in parts) or None
+    for k in ("load_before", "load_after"):
+        meta[k] = max(p[k] for p in parts if p.get(k) is not None)
+    meta["noisy"] = any(p.get("noisy") for p in parts)
+    meta["commit"] = ", ".join(sorted({str(p.get("commit")) for p in parts}))
+    meta["runs"] = len(parts)
+    return meta
 
 
 def report(out: Path, task_name: str) -> int:
