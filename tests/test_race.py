@@ -46,7 +46,7 @@ def test_summary_and_table_report_unreached_runs_as_such():
     assert t.loc["tianshou", "reached"] == 0 and np.isnan(t.loc["tianshou", "median_wall_to_target_s"])
 
 
-@pytest.mark.parametrize("name", ["pal", "pal-processes"])
+@pytest.mark.parametrize("name", ["pal", "pal-processes", "pal-apex"])
 def test_pal_contestant_runs_to_its_budget_and_reports_its_evaluations(name):
     run = race.run_one(name, SMOKE, seed=0, split=(1, 1))
     steps = [e["env_steps"] for e in run["curve"]]

@@ -41,8 +41,11 @@ from pal_bench.atomic import atomic_write_text
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, write_meta
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTESTANTS = ("pal", "pal-processes", "rllib", "rllib-pal", "tianshou")
-PAL_BACKENDS = {"pal": "threads", "pal-processes": "processes"}    # PAL's trainer on each of its local backends
+CONTESTANTS = ("pal", "pal-processes", "pal-apex", "rllib", "rllib-pal", "tianshou")
+# PAL's trainer: contestant -> (backend, preset). "pal-apex" is the Ape-X preset (one learner, per-actor epsilon,
+# dueling Double DQN, actor-side priorities) on actor processes, with the actors of the solver's split
+PAL_BACKENDS = {"pal": "threads", "pal-processes": "processes", "pal-apex": "processes"}
+PAL_PRESETS = {"pal-apex": "apex"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,13 +139,16 @@ class Clock:
 
 # ---------------------------------------------------------------------------- contestants
 
-def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int], backend: str = "threads") -> None:
+def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int], backend: str = "threads",
+            preset: str | None = None) -> None:
     """PAL-Bench's trainer on ``backend`` (threads, or actor processes on the shared buffer) at ``split`` =
-    (actors, learners); its own evaluator."""
+    (actors, learners), or in ``preset`` (apex: ``split``'s actors, one learner); its own evaluator."""
     from pal_bench.train import make_config, make_trainer
 
+    algo = {"apex": "ddqn"}.get(preset, "dqn")
+    learners = 1 if preset == "apex" else split[1]
     with tempfile.TemporaryDirectory(prefix="pal-race-") as out:
-        cfg = make_config("dqn", task.env, out_dir=out, seed=seed, actors=split[0], learners=split[1],
+        cfg = make_config(algo, task.env, preset=preset, out_dir=out, seed=seed, actors=split[0], learners=learners,
                           steps=task.max_steps, hidden=task.hidden, lr=task.lr, gamma=task.gamma,
                           batch_size=task.batch_size, n_step=task.n_step, buffer_capacity=task.buffer_capacity,
                           learning_starts=task.learning_starts, updates_per_step=task.updates_per_step,
@@ -243,7 +249,7 @@ def run_one(name: str, task: Task, seed: int, split: tuple[int, int]) -> dict:
     t0 = time.perf_counter()
     clock = Clock(task, seed, t0)
     if name in PAL_BACKENDS:
-        run_pal(task, seed, clock, split, PAL_BACKENDS[name])
+        run_pal(task, seed, clock, split, PAL_BACKENDS[name], PAL_PRESETS.get(name))
     elif name in ("rllib", "rllib-pal"):
         run_rllib(task, seed, clock, "pal" if name == "rllib-pal" else "rllib")
     elif name == "tianshou":
@@ -308,7 +314,7 @@ def draw(curves: pd.DataFrame, task_name: str, task: Task, path: Path) -> Path:
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    colors = dict(zip(CONTESTANTS, ("#d62728", "#ff7f0e", "#1f77b4", "#9467bd", "#2ca02c")))
+    colors = dict(zip(CONTESTANTS, ("#d62728", "#ff7f0e", "#8c564b", "#1f77b4", "#9467bd", "#2ca02c")))
     for (name, seed), g in curves.groupby(["contestant", "seed"], sort=False):
         first = seed == curves[curves.contestant == name].seed.min()
         ax.plot(g.wall_s, g.mean_return, marker=".", color=colors.get(name), alpha=0.9 if first else 0.45,
