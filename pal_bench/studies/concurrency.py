@@ -150,7 +150,8 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pal-bench concurrency", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default="pal,tianshou")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results")

@@ -88,7 +88,8 @@ def study(capacity: int, fanouts: list[int], rounds: int, calls: int, progress=p
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pal-bench fanout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", type=float, default=1e6)
     ap.add_argument("--fanouts", default="2,4,8,16,32,64")
     ap.add_argument("--rounds", type=int, default=100, help="interleaved rounds (default 100)")

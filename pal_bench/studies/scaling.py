@@ -442,7 +442,8 @@ def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pal-bench scaling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", default="dqn")
     ap.add_argument("--env", default="CartPole-v1")
     ap.add_argument("--max-threads", type=int, default=usable_cores())
@@ -462,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
                          "end_to_end_ray.csv for --backend ray)")
     add_force_flag(ap)
     args = ap.parse_args(argv)
+    for name in ("max_threads", "steps", "updates", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.end_to_end < 0:
+        ap.error(f"--end-to-end must be >= 1 transitions (0: off), got {args.end_to_end}")
     if refuse_if_busy("pal_bench.studies.scaling", args.force):
         return 2
     cfg = make_config(args.algo, args.env, env_backend=args.env_backend, backend=args.backend,

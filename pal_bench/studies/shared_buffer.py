@@ -113,7 +113,8 @@ def measure(impl: str, writers: int, samplers: int, seconds: float = 2.0) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pal-bench shared-buffer", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--seconds", type=float, default=2.0, help="measured seconds per point (default 2)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
