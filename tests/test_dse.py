@@ -146,3 +146,29 @@ def test_dse_prefers_the_process_backend_curves(tmp_path, monkeypatch, capsys):
     assert main(["dse", "--curves", "both.csv", "--max-cores", "2", "--ratio", "0.25"]) == 0
     out = capsys.readouterr().out
     assert "both.csv (backend processes)" in out and "--backend processes" in out and " 800 transitions/s" in out
+
+
+def test_backends_measured_side_by_side_are_interleaved_point_by_point(monkeypatch):
+    from pal_bench.studies import scaling
+    from pal_bench.train import make_config
+
+    calls = []
+
+    def fake(kind):
+        def measure(cfg, x, n):
+            calls.append((kind, x, cfg.backend))
+            return 100.0 * x * (2 if cfg.backend == "processes" else 1)
+        return measure
+    monkeypatch.setattr(scaling, "measure_fa", fake("f_a"))
+    monkeypatch.setattr(scaling, "measure_fl", fake("f_l"))
+    cfgs = [make_config("dqn", "CartPole-v1", backend=b) for b in ("threads", "processes")]
+    curves = scaling.sweep_backends(cfgs, 2, 10, 10, progress=lambda m: None, repeats=2)
+    assert calls[:4] == [("f_a", 1, "threads"), ("f_a", 1, "processes"), ("f_l", 1, "threads"),
+                         ("f_l", 1, "processes")]
+    assert len(calls) == 2 * 2 * 2 * 2
+    assert set(curves) == {"threads", "processes"}
+    p = curves["processes"].set_index(["curve", "threads"])
+    assert p.loc[("f_a", 2), "throughput"] == 400.0 and p.loc[("f_a", 2), "speedup"] == 2.0
+    assert (curves["threads"].backend == "threads").all()
+    with pytest.raises(SystemExit):
+        scaling.main(["--backend", "threads,gpu"])

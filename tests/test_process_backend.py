@@ -39,6 +39,8 @@ def test_a_run_holds_the_budget_and_cleans_up(tmp_path):
     assert s["updates"] == tr.rate.max_updates                  # updates_per_step held across processes
     assert s["transitions_lost"] == 0 and not s["restarts"]
     assert {"actor0", "actor1", "learner0"} <= set(s["phase_seconds"])
+    # the actor processes were set up (imports, environments, weights) before the clock started
+    assert s["startup_s"] > 0 and s["wall_s"] > 0
     assert json.loads((tmp_path / "p" / "summary.json").read_text())["env_steps"] == cfg.steps
     assert (tmp_path / "p" / "checkpoint.pt").exists()
     assert not mp.active_children()

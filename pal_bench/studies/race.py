@@ -163,10 +163,11 @@ def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int], backend
                 s = tr.run()
             finally:
                 timer.cancel()
-        # the trainer's own evaluation (greedy, same episodes and seeds scheme); its wall clock
-        # starts when it starts running, so add the set-up time
+        # the trainer's own evaluation (greedy, same episodes and seeds scheme); its wall clock starts
+        # when its workers are set up, so add the set-up time (construction, and worker processes' start-up)
         for e in s["eval"]:
-            clock.curve.append({"env_steps": e["env_steps"], "wall_s": round(e["wall_s"] + clock.setup_s, 3),
+            at = e["wall_s"] + clock.setup_s + s.get("startup_s", 0.0)
+            clock.curve.append({"env_steps": e["env_steps"], "wall_s": round(at, 3),
                                 "mean_return": e["mean_return"]})
 
 

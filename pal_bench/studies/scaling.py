@@ -217,20 +217,39 @@ def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repea
     """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
     ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
     ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups."""
-    cores = usable_cores()
-    got: dict[tuple[str, int], list[tuple[float, float, float | None]]] = {}
-    with ray_session(cfg):
-        for rep in range(repeats):
-            for x in range(1, max_threads + 1):
-                for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
+    return sweep_backends([cfg], max_threads, steps, updates, progress, repeats)[cfg.backend]
+
+
+def sweep_backends(cfgs: list, max_threads: int, steps: int, updates: int, progress=print,
+                   repeats: int = 1) -> dict[str, pd.DataFrame]:
+    """``sweep`` for several backends at once, interleaved point by point (each x and curve measured on every
+    backend in turn, round after round), so that a drifting machine affects them alike: backend -> curves."""
+    got: dict[tuple[str, str, int], list[tuple[float, float, float | None]]] = {}
+    with contextlib.ExitStack() as sessions:
+        for cfg in cfgs:
+            sessions.enter_context(ray_session(cfg))       # Ray: one session for every point
+        _interleave(cfgs, max_threads, steps, updates, progress, repeats, got)
+    return {cfg.backend: _curves(cfg, {(k, x): r for (b, k, x), r in got.items() if b == cfg.backend})
+            for cfg in cfgs}
+
+
+def _interleave(cfgs, max_threads, steps, updates, progress, repeats, got) -> None:
+    for rep in range(repeats):
+        for x in range(1, max_threads + 1):
+            for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
+                for cfg in cfgs:
                     where = f"[{cfg.backend} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
                                                                            if repeats > 1 else "]")
                     progress(f"{where} measuring ...")
                     # the machine's 1-minute load average as the point started (other jobs share the cores)
                     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
                     v = fn(cfg, x, n)
-                    got.setdefault((kind, x), []).append((v, load, last_cores_used.get(kind)))
+                    got.setdefault((cfg.backend, kind, x), []).append((v, load, last_cores_used.get(kind)))
                     progress(f"{where} {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
+
+
+def _curves(cfg, got: dict) -> pd.DataFrame:
+    cores = usable_cores()
     rows = []
     for (kind, x), runs in sorted(got.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         values = [r[0] for r in runs]
@@ -453,9 +472,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="interleaved rounds per point, for the speedups' intervals (default 3)")
     ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
                     help="async: actors step their environments in subprocesses (outside the GIL)")
-    ap.add_argument("--backend", choices=["threads", "processes", "ray"], default="threads",
+    ap.add_argument("--backend", type=_backends, default=["threads"],
                     help="threads in this process, actor processes on the shared buffer "
-                         "(results/scaling_processes.csv), or Ray processes (results/scaling_ray.csv)")
+                         "(results/scaling_processes.csv), or Ray processes (results/scaling_ray.csv); a comma "
+                         "list (threads,processes) measures them side by side, interleaved point by point")
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
@@ -470,10 +490,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--end-to-end must be >= 1 transitions (0: off), got {args.end_to_end}")
     if refuse_if_busy("pal_bench.studies.scaling", args.force):
         return 2
-    cfg = make_config(args.algo, args.env, env_backend=args.env_backend, backend=args.backend,
-                      ray_address=args.ray_address)
+    cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, backend=b, ray_address=args.ray_address)
+            for b in args.backend]
     measured = Conditions("scaling")
-    suffix = "" if args.backend == "threads" else f"_{args.backend}"
+    if not args.end_to_end:
+        return _write_curves(args, sweep_backends(cfgs, args.max_threads, args.steps, args.updates,
+                                                  progress=lambda m: print(m, file=sys.stderr), repeats=args.repeats),
+                             measured)
+    if len(cfgs) > 1:
+        ap.error("--end-to-end measures one backend at a time")
+    cfg = cfgs[0]
+    suffix = "" if cfg.backend == "threads" else f"_{cfg.backend}"
     if args.end_to_end:
         e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
         args.out.mkdir(parents=True, exist_ok=True)
@@ -484,14 +511,29 @@ def main(argv: list[str] | None = None) -> int:
         if (fig := backends_figure(args.out)) is not None:
             print(f"figure: {fig}")
         return 0
-    df = sweep(cfg, args.max_threads, args.steps, args.updates, progress=lambda m: print(m, file=sys.stderr),
-               repeats=args.repeats)
+    return 0
+
+
+def _backends(text: str) -> list[str]:
+    """``--backend``: one backend or a comma list of them."""
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in ("threads", "processes", "ray")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"backends are threads, processes and ray; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def _write_curves(args, curves: dict[str, pd.DataFrame], measured: Conditions) -> int:
+    """Each backend's curves to its CSV (with the conditions of the whole command) and figure."""
     args.out.mkdir(parents=True, exist_ok=True)
-    name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
-    df.to_csv(args.out / name, index=False, float_format="%.3f")
-    measured.write(args.out / name)
-    print(df.to_string(index=False))
-    print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
+    measured.finish()
+    for backend, df in curves.items():
+        suffix = "" if backend == "threads" else f"_{backend}"
+        name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
+        df.to_csv(args.out / name, index=False, float_format="%.3f")
+        measured.write(args.out / name)
+        print(df.to_string(index=False))
+        print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
     threads_csv, ray_csv = args.out / "scaling.csv", args.out / "scaling_ray.csv"
     if args.env_backend == "sync" and threads_csv.exists() and ray_csv.exists():
         t, r = pd.read_csv(threads_csv), pd.read_csv(ray_csv)

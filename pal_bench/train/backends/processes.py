@@ -44,6 +44,8 @@ from pal_bench.train.shared_weights import SharedWeights, spec_of
 from pal_bench.train.workers import PhaseTimer
 
 STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
+READY, GO = 4, 5                 # actors set up (count); the driver's clock has started (flag)
+READY_TIMEOUT_S = 300.0          # longest wait for the first actors' set-up (imports, environments)
 HEADER = 8                       # counters before the per-actor pairs (reserved, inserted)
 MAX_RESTARTS = 5                 # per actor: more deaths than this end the run with an error
 POLL_S = 0.002                   # the driver's counter sync period
@@ -104,6 +106,12 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
                                     for i in range(E)], cfg, ctx.algo, ctx, actor)
         version = _pull(weights, nets, targets, 0)
+        with lock:
+            counters[HOLDER] = actor + 1
+            counters[READY] += 1
+            counters[HOLDER] = 0
+        while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
+            time.sleep(0.001)                            # every actor set up before the driver's clock starts
         timer.lap("setup")
         n_actors = cfg.actors
         # tests only: "ACTOR:STEPS" makes that actor stall inside the lock once it has inserted STEPS transitions
@@ -328,9 +336,37 @@ class ProcessTrainer(Trainer):
     # ------------------------------------------------------------------ actors
 
     def run(self) -> dict:
+        """``Trainer.run`` with the actor processes started and set up (imports, environments, weights)
+        before the clock starts, as the Ray backend does; that set-up time is ``startup_s`` in the summary."""
+        if self._closed:
+            raise RuntimeError("this Trainer is closed")
         self._last_error: dict[int, str] = {}
+        t0 = time.perf_counter()
+        self._procs = {i: self._start(i) for i in range(self.cfg.actors)}
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.counters[STOP] = 1
+            for p in self._procs.values():
+                p.join(STOP_JOIN_S)
+                if p.is_alive():
+                    p.kill()
+            raise
+        self.startup_s = time.perf_counter() - t0
         self._spawn("counters", self._pump)
         return super().run()
+
+    def _wait_ready(self) -> None:
+        """Until every live actor process is set up (a dead one is the supervisor's, which restarts it)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            alive = sum(p.exitcode is None for p in self._procs.values())
+            if self.counters[READY] >= alive:
+                return
+            self._sync()
+            time.sleep(0.005)
+        raise WorkerError(f"actor processes not set up within {READY_TIMEOUT_S:.0f} s "
+                          f"({int(self.counters[READY])} of {self.cfg.actors} ready)")
 
     def _actors(self, i: int) -> None:
         try:
@@ -353,7 +389,8 @@ class ProcessTrainer(Trainer):
 
     def _supervise(self, i: int) -> None:
         """Run actor ``i``'s process to the end of the budget, restarting it when it dies."""
-        p = self._start(i)
+        self.counters[GO] = 1                    # the clock runs: the set-up actors go
+        p = self._procs.pop(i, None) or self._start(i)
         while True:
             p.join(0.05)
             if self.stop.is_set():

@@ -87,6 +87,7 @@ class Trainer(RunCore):
         self.t0 = time.perf_counter()
         self.wall_offset = 0.0
         self.train_wall_s: float | None = None          # wall time when the workers had stopped
+        self.startup_s = 0.0                            # workers' set-up before the clock started (processes, Ray)
         self._closed = False
         # read a checkpoint before anything (threads, shared segments, Ray actors) exists, so a run that
         # cannot be resumed fails leaving nothing behind
@@ -275,7 +276,7 @@ class Trainer(RunCore):
             "algo": self.cfg.algo, "env": self.cfg.env, "actors": self.cfg.actors, "learners": self.cfg.learners,
             "aggregation": self.cfg.aggregation, "env_steps": self.rate.steps, "updates": self.rate.done,
             "ps_steps": self.ps.version, "dropped_stale_gradients": self.ps.dropped_stale,
-            "episodes": len(self.episodes), "wall_s": round(wall, 3),
+            "episodes": len(self.episodes), "wall_s": round(wall, 3), "startup_s": round(self.startup_s, 3),
             "env_steps_per_s": round(self.rate.steps / max(wall, 1e-9), 1),
             "updates_per_s": round(self.rate.done / max(wall, 1e-9), 1),
             "updates_per_step": (self.rate.done / max(1, self.rate.steps - self.cfg.learning_starts)),

@@ -189,9 +189,11 @@ class RayTrainer(Trainer):
         interrupted, failed = False, True
         progress = None
         try:
+            t0 = time.perf_counter()
             self._connect()
             self._spawn()
             self.t0 = time.perf_counter()
+            self.startup_s = self.t0 - t0
             progress = self._progress_bar()
             self._loop(progress)
             failed = False
