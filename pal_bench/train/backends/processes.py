@@ -45,6 +45,7 @@ from pal_bench.train.workers import PhaseTimer
 
 STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
 READY, GO = 4, 5                 # actors set up (count); the driver's clock has started (flag)
+FINISHED = 6                     # actors whose share of the budget is collected and inserted (count)
 READY_TIMEOUT_S = 300.0          # longest wait for the first actors' set-up (imports, environments)
 HEADER = 8                       # counters before the per-actor pairs (reserved, inserted)
 MAX_RESTARTS = 5                 # per actor: more deaths than this end the run with an error
@@ -133,6 +134,10 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                 counters[HOLDER] = 0
             if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
                 _insert(ctx, buf, stepper.flush(), nets, targets, timer)
+                with lock:
+                    counters[HOLDER] = actor + 1
+                    counters[FINISHED] += 1              # the driver need not wait for this process's exit
+                    counters[HOLDER] = 0
                 break
             if not ok:
                 time.sleep(0.0005)
@@ -330,6 +335,9 @@ class ProcessTrainer(Trainer):
     def _pump(self) -> None:
         while not self.stop.is_set():
             self._sync()
+            if self.counters[FINISHED] >= self.cfg.actors and not self.actors_finished.is_set():
+                self.actors_finished.set()       # the budget is in: the run need not wait for the processes' exit
+                self.rate.wake()
             time.sleep(POLL_S)
         self._sync()
 

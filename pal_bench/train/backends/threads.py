@@ -210,10 +210,10 @@ class Trainer(RunCore):
             interrupted = True
             raise
         finally:
+            self.train_wall_s = self.wall()            # the work is done: joining the workers is not training
             self.stop.set()
             self.rate.wake()
             self._join()
-            self.train_wall_s = self.wall()
             if progress is not None:
                 progress.close()
             if not self.errors:
