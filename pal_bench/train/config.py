@@ -125,6 +125,15 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field."""
 
 
+def _yaml_problem(e: Exception, line: bool) -> str:
+    """A YAML error's problem and where it is: "at column C" in a one-line value, "(at line L, column C)"
+    in a file."""
+    mark = getattr(e, "problem_mark", None)
+    where = "" if mark is None else (f" (at line {mark.line + 1}, column {mark.column + 1})" if line
+                                     else f" at column {mark.column + 1}")
+    return f"{getattr(e, 'problem', None) or e}{where}"
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Convert a value (from a file or a ``key=value`` string) to the field's type."""
     if name not in FIELD_TYPES:
@@ -136,10 +145,7 @@ def _coerce(name: str, value: Any) -> Any:
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at column {mark.column + 1}" if mark is not None else ""
-            raise ConfigError(f"{name}: cannot read {value!r} as a value ({getattr(e, 'problem', None) or e}{where})"
-                              ) from None
+            raise ConfigError(f"{name}: cannot read {value!r} as a value ({_yaml_problem(e, line=False)})") from None
     try:
         if name == "hidden":
             value = tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
@@ -188,10 +194,7 @@ def load_file(path: str | os.PathLike) -> dict:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            raise ConfigError(f"config file {path}: not valid YAML: {getattr(e, 'problem', None) or e}{where}"
-                              ) from None
+            raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e, line=True)}") from None
     else:
         raise ConfigError(f"config file {path}: expected .toml, .yaml or .yml")
     if not isinstance(data, dict):

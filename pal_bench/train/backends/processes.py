@@ -107,10 +107,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
                                     for i in range(E)], cfg, ctx.algo, ctx, actor)
         version = _pull(weights, nets, targets, 0)
-        with lock:
-            counters[HOLDER] = actor + 1
-            counters[READY] += 1
-            counters[HOLDER] = 0
+        _count(counters, lock, actor, READY)
         while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
             time.sleep(0.001)                            # every actor set up before the driver's clock starts
         timer.lap("setup")
@@ -134,10 +131,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                 counters[HOLDER] = 0
             if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
                 _insert(ctx, buf, stepper.flush(), nets, targets, timer)
-                with lock:
-                    counters[HOLDER] = actor + 1
-                    counters[FINISHED] += 1              # the driver need not wait for this process's exit
-                    counters[HOLDER] = 0
+                _count(counters, lock, actor, FINISHED)   # the driver need not wait for this process's exit
                 break
             if not ok:
                 time.sleep(0.0005)
@@ -168,6 +162,15 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
             buf.close()
         if weights is not None:
             weights.close()
+
+
+def _count(counters, lock, actor: int, slot: int) -> None:
+    """Add one to a counter several actors write (READY, FINISHED): under the reservation lock, marked as
+    held by ``actor`` so that the driver can release it if the process dies inside."""
+    with lock:
+        counters[HOLDER] = actor + 1
+        counters[slot] += 1
+        counters[HOLDER] = 0
 
 
 def _pull(weights: SharedWeights, nets, targets, version: int) -> int:
