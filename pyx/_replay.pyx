@@ -92,6 +92,20 @@ from _tree_core cimport (
 
 cnp.import_array()
 
+_INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
+
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
+
+
+cdef extern from "numpy/arrayobject.h":
+    PyTypeObject PyArray_Type
+    # steals a reference to ``descr``
+    object _new_from_descr "PyArray_NewFromDescr" (PyTypeObject* subtype, PyObject* descr, int nd,
+                                                   cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
+                                                   int flags, PyObject* obj)
+
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
@@ -203,6 +217,33 @@ cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
         memcpy(dst, src, 32)
     else:
         memcpy(dst, src, n)
+
+
+cdef inline void _gather(char* dst, const char* records, int64_t record_bytes, int64_t off, int64_t n,
+                         const int64_t* pending, int64_t n_pending, const int64_t* slots) noexcept nogil:
+    """Copy field rows of ``n`` bytes at offset ``off`` of the records in ``slots[pending[q]]`` into row
+    ``pending[q]`` of ``dst``: one loop per field, the row size a constant inside it (plain moves)."""
+    cdef int64_t q, k
+    if n == 4:
+        for q in range(n_pending):
+            k = pending[q]
+            memcpy(dst + 4 * k, records + slots[k] * record_bytes + off, 4)
+    elif n == 8:
+        for q in range(n_pending):
+            k = pending[q]
+            memcpy(dst + 8 * k, records + slots[k] * record_bytes + off, 8)
+    elif n == 1:
+        for q in range(n_pending):
+            k = pending[q]
+            dst[k] = records[slots[k] * record_bytes + off]
+    elif n == 32:
+        for q in range(n_pending):
+            k = pending[q]
+            memcpy(dst + 32 * k, records + slots[k] * record_bytes + off, 32)
+    else:
+        for q in range(n_pending):
+            k = pending[q]
+            memcpy(dst + n * k, records + slots[k] * record_bytes + off, n)
 
 
 def _normalise_fields(fields) -> dict:
@@ -1139,7 +1180,42 @@ cdef class _ReplayCore:
                 ids[k] = self._slot_ids[s]
         return 0
 
-    def sample(self, batch_size, beta=0.4) -> dict:
+    cdef object _new_rows(self, int f, int64_t B):
+        """An uninitialised array [B, *shape] of field ``f``'s dtype (C-level: no argument parsing)."""
+        cdef cnp.npy_intp dims[MAX_DIMS + 1]
+        cdef int d
+        dims[0] = B
+        for d in range(self._ndim[f]):
+            dims[d + 1] = self._dims[f * MAX_DIMS + d]
+        descr = self._dtypes[f]
+        Py_INCREF(descr)
+        return _new_from_descr(&PyArray_Type, <PyObject*>descr, self._ndim[f] + 1, dims, NULL, NULL, 0, NULL)
+
+    cdef object _out_array(self, dict out, str name, object dtype, int ndim, const int64_t* dims, int64_t B):
+        """``out[name]`` if it is a writable C-contiguous ndarray of ``dtype`` and shape [B, *dims], else
+        ValueError naming what differs."""
+        arr = out.get(name)
+        if not cnp.PyArray_Check(arr):
+            raise ValueError(f"out[{name!r}] must be a numpy array (pass a dict an earlier sample() returned), "
+                             f"got {type(arr).__name__}")
+        cdef cnp.ndarray a = <cnp.ndarray>arr
+        cdef int d
+        bad = cnp.PyArray_NDIM(a) != ndim + 1 or cnp.PyArray_DIMS(a)[0] != B
+        if not bad:
+            for d in range(ndim):
+                if cnp.PyArray_DIMS(a)[d + 1] != dims[d]:
+                    bad = True
+        if bad or a.dtype != dtype:
+            shape = [B]
+            for d in range(ndim):
+                shape.append(dims[d])
+            raise ValueError(f"out[{name!r}] must have shape {tuple(shape)} and dtype {dtype}, "
+                             f"got {arr.shape} {arr.dtype}")
+        if not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISWRITEABLE(a):
+            raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
+        return a
+
+    def sample(self, batch_size, beta=0.4, out=None) -> dict:
         """Draw ``batch_size`` transitions, proportionally to priority^alpha (uniformly for
         ``ReplayBuffer``), with replacement.
 
@@ -1152,6 +1228,10 @@ cdef class _ReplayCore:
         float64[B]}``. Weights are w(i) = (N P(i))^-beta / max_j w(j), where the max is taken at the
         smallest non-zero priority in the buffer (Schaul et al. 2016), i.e. ``(p_min / p_i)^beta``;
         all ones for ``ReplayBuffer``.
+
+        ``out``: a dict an earlier ``sample`` of the same batch size returned; its arrays are filled in
+        place and the same dict is returned (no allocation: a learner that samples in a loop can reuse
+        one). Every array is checked first (ValueError, nothing written, when one does not fit).
         """
         self._check_open()
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
@@ -1160,34 +1240,45 @@ cdef class _ReplayCore:
             raise ValueError(f"batch_size must be in [1, 2**30], got {batch_size}")
         if not (0.0 <= beta <= 1.0):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
+        if out is not None and not isinstance(out, dict):
+            raise TypeError(f"out must be a dict an earlier sample() returned, got {type(out).__name__}")
         if self._h.size == 0:
             raise ValueError("cannot sample from an empty buffer")
         cdef int64_t B = batch_size
-        out = {}
-        cdef const char** dst = <const char**>malloc(self._n_fields * sizeof(char*))
+        cdef int f
+        cdef int64_t one = 1
+        if out is None:
+            out = {}
+            for f in range(self._n_fields):
+                out[self._names[f]] = self._new_rows(f, B)
+            out["indices"] = cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0)
+            out["weights"] = cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_FLOAT64, 0)
+        else:
+            for f in range(self._n_fields):
+                self._out_array(out, self._names[f], self._dtypes[f], self._ndim[f], self._dims + f * MAX_DIMS, B)
+            self._out_array(out, "indices", _INT64, 0, &one, B)
+            self._out_array(out, "weights", _FLOAT64, 0, &one, B)
+        cdef char** dst = <char**>malloc(self._n_fields * sizeof(char*))
         if dst == NULL:
             raise MemoryError()
-        cdef int f = 0
-        for name, (shape, dtype) in self._specs.items():
-            arr = np.empty((B,) + shape, dtype=dtype)
-            out[name] = arr
-            dst[f] = <const char*>cnp.PyArray_DATA(<cnp.ndarray>arr)
-            f += 1
-        ids_arr = np.empty(B, dtype=np.int64)
-        w_arr = np.ones(B, dtype=np.float64)
-        cdef int64_t* ids = <int64_t*>cnp.PyArray_DATA(ids_arr)
-        cdef double* w = <double*>cnp.PyArray_DATA(w_arr)
-        cdef int64_t* slots = <int64_t*>malloc(B * sizeof(int64_t))
-        cdef int64_t* pending = <int64_t*>malloc(B * sizeof(int64_t))
-        cdef double* prio = <double*>malloc(B * sizeof(double))
-        cdef int64_t* found = <int64_t*>malloc(B * sizeof(int64_t))
-        if slots == NULL or pending == NULL or prio == NULL or found == NULL:
-            free(dst); free(slots); free(pending); free(prio); free(found)
+        for f in range(self._n_fields):
+            dst[f] = <char*>cnp.PyArray_DATA(<cnp.ndarray>out[self._names[f]])
+        ids_arr = out["indices"]
+        w_arr = out["weights"]
+        cdef int64_t* ids = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>ids_arr)
+        cdef double* w = <double*>cnp.PyArray_DATA(<cnp.ndarray>w_arr)
+        # one block for the four scratch arrays of B entries each (slots, pending, found: int64; prio: double)
+        cdef int64_t* scratch = <int64_t*>malloc(4 * B * sizeof(int64_t))
+        if scratch == NULL:
+            free(dst)
             raise MemoryError()
+        cdef int64_t* slots = scratch
+        cdef int64_t* pending = scratch + B
+        cdef int64_t* found = scratch + 2 * B
+        cdef double* prio = <double*>(scratch + 3 * B)
         cdef int64_t q, k, n_pending = B, n_next, spins = 0, RB = self._rb_total
-        cdef double min_p = 1.0
+        cdef double min_p = 1.0, beta_c = beta
         cdef int zero = 0
-        cdef const char* rec
         for q in range(B):
             pending[q] = q
         with nogil:
@@ -1200,12 +1291,12 @@ cdef class _ReplayCore:
                 if self._prioritized:
                     for q in range(n_pending):
                         k = pending[q]
-                        w[k] = min_p / prio[k]
-                for q in range(n_pending):
-                    k = pending[q]
-                    rec = self._records + slots[k] * RB
-                    for f in range(self._n_fields):
-                        _copy(<char*>dst[f] + k * self._row_bytes[f], rec + self._off[f], self._row_bytes[f])
+                        w[k] = pow(min_p / prio[k], beta_c)
+                else:
+                    for q in range(n_pending):
+                        w[pending[q]] = 1.0
+                for f in range(self._n_fields):
+                    _gather(dst[f], self._records, RB, self._off[f], self._row_bytes[f], pending, n_pending, slots)
                 # seqlock check: keep rows whose slot still holds the id it had when drawn
                 self._lock()
                 n_next = 0
@@ -1218,13 +1309,10 @@ cdef class _ReplayCore:
                 n_pending = n_next
                 if n_pending:
                     self._wait_for_writers(&spins)
-        free(dst); free(slots); free(pending); free(prio); free(found)
+        free(dst)
+        free(scratch)
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
-        if self._prioritized:
-            np.power(w_arr, beta, out=w_arr)   # numpy's SIMD pow: 4x faster than a loop of libm pow
-        out["indices"] = ids_arr
-        out["weights"] = w_arr
         return out
 
     def get(self, indices, fields=None) -> dict:
@@ -1288,7 +1376,11 @@ cdef class _ReplayCore:
         """
         self._check_open()
         idx = _as_index_array(indices)
-        raw = np.ascontiguousarray(priorities, dtype=np.float64)
+        if (type(priorities) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>priorities) == cnp.NPY_FLOAT64
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>priorities)):
+            raw = priorities
+        else:
+            raw = np.ascontiguousarray(priorities, dtype=np.float64)
         cdef int64_t n = idx.shape[0]
         if raw.ndim != 1 or raw.shape[0] != n:
             raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
@@ -1308,24 +1400,25 @@ cdef class _ReplayCore:
                 top = rv[b]
         if self._prioritized and not self._stored_priority(top) <= self._prio_limit:
             self._check_priorities(raw)                     # raises, naming the limit
-        # stored values (p + eps)^alpha with numpy's SIMD pow
-        stored = np.power(raw + self._eps, self._alpha) if self._prioritized else raw
-        cdef const double* sv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>stored)
-        cdef int64_t* slots = <int64_t*>malloc(n * sizeof(int64_t))
-        cdef int64_t* scratch = <int64_t*>malloc(n * sizeof(int64_t))
-        cdef double* values = <double*>malloc(n * sizeof(double))
-        if slots == NULL or scratch == NULL or values == NULL:
-            free(slots); free(scratch); free(values)
+        # one block: slots and scratch (int64[n] each), stored values (double[n])
+        cdef int64_t* slots = <int64_t*>malloc(3 * n * sizeof(int64_t))
+        if slots == NULL:
             raise MemoryError()
+        cdef int64_t* scratch = slots + n
+        cdef double* sv = <double*>(slots + 2 * n)
+        cdef double* values = sv
         cdef int64_t s, applied = 0
         cdef double raw_max = 0
         with nogil:
+            if self._prioritized:       # stored values (p + eps)^alpha, outside the lock
+                for b in range(n):
+                    sv[b] = self._stored_priority(rv[b])
             self._lock()
             for b in range(n):
                 s = iv[b] % self.capacity
                 if self._slot_ids[s] == iv[b]:
                     slots[applied] = s
-                    values[applied] = sv[b]
+                    values[applied] = sv[b]          # applied <= b: compacts in place
                     if rv[b] > raw_max:
                         raw_max = rv[b]
                     applied += 1
@@ -1334,7 +1427,7 @@ cdef class _ReplayCore:
                 if raw_max > self._h.max_priority:
                     self._h.max_priority = raw_max
             self._unlock()
-        free(slots); free(scratch); free(values)
+        free(slots)
         return applied
 
     def get_priorities(self, indices) -> np.ndarray:
@@ -1650,8 +1743,8 @@ def _validated_meta(zf, bint want_prioritized, int64_t file_size) -> dict:
 
 cdef object _as_index_array(indices):
     """``indices`` as a C-contiguous int64[B] array; TypeError/ValueError for anything else."""
-    if type(indices) is np.ndarray and (<cnp.ndarray>indices).dtype.num == cnp.NPY_INT64:
-        idx = np.ascontiguousarray(indices)
+    if type(indices) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>indices) == cnp.NPY_INT64:
+        idx = indices if cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>indices) else np.ascontiguousarray(indices)
     else:
         idx = np.asarray(indices)
         if idx.size and idx.dtype.kind not in "iu":

@@ -235,60 +235,87 @@ cdef inline double _group_min(const double* c, int64_t stride) noexcept nogil:
     return m4 if m4 < m0 else m0
 
 
-cdef inline void tree_recompute(TreeLayout* t, int level, int64_t j) noexcept nogil:
-    """Recompute the sum and the non-zero minimum of internal node ``j`` of ``level`` from its children."""
+cdef inline bint _recompute(TreeLayout* t, int level, int64_t j, bint with_min) noexcept nogil:
+    """Recompute the sum of internal node ``j`` of ``level`` from its children and, when ``with_min``, its
+    non-zero minimum too. Returns whether the minimum changed (False when it was not recomputed)."""
     cdef int64_t group = j * t.stride
     cdef const double* c = t.sums + t.level_offset[level + 1] + group
     cdef int64_t pos = group_pos(t, j)
+    cdef double m
+    cdef double* slot
     t.sums[t.level_offset[level] + pos] = _group_sum(c, t.stride)
+    if not with_min:
+        return False
     if level + 2 == t.n_levels:        # children are leaves: skip zeros
-        t.mins[t.min_offset[level] + pos] = _group_min_nonzero(c, t.stride)
+        m = _group_min_nonzero(c, t.stride)
     else:
-        t.mins[t.min_offset[level] + pos] = _group_min(t.mins + t.min_offset[level + 1] + group, t.stride)
+        m = _group_min(t.mins + t.min_offset[level + 1] + group, t.stride)
+    slot = t.mins + t.min_offset[level] + pos
+    if slot[0] == m:
+        return False
+    slot[0] = m
+    return True
+
+
+cdef inline void tree_recompute(TreeLayout* t, int level, int64_t j) noexcept nogil:
+    """Recompute the sum and the non-zero minimum of internal node ``j`` of ``level`` from its children."""
+    _recompute(t, level, j, True)
 
 
 cdef inline void tree_set(TreeLayout* t, int64_t i, double value) noexcept nogil:
-    """Set leaf ``i`` and recompute its ancestors (single update)."""
+    """Set leaf ``i`` and recompute its ancestors (single update). Sums go up to the root; a minimum is
+    recomputed only while the one below it changed (a node's minimum depends on its children's only)."""
     cdef int level
+    cdef bint changed = True
     t.sums[leaf_pos(t, i)] = value
     for level in range(t.n_levels - 2, -1, -1):
         i = parent_of(t, i)
-        tree_recompute(t, level, i)
+        changed = _recompute(t, level, i, changed)
 
 
 cdef inline void tree_set_batch(TreeLayout* t, const int64_t* idx, const double* values,
                                 int64_t n, int64_t* scratch) noexcept nogil:
     """Set ``n`` leaves (last write wins for duplicates), then recompute each touched ancestor once.
 
-    ``scratch`` must hold ``n`` int64. Work: O(U * K) for U distinct touched nodes.
+    ``scratch`` must hold ``n`` int64. Work: O(U * K) for U distinct touched nodes. For a batch sorted by
+    leaf (a sampled batch is), each touched node's minimum is recomputed only when one of its children's
+    minima changed (most updates leave the minima above the leaves' parents as they were); ``scratch``
+    then holds ``2 * node + changed``.
     """
-    cdef int64_t b, m = n, p, w, last
+    cdef int64_t b, m = n, p, w, last, v
     cdef int level
     cdef uint64_t* marks
-    cdef bint ascending = True
+    cdef bint ascending = True, any_changed
     if n == 1:
         tree_set(t, idx[0], values[0])
         return
     for b in range(n):
         t.sums[leaf_pos(t, idx[b])] = values[b]
-        scratch[b] = idx[b]
+        scratch[b] = 2 * idx[b] + 1
         if b and idx[b] < idx[b - 1]:
             ascending = False
     if ascending:
-        # sorted leaves (a sampled batch comes out sorted): parents are sorted too, so a parent seen
-        # twice is seen in a row; no marks to read and write
+        # sorted leaves: parents are sorted too, so a parent seen twice is seen in a row (no marks); the
+        # children of one parent are one run, whose changed flags are OR-ed before the parent is recomputed
         for level in range(t.n_levels - 2, -1, -1):
             w = 0
             last = -1
+            any_changed = False
             for b in range(m):
-                p = parent_of(t, scratch[b])
+                v = scratch[b]
+                p = parent_of(t, v >> 1)
                 if p != last:
+                    if last >= 0:        # w <= b: the run just finished is written at or before b
+                        scratch[w] = 2 * last + _recompute(t, level, last, any_changed)
+                        w += 1
                     last = p
-                    tree_recompute(t, level, p)
-                    scratch[w] = p
-                    w += 1
-            m = w
+                    any_changed = False
+                any_changed = any_changed or (v & 1)
+            scratch[w] = 2 * last + _recompute(t, level, last, any_changed)
+            m = w + 1
         return
+    for b in range(n):
+        scratch[b] = idx[b]
     for level in range(t.n_levels - 2, -1, -1):
         t.stamp += 1
         marks = t.stamps + t.stamp_offset[level]

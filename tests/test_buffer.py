@@ -355,3 +355,61 @@ def test_get_reads_stored_rows_by_id(cls):
     with pytest.raises(KeyError, match="unknown field"):
         buf.get([15], ["nope"])
     assert_same_state(before, snapshot(buf))
+
+
+def _twins(cls):
+    """Two buffers with the same seed and contents: their samples match call for call."""
+    bufs = [make(cls, capacity=64) for _ in range(2)]
+    for b in bufs:
+        b.add_batch(**lunar_batch(100, start=3))
+        if isinstance(b, PrioritizedReplayBuffer):
+            b.update_priorities(np.arange(36, 100), np.linspace(0.1, 3.0, 64))
+    return bufs
+
+
+@pytest.mark.parametrize("cls", BUFFERS)
+def test_sample_into_out_reuses_the_arrays(cls):
+    a, b = _twins(cls)
+    out = a.sample(32, beta=0.5)
+    b.sample(32, beta=0.5)
+    arrays = dict(out)
+    for _ in range(3):
+        got = a.sample(32, beta=0.5, out=out)
+        want = b.sample(32, beta=0.5)
+        assert got is out and all(got[k] is arrays[k] for k in arrays)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("cls", BUFFERS)
+@pytest.mark.parametrize("spoil", ["shape", "dtype", "strided", "readonly", "missing", "not-array"])
+def test_sample_out_that_does_not_fit_is_rejected_before_any_draw(cls, spoil):
+    a, b = _twins(cls)
+    out = a.sample(16)
+    b.sample(16)
+    before = {k: v.copy() for k, v in out.items()}
+    orig = dict(out)
+    if spoil == "shape":
+        out["obs"] = np.zeros((15, 8), np.float32)
+    elif spoil == "dtype":
+        out["rew"] = np.zeros(16, np.float64)
+    elif spoil == "strided":
+        out["obs"] = np.zeros((16, 16), np.float32)[:, ::2]
+    elif spoil == "readonly":
+        out["weights"].flags.writeable = False
+    elif spoil == "missing":
+        del out["indices"]
+    else:
+        out["done"] = [False] * 16
+    with pytest.raises(ValueError, match="out\\["):
+        a.sample(16, out=out)
+    for k, v in before.items():                      # nothing written into the arrays that did fit
+        if out.get(k) is orig[k]:
+            np.testing.assert_array_equal(out[k], v)
+    want = b.sample(16)                              # and no random draw spent
+    np.testing.assert_array_equal(a.sample(16)["indices"], want["indices"])
+
+
+def test_sample_out_must_be_a_dict():
+    with pytest.raises(TypeError, match="out must be a dict"):
+        _twins(ReplayBuffer)[0].sample(4, out=[np.zeros(4)])

@@ -159,3 +159,28 @@ def test_sorted_targets_take_the_merged_walk_and_find_the_same_leaves(capacity, 
     per_target[shuffled] = tree.find(targets[shuffled])
     np.testing.assert_array_equal(merged, per_target)
     assert (values[merged] > 0).all()
+
+
+@pytest.mark.parametrize("fanout", [2, 3, 16])
+def test_minima_stay_exact_when_sorted_batches_skip_unchanged_ones(fanout):
+    """A sorted batch update recomputes a node's minimum only when a child's minimum changed: after many
+    sorted and unsorted batches (duplicates, zeros, new minima, raised minima) every node still equals
+    its recomputation (``check``) and the root's minimum is the smallest non-zero leaf."""
+    rng = np.random.default_rng(fanout)
+    cap = 500
+    t = SumTree(cap, fanout=fanout)
+    leaves = np.zeros(cap)
+    for step in range(300):
+        n = int(rng.integers(2, 60))
+        idx = rng.integers(0, cap, n)
+        if step % 3:
+            idx = np.sort(idx)
+        vals = rng.choice([0.0, 1e-9, 1.0, 5.0], n) * rng.random(n)
+        t.update(idx, vals)
+        for i, v in zip(idx, vals):      # last write wins
+            leaves[i] = v
+        if step % 25 == 0 or step == 299:
+            t.check()
+            nz = leaves[leaves > 0]
+            assert t.min_nonzero() == (nz.min() if nz.size else np.inf)
+            np.testing.assert_array_equal(t.leaves(), leaves)

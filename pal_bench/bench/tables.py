@@ -474,12 +474,13 @@ def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
     cap = df.capacity.iloc[0]
     t = df[df.capacity == cap].pivot_table(index="step", columns="label", values="instructions", aggfunc="first",
                                            sort=False)
-    labels = [c for c in ("before", "after") if c in t.columns] + [c for c in t.columns if c not in ("before", "after")]
+    labels = list(dict.fromkeys(df.label))                       # the builds in the order they were measured
     t = t[labels].fillna(0).astype(int)
     t = t.loc[t.max(axis=1).sort_values(ascending=False).index]
     t.loc["total"] = t.sum()
-    if "before" in t.columns and "after" in t.columns:
-        t["after / before"] = [f"{a / b:.2f}" if b else "new" for a, b in zip(t["after"], t["before"])]
+    if len(labels) > 1:
+        first, last = labels[0], labels[-1]
+        t[f"{last} / {first}"] = [f"{a / b:.2f}" if b else "new" for a, b in zip(t[last], t[first])]
     return (f"Instructions per `sample(256)` + `update_priorities(256)` at capacity {float(cap):.0e}, counted by "
             "callgrind and attributed to steps from the source line each instruction was generated for "
             "(`python -m pal_bench.bench.step_costs --tree DIR --label NAME`; deterministic, whatever the load).\n\n"
