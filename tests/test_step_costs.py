@@ -29,3 +29,14 @@ def test_a_small_buffer_spends_instructions_in_every_named_step():
         assert steps.get(name, 0) > 0, (name, steps)
     # most of the project's work is attributed to a named step, not to the catch-all
     assert steps[step_costs.OTHER_PROJECT] < 0.5 * sum(steps.values())
+
+
+def test_compare_builds_times_each_tree_in_its_own_process(tmp_path):
+    from pal_bench.bench import compare_builds
+
+    res = compare_builds.compare([ROOT, ROOT], capacity=300, rounds=1, calls=5, progress=lambda _: None)
+    (row,) = res.values()                              # the same tree twice: one entry
+    assert set(row) == {"sample", "update", "sample+update", "add_batch", "add"}
+    assert all(v > 0 for v in row.values())
+    with pytest.raises(SystemExit):
+        compare_builds.main([str(tmp_path)])           # not a checkout
