@@ -212,3 +212,57 @@ def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(
     assert result["env_steps"] == cfg.steps
     assert len(result["restarts"]) == 1
     assert _shm() == before
+
+
+# ---------------------------------------------------------------------- learner processes
+
+def test_learner_processes_hold_the_budget_and_clean_up(tmp_path):
+    before = _shm()
+    cfg = _cfg(tmp_path, actors=1, learners=2, learner_processes=True)
+    with make_trainer(cfg) as tr:
+        s = tr.run()
+    assert s["learner_processes"] is True
+    assert s["env_steps"] == cfg.steps
+    assert s["updates"] == tr.rate.max_updates
+    assert s["ps_steps"] == -(-s["updates"] // 2)       # sync: one gradient per learner a step (the last alone)
+    for i in (0, 1):                     # the process's own phases and its proxy's, under one name
+        assert {"sample", "forward_backward", "rate_wait", "aggregation_wait"} <= set(s["phase_seconds"][f"learner{i}"])
+    assert not mp.active_children()
+    assert _shm() == before
+
+
+def test_a_failing_learner_process_stops_the_run_with_its_error(tmp_path, monkeypatch):
+    from pal_bench.train import WorkerError
+
+    before = _shm()
+    monkeypatch.setenv("PAL_BENCH_TEST_LEARNER_FAIL_AFTER", "20")
+    with make_trainer(_cfg(tmp_path, actors=1, learner_processes=True)) as tr:
+        with pytest.raises(WorkerError, match="injected learner failure after 20 updates"):
+            tr.run()
+    assert not mp.active_children()
+    assert _shm() == before
+
+
+def test_a_learner_process_killed_with_sigkill_stops_the_run(tmp_path):
+    from pal_bench.train import WorkerError
+
+    before = _shm()
+    with make_trainer(_cfg(tmp_path, actors=1, steps=10**6, learner_processes=True)) as tr:
+        def kill_when_learning():
+            deadline = time.monotonic() + 120
+            while tr.rate.done < 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(tr._lprocs[0].pid, signal.SIGKILL)
+
+        threading.Thread(target=kill_when_learning, daemon=True).start()
+        with pytest.raises(WorkerError, match=r"learner0 process died \(exit code -9 \(signal 9\)"):
+            tr.run()
+    assert not mp.active_children()
+    assert _shm() == before
+
+
+def test_learner_processes_need_the_process_backend(tmp_path):
+    from pal_bench.train import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="learner_processes"):
+        validate(_cfg(tmp_path, backend="threads", learner_processes=True))

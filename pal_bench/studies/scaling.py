@@ -101,13 +101,22 @@ def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
     tr.buffer.add_batch(**transitions(tr, n, seed))
 
 
+def label(cfg) -> str:
+    """The name a configuration's curves go by: its backend, or "learner-processes" for the process backend with
+    learners as processes (``learner_processes``)."""
+    return "learner-processes" if cfg.backend == "processes" and cfg.learner_processes else cfg.backend
+
+
 def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
     """Learner updates/s with ``learners`` learner threads (Ray: learner processes, ``cfg.backend``
-    "ray") on a pre-filled buffer (no actors). The process backend's learners are threads of the driver,
+    "ray"; the process backend with ``learner_processes``: learner processes on the shared buffer) on a
+    pre-filled buffer (no actors). The process backend's default learners are threads of the driver,
     placed exactly as the thread backend's, so "processes" measures them the same way."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
         c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
-        return (_measure_fl_ray if cfg.backend == "ray" else _measure_fl)(c, updates, filled)
+        if cfg.backend == "ray":
+            return _measure_fl_ray(c, updates, filled)
+        return (_measure_fl_processes if label(cfg) == "learner-processes" else _measure_fl)(c, updates, filled)
 
 
 def _measure_fl(cfg, updates: int, filled: int) -> float:
@@ -132,6 +141,35 @@ def _measure_fl(cfg, updates: int, filled: int) -> float:
     finally:
         tr.stop.set()
         tr._join()
+    return done / wall
+
+
+def _measure_fl_processes(cfg, updates: int, filled: int) -> float:
+    """``_measure_fl`` with learner processes: the process trainer's buffer (shared) pre-filled, its learner
+    processes started and set up before the clock, then its proxy threads and parameter server as in a run."""
+    tr = make_trainer(cfg)
+    try:
+        prefill(tr, filled)
+        tr.rate = RateController(updates / filled, 0, filled, slack=0, lockstep=False)
+        tr.rate.restore(filled, 0)
+        tr.actors_finished.set()
+        tr._lprocs = {i: tr._start_learner(i) for i in range(cfg.learners)}
+        tr._procs = {}
+        tr._wait_ready()
+        tr._spawn("parameter-server", tr.ps.serve, tr.stop)
+        t0 = time.perf_counter()
+        for i in range(cfg.learners):
+            tr._spawn(f"learner{i}", tr._learner, i)
+        proxies = tr.threads[1:]
+        while any(t.is_alive() for t in proxies) and not tr.errors:
+            time.sleep(0.01)
+        wall = time.perf_counter() - t0
+        last_cores_used["f_l"] = None                   # the work is in the learner processes
+        done = tr.rate.done
+        tr.stop.set()
+        tr._join()
+    finally:
+        tr.close()
     return done / wall
 
 
@@ -217,7 +255,7 @@ def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repea
     """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
     ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
     ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups."""
-    return sweep_backends([cfg], max_threads, steps, updates, progress, repeats)[cfg.backend]
+    return sweep_backends([cfg], max_threads, steps, updates, progress, repeats)[label(cfg)]
 
 
 def sweep_backends(cfgs: list, max_threads: int, steps: int, updates: int, progress=print,
@@ -229,7 +267,7 @@ def sweep_backends(cfgs: list, max_threads: int, steps: int, updates: int, progr
         for cfg in cfgs:
             sessions.enter_context(ray_session(cfg))       # Ray: one session for every point
         _interleave(cfgs, max_threads, steps, updates, progress, repeats, got)
-    return {cfg.backend: _curves(cfg, {(k, x): r for (b, k, x), r in got.items() if b == cfg.backend})
+    return {label(cfg): _curves(cfg, {(k, x): r for (b, k, x), r in got.items() if b == label(cfg)})
             for cfg in cfgs}
 
 
@@ -238,13 +276,13 @@ def _interleave(cfgs, max_threads, steps, updates, progress, repeats, got) -> No
         for x in range(1, max_threads + 1):
             for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
                 for cfg in cfgs:
-                    where = f"[{cfg.backend} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
+                    where = f"[{label(cfg)} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
                                                                            if repeats > 1 else "]")
                     progress(f"{where} measuring ...")
                     # the machine's 1-minute load average as the point started (other jobs share the cores)
                     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
                     v = fn(cfg, x, n)
-                    got.setdefault((cfg.backend, kind, x), []).append((v, load, last_cores_used.get(kind)))
+                    got.setdefault((label(cfg), kind, x), []).append((v, load, last_cores_used.get(kind)))
                     progress(f"{where} {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
 
 
@@ -258,7 +296,7 @@ def _curves(cfg, got: dict) -> pd.DataFrame:
                      "throughput_reps": " ".join(f"{v:.3f}" for v in values),
                      "cores_used": float(np.median(used)) if used else None, "cores": cores,
                      "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env, "env_backend": cfg.env_backend,
-                     "backend": cfg.backend, "load1": max(r[1] for r in runs)})
+                     "backend": label(cfg), "load1": max(r[1] for r in runs)})
     df = pd.DataFrame(rows)
     base = df[df.threads == 1].set_index("curve").throughput
     df["speedup"] = df.throughput / df.curve.map(base)
@@ -474,8 +512,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="async: actors step their environments in subprocesses (outside the GIL)")
     ap.add_argument("--backend", type=_backends, default=["threads"],
                     help="threads in this process, actor processes on the shared buffer "
-                         "(results/scaling_processes.csv), or Ray processes (results/scaling_ray.csv); a comma "
-                         "list (threads,processes) measures them side by side, interleaved point by point")
+                         "(results/scaling_processes.csv), the same with learner processes too "
+                         "(learner-processes: results/scaling_learner_processes.csv), or Ray processes "
+                         "(results/scaling_ray.csv); a comma list (threads,processes) measures them side by side, "
+                         "interleaved point by point")
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
@@ -490,7 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--end-to-end must be >= 1 transitions (0: off), got {args.end_to_end}")
     if refuse_if_busy("pal_bench.studies.scaling", args.force):
         return 2
-    cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, backend=b, ray_address=args.ray_address)
+    cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
+                        backend="processes" if b == "learner-processes" else b,
+                        learner_processes=b == "learner-processes")
             for b in args.backend]
     measured = Conditions("scaling")
     if not args.end_to_end:
@@ -500,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(cfgs) > 1:
         ap.error("--end-to-end measures one backend at a time")
     cfg = cfgs[0]
-    suffix = "" if cfg.backend == "threads" else f"_{cfg.backend}"
+    suffix = "" if cfg.backend == "threads" else f"_{label(cfg).replace('-', '_')}"
     if args.end_to_end:
         e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
         args.out.mkdir(parents=True, exist_ok=True)
@@ -517,9 +559,9 @@ def main(argv: list[str] | None = None) -> int:
 def _backends(text: str) -> list[str]:
     """``--backend``: one backend or a comma list of them."""
     names = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in names if b not in ("threads", "processes", "ray")]
+    bad = [b for b in names if b not in ("threads", "processes", "learner-processes", "ray")]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"backends are threads, processes and ray; got {text!r}")
+        raise argparse.ArgumentTypeError(f"backends are threads, processes, learner-processes and ray; got {text!r}")
     return list(dict.fromkeys(names))
 
 
@@ -528,7 +570,7 @@ def _write_curves(args, curves: dict[str, pd.DataFrame], measured: Conditions) -
     args.out.mkdir(parents=True, exist_ok=True)
     measured.finish()
     for backend, df in curves.items():
-        suffix = "" if backend == "threads" else f"_{backend}"
+        suffix = "" if backend == "threads" else f"_{backend.replace('-', '_')}"
         name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
         df.to_csv(args.out / name, index=False, float_format="%.3f")
         measured.write(args.out / name)

@@ -42,6 +42,8 @@ class TrainConfig:
 
     # backend: threads in this process, or Ray processes (pal_bench.train.backends.ray)
     backend: str = "threads"                           # "threads", "processes" (actor processes) or "ray"
+    learner_processes: bool = False                    # backend "processes": learners as processes on the shared
+                                                       # buffer (default: threads beside the parameter server)
     ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
     ray_placement: str = "pack"                        # "pack" or "spread" the workers over the nodes
     ray_chunk: int = 256                               # transitions an actor sends to the buffer per call
@@ -353,6 +355,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.backend == "processes" and cfg.env_backend == "async":
         raise ConfigError("env_backend: 'async' steps environments in subprocesses, which the process backend's "
                           "actors cannot start (each actor is already a process; use env_backend = 'sync')")
+    if cfg.learner_processes and cfg.backend != "processes":
+        raise ConfigError(f"learner_processes: learner processes need backend = 'processes' (got {cfg.backend!r})")
+    if cfg.learner_processes and cfg.aggregation == "allreduce":
+        raise ConfigError("aggregation: 'allreduce' is the Ray backend's; learner processes use 'sync' or 'async'")
     if cfg.backend in ("ray", "processes") and cfg.deterministic:
         raise ConfigError("deterministic: lockstep runs need backend = 'threads'")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):

@@ -41,7 +41,7 @@ from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import RatePolicy, default_slack
 from pal_bench.train.replay_spec import buffer_class, make_buffer
 from pal_bench.train.shared_weights import SharedWeights, spec_of
-from pal_bench.train.workers import PhaseTimer
+from pal_bench.train.workers import PhaseTimer, pin
 
 STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
 READY, GO = 4, 5                 # actors set up (count); the driver's clock has started (flag)
@@ -91,6 +91,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
     from pal_bench.train.workers import EnvStepper
 
     torch.set_num_threads(1)
+    pin(actor if cfg.pin_cores else None)               # as the thread backend pins its actor threads
     envs = buf = weights = None
     try:
         ctx = RunCore(cfg)
@@ -173,6 +174,97 @@ def _count(counters, lock, actor: int, slot: int) -> None:
         counters[HOLDER] = 0
 
 
+# ---------------------------------------------------------------------- the learner process (learner_processes)
+
+L_UPDATE, L_STOP, L_READY, L_FIELDS = 0, 1, 2, 4     # per learner slot: granted update number, stop, set up
+
+
+def grads_spec(ps) -> list:
+    """The shared block a learner process publishes one gradient into: every parameter of every group (float32),
+    plus which groups this gradient has (TD3's delayed actor: not every update has every group)."""
+    spec = [(f"{g}.{i}", tuple(p.shape), "<f4") for g, params in ps.params.items() for i, p in enumerate(params)]
+    return spec + [("groups", (len(ps.params),), "|u1")]
+
+
+def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_name: str, weights_spec,
+                    grads_name: str, gspec, slots, grant, done, messages, parent_pid: int) -> None:
+    """Body of one learner process (spawned): for each update the driver grants, load the latest published
+    weights, sample the shared buffer, compute the gradients, write |TD| back as priorities and publish the
+    gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
+    the driver (one proxy thread per learner process), so they are the thread trainer's."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    from pal_bench.train.core import RunCore
+
+    torch.set_num_threads(1)
+    pin(cfg.actors + learner if cfg.pin_cores else None)
+    buf = weights = grads = None
+    base = learner * L_FIELDS
+    try:
+        ctx = RunCore(cfg)
+        timer = PhaseTimer()
+        buf = buffer_class(cfg).attach(buffer_name, seed=cfg.seed)
+        weights = SharedWeights.attach(weights_name, weights_spec)
+        grads = SharedWeights.attach(grads_name, gspec)
+        nets, targets = ctx.networks(), ctx.networks()
+        names = list(ctx.algo.GROUPS)
+        params = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in ctx.algo.GROUPS.items()}
+        zeros = {f"{g}.{i}": torch.zeros_like(p) for g in names for i, p in enumerate(params[g])}
+        # the networks' own tensors as the read target: a new version is copied straight into them
+        into = _flat_state(_Pair(nets.state_dict(), targets.state_dict()))
+        version = 0
+        fail_after = int(os.environ.get("PAL_BENCH_TEST_LEARNER_FAIL_AFTER", "-1"))   # tests only
+        updates = 0
+        slots[base + L_READY] = 1
+        timer.lap("setup")
+        while True:
+            while not grant.acquire(timeout=0.05):
+                if slots[base + L_STOP] or os.getppid() != parent_pid:
+                    break
+            if slots[base + L_STOP] or os.getppid() != parent_pid:
+                break
+            timer.lap("grant_wait")
+            update = int(slots[base + L_UPDATE])
+            if updates == fail_after and learner == 0:
+                raise RuntimeError(f"injected learner failure after {updates} updates")
+            updates += 1
+            with torch.no_grad():
+                got = weights.read(out=into, min_version=version + 1)
+            version = got[0] if got is not None else version
+            timer.lap("weights_pull")
+            sample = buf.sample(cfg.batch_size, beta=ctx.beta(update))
+            timer.lap("sample")
+            losses, td = ctx.algo.losses(nets, targets, ctx.to_tensors(sample), cfg, update)
+            flat = dict(zeros)
+            has = torch.zeros(len(names), dtype=torch.uint8)
+            for g, loss in losses.items():
+                has[names.index(g)] = 1
+                for i, x in enumerate(torch.autograd.grad(loss, params[g], allow_unused=False)):
+                    flat[f"{g}.{i}"] = x
+            flat["groups"] = has
+            timer.lap("forward_backward")
+            if cfg.prioritized:
+                buf.update_priorities(sample["indices"], td.numpy().astype(np.float64))
+            timer.lap("priority_update")
+            grads.publish(flat)
+            done.release()
+            timer.lap("gradient_publish")
+        messages.put(("timers", learner, timer.seconds))
+    except BaseException:
+        tb = traceback.format_exc()
+        print(f"pal-bench learner{learner} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
+        messages.put(("error", learner, tb))
+        messages.close()
+        messages.join_thread()
+        raise SystemExit(1) from None
+    finally:
+        for h in (buf, weights, grads):
+            if h is not None:
+                h.close()
+
+
 def _pull(weights: SharedWeights, nets, targets, version: int) -> int:
     """Load a newer published version into the actor's networks (online, and targets for Ape-X priorities)."""
     got = weights.read(min_version=version + 1)
@@ -194,6 +286,13 @@ def _insert(ctx, buf, rows: list[tuple], nets, targets, timer: PhaseTimer) -> No
     timer.lap("inference")
     buf.add_batch(priorities=priorities, **batch)
     timer.lap("buffer_insert")
+
+
+class _Pair:
+    """Online and target state dicts in the shape ``_flat_state`` reads (a snapshot's ``online``/``target``)."""
+
+    def __init__(self, online: dict, target: dict):
+        self.online, self.target = online, target
 
 
 def _flat_state(snap) -> dict:
@@ -271,6 +370,8 @@ class ProcessTrainer(Trainer):
     def __init__(self, cfg: TrainConfig, resume: bool = False):
         self._ctx = mp.get_context("spawn")
         self._weights: SharedWeights | None = None
+        self._lprocs: dict[int, mp.Process] = {}
+        self._grads: list[SharedWeights] = []
         super().__init__(cfg, resume=resume)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
         self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
@@ -284,6 +385,17 @@ class ProcessTrainer(Trainer):
             stale.unlink()
         self._weights = SharedWeights.create(spec_of(_flat_state(self.ps.snapshot)), name=name)
         self._publish()
+        if cfg.learner_processes:
+            self._gspec = grads_spec(self.ps)
+            for i in range(cfg.learners):
+                gname = _segment_name(self.run_dir, f"g{i}")
+                if (Path("/dev/shm") / gname).exists():
+                    (Path("/dev/shm") / gname).unlink()
+                self._grads.append(SharedWeights.create(self._gspec, name=gname))
+            self._lslots = self._ctx.RawArray("q", L_FIELDS * cfg.learners)
+            self._grant = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
+            self._done = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
+            self._lmessages = [self._ctx.Queue() for _ in range(cfg.learners)]
 
     def _place(self) -> None:
         """The thread trainer's parameter server; the buffer in shared memory; the rate counters in a shared
@@ -354,10 +466,13 @@ class ProcessTrainer(Trainer):
         self._last_error: dict[int, str] = {}
         t0 = time.perf_counter()
         self._procs = {i: self._start(i) for i in range(self.cfg.actors)}
+        if self.cfg.learner_processes:
+            self._lprocs = {i: self._start_learner(i) for i in range(self.cfg.learners)}
         try:
             self._wait_ready()
         except BaseException:
             self.counters[STOP] = 1
+            self._stop_learners()
             for p in self._procs.values():
                 p.join(STOP_JOIN_S)
                 if p.is_alive():
@@ -368,11 +483,16 @@ class ProcessTrainer(Trainer):
         return super().run()
 
     def _wait_ready(self) -> None:
-        """Until every live actor process is set up (a dead one is the supervisor's, which restarts it)."""
+        """Until every live actor process is set up (a dead one is the supervisor's, which restarts it) and
+        every learner process is (a learner process that dies before is an error)."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             alive = sum(p.exitcode is None for p in self._procs.values())
-            if self.counters[READY] >= alive:
+            for i, p in self._lprocs.items():
+                if p.exitcode is not None:
+                    raise WorkerError(f"learner{i} process failed while setting up ({self._learner_cause(i, p)})")
+            learners_ready = all(self._lslots[i * L_FIELDS + L_READY] for i in self._lprocs)
+            if self.counters[READY] >= alive and learners_ready:
                 return
             self._sync()
             time.sleep(0.005)
@@ -389,6 +509,97 @@ class ProcessTrainer(Trainer):
                 if self._actors_left == 0:
                     self.actors_finished.set()
             self.rate.wake()
+
+    # ------------------------------------------------------------------ learner processes
+
+    def _start_learner(self, i: int) -> mp.Process:
+        p = self._ctx.Process(
+            target=learner_process, name=f"pal-learner{i}", daemon=True,
+            args=(self.cfg, i, self.buffer.shared_name, self._weights.name, self._weights.spec,
+                  self._grads[i].name, self._gspec, self._lslots, self._grant[i], self._done[i],
+                  self._lmessages[i], os.getpid()))
+        p.start()
+        return p
+
+    def _learner(self, i: int) -> None:
+        """Learner ``i``: the thread trainer's learner, or (``learner_processes``) a proxy thread that takes
+        the rate controller's permits and the update number for learner process ``i``, hands it the update,
+        waits for its gradient and submits it to the parameter server, as a learner thread would."""
+        if not self.cfg.learner_processes:
+            return super()._learner(i)
+        cfg = self.cfg
+        timer = self.timers[f"learner{i}"] = PhaseTimer()
+        base = i * L_FIELDS
+        names = list(self.ps.params)
+        submitted = 0
+        try:
+            while self.rate.acquire_update(self.stop, self.actors_finished):
+                timer.lap("rate_wait")
+                with self._sync_lock:
+                    self._publish()                      # the learner reads the latest version
+                    version = self._published
+                self._lslots[base + L_UPDATE] = self.next_update_index()
+                self._grant[i].release()
+                while not self._done[i].acquire(timeout=0.05):
+                    p = self._lprocs[i]
+                    if p.exitcode is not None:
+                        raise WorkerError(f"learner{i} process died ({self._learner_cause(i, p)})")
+                    if self.stop.is_set():
+                        return
+                timer.lap("learner_process")
+                got = self._grads[i].read(min_version=submitted + 1)
+                if got is None:
+                    raise WorkerError(f"learner{i} process signalled a gradient it had not published")
+                _, flat = got
+                grads = {g: [flat[f"{g}.{k}"] for k in range(len(self.ps.params[g]))]
+                         for j, g in enumerate(names) if flat["groups"][j]}
+                if cfg.aggregation == "async":
+                    self.ps.wait_handled(i, submitted, self.stop)
+                self.ps.submit(i, version, grads)
+                submitted += 1
+                if cfg.aggregation == "sync":
+                    self.ps.wait_version(version, self.stop)
+                timer.lap("aggregation_wait")
+                self.rate.update_done()
+        finally:
+            self.ps.learner_left()
+            self._lslots[base + L_STOP] = 1
+            self._grant[i].release()
+
+    def _learner_cause(self, i: int, p: mp.Process) -> str:
+        why = None
+        q = self._lmessages[i]
+        while True:
+            try:
+                kind, _, payload = q.get(timeout=0.2)
+            except Exception:                    # empty, or a message cut short
+                break
+            if kind == "error":
+                why = payload
+        code = p.exitcode
+        cause = f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
+        return cause + (f":\n{why.strip()}" if why else "")
+
+    def _stop_learners(self) -> None:
+        """Stop every learner process (flag, wake, join, kill the ones that do not exit) and collect its timers."""
+        if not self._lprocs:
+            return
+        for i in self._lprocs:
+            self._lslots[i * L_FIELDS + L_STOP] = 1
+            self._grant[i].release()
+        for i, p in self._lprocs.items():
+            p.join(STOP_JOIN_S)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+            while True:
+                try:
+                    kind, _, payload = self._lmessages[i].get_nowait()
+                except Exception:
+                    break
+                if kind == "timers":
+                    self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
+        self._lprocs = {}
 
     def _start(self, i: int) -> mp.Process:
         p = self._ctx.Process(
@@ -436,21 +647,32 @@ class ProcessTrainer(Trainer):
                                                      f"{lost} reserved transitions lost; restarted")
             p = self._start(i)
 
+    def _join(self) -> None:
+        try:
+            self._stop_learners()                # their timers reach the summary
+        finally:
+            super()._join()
+
     def summary(self) -> dict:
         out = super().summary()
         out["backend"] = "processes"
+        out["learner_processes"] = self.cfg.learner_processes
         out["restarts"] = [e for e in self.events if e["event"] == "restart"]
         out["transitions_lost"] = sum(self.lost)
         return out
 
     def close(self) -> None:
-        """Stop every thread and actor process, then unlink the shared buffer and weights (idempotent)."""
+        """Stop every thread, actor and learner process, then unlink the shared buffer, weights and gradient
+        blocks (idempotent)."""
         was_closed = self._closed
         super().close()
         if was_closed:
             return
         if hasattr(self, "counters"):
             self.counters[STOP] = 1
+        self._stop_learners()
+        for g in self._grads:
+            g.close()
         if self._weights is not None:
             self._weights.close()
         self.buffer.close()

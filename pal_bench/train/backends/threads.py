@@ -170,6 +170,9 @@ class Trainer(RunCore):
         self.threads.append(t)
         t.start()
 
+    def _learner(self, i: int) -> None:
+        learner_loop(self, i, self.stop)
+
     def _actors(self, i: int) -> None:
         try:
             actor_loop(self, i, self.stop)
@@ -195,7 +198,7 @@ class Trainer(RunCore):
         try:
             self._spawn("parameter-server", self.ps.serve, self.stop)
             for i in range(cfg.learners):
-                self._spawn(f"learner{i}", learner_loop, self, i, self.stop)
+                self._spawn(f"learner{i}", self._learner, i)
             learners = self.threads[-cfg.learners:]
             for i in range(cfg.actors):
                 self._spawn(f"actor{i}", self._actors, i)
