@@ -149,21 +149,21 @@ def test_race_stores_each_run_and_resumes_where_it_stopped(tmp_path, monkeypatch
     monkeypatch.setattr(race, "report", lambda out, task_name: 0)
     split = lambda name: (1, 1)                                          # noqa: E731
     # --max-minutes 0: the first run, then a clean stop with what is stored
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, max_minutes=0) == 0
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, max_minutes=0, settle_s=0) == 0
     assert calls == [("pal", 0, (1, 1))]
     assert sorted(p.name for p in (tmp_path / "race_smoke_runs").iterdir()) == ["pal-s0.json"]
     assert not (tmp_path / "race_smoke.csv").exists()
     assert "1 of 4 runs stored" in capsys.readouterr().err
     # the same command again: the stored run is skipped, the other three run, then the race's files
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path) == 0
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, settle_s=0) == 0
     assert calls[1:] == [("tianshou", 0, (1, 1)), ("pal", 1, (1, 1)), ("tianshou", 1, (1, 1))]
     runs = pd.read_csv(tmp_path / "race_smoke.csv")
     assert len(runs) == 4 and runs.reached.all() and (runs.wall_to_target_s == 20.0).all()
     meta = json.loads((tmp_path / "race_smoke.csv.meta.json").read_text())
     assert meta["runs"] == 4 and "load_before" in meta
     # everything stored: nothing runs; a different split for PAL runs PAL again, not tianshou
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path) == 0 and len(calls) == 4
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, lambda n: (2, 1), tmp_path) == 0
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, settle_s=0) == 0 and len(calls) == 4
+    assert race.run_race("smoke", ["pal", "tianshou"], 2, lambda n: (2, 1), tmp_path, settle_s=0) == 0
     assert calls[4:] == [("pal", 0, (2, 1)), ("pal", 1, (2, 1))]
 
 
@@ -172,11 +172,43 @@ def test_noisy_runs_are_marked_and_run_again_on_request(tmp_path, monkeypatch):
     monkeypatch.setattr(race, "launch", _fake_launch(calls))
     monkeypatch.setattr(race, "report", lambda out, task_name: 0)
     split = lambda name: (1, 1)                                          # noqa: E731
-    assert race.run_race("smoke", ["pal"], 1, split, tmp_path) == 0
+    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, settle_s=0) == 0
     path = tmp_path / "race_smoke_runs" / "pal-s0.json"
     run = json.loads(path.read_text())
     assert "noisy" in run and run["conditions"]["what"].startswith("race (smoke): pal seed 0")
     run["noisy"] = True
     path.write_text(json.dumps(run))
-    assert race.run_race("smoke", ["pal"], 1, split, tmp_path) == 0 and len(calls) == 1
-    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, rerun_noisy=True) == 0 and len(calls) == 2
+    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, settle_s=0) == 0 and len(calls) == 1
+    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, rerun_noisy=True, settle_s=0) == 0 and len(calls) == 2
+
+
+def test_each_run_waits_for_the_previous_runs_load_to_fade(tmp_path, monkeypatch):
+    """The load average still holds the previous run's own load when the next starts: the race waits (bounded)
+    for it to fall to half the cores before it measures, so only other work marks a run noisy."""
+    from pal_bench.bench import conditions
+
+    loads = iter([1.9, 1.6, 1.2, 0.8] + [0.5] * 100)
+    monkeypatch.setattr(conditions, "load1", lambda: next(loads))
+    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    slept: list[float] = []
+    now = [0.0]
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+
+    said: list[str] = []
+    assert conditions.settle(60, poll_s=5, progress=said.append, sleep=sleep, clock=lambda: now[0])
+    assert slept == [5, 5, 5] and len(said) == 1 and "1.90" in said[0]
+    # a machine that stays busy: give up at the bound, and the run is measured (and marked) anyway
+    monkeypatch.setattr(conditions, "load1", lambda: 1.9)
+    now[0], slept[:] = 0.0, []
+    assert not conditions.settle(12, poll_s=5, sleep=sleep, clock=lambda: now[0])
+    assert sum(slept) == 12
+    # the race settles before every run it launches
+    settled: list[float] = []
+    monkeypatch.setattr(race, "settle", lambda s, progress=None: settled.append(s) or True)
+    monkeypatch.setattr(race, "launch", _fake_launch([]))
+    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
+    assert race.run_race("smoke", ["pal", "tianshou"], 1, lambda n: (1, 1), tmp_path, settle_s=7) == 0
+    assert settled == [7, 7]

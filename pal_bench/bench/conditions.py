@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -110,6 +111,24 @@ def check_quiet(what: str, force: bool = False) -> float:
             raise BusyMachineError(msg + ". Wait for a quiet machine, or pass --force to measure anyway.")
         print(f"warning: {msg} (--force)", file=sys.stderr)
     return load
+
+
+def settle(max_wait_s: float, poll_s: float = 5.0, progress=None, sleep=time.sleep, clock=time.monotonic) -> bool:
+    """Wait (at most ``max_wait_s``) until the 1-minute load average is at or under half the usable cores;
+    True once it is. Between runs of one command this lets the load average forget the previous run (it
+    decays with a one-minute time constant, so two busy cores take about a minute to read as quiet), so that
+    only other processes mark the next run noisy. ``progress`` gets one line when it starts waiting."""
+    deadline = clock() + max_wait_s
+    said = False
+    while (load := load1()) > noisy_limit():
+        if clock() >= deadline:
+            return False
+        if progress is not None and not said:
+            progress(f"waiting up to {max_wait_s:.0f} s for the load average ({load:.2f}) to fall to "
+                     f"{noisy_limit():g} (the previous run's own load)")
+            said = True
+        sleep(min(poll_s, max(0.0, deadline - clock())))
+    return True
 
 
 def _machine_busy_seconds() -> float | None:

@@ -359,7 +359,8 @@ def end_to_end_processes_block(results: Path) -> str:
 
 
 def processes_block(results: Path) -> str:
-    """f_a and f_l of actor processes against threads, per worker count, with the issue's targets' ratios."""
+    """f_a and f_l of actor processes against threads, per worker count, with the issue's targets' ratios; and of
+    learner processes (``scaling_learner_processes.csv``) where measured."""
     t_path, p_path = results / "scaling.csv", results / "scaling_processes.csv"
     if not (t_path.exists() and p_path.exists()):
         return missing("scaling_processes.csv", "python -m pal_bench.studies.scaling --backend processes")
@@ -370,10 +371,20 @@ def processes_block(results: Path) -> str:
                         "processes": m.throughput_processes,
                         "processes / threads": m.throughput_processes / m.throughput_threads,
                         "processes: speedup over 1": m.speedup})
+    sources = ["scaling.csv", "scaling_processes.csv"]
+    note = "the process backend's learners are driver threads, as the thread backend's"
+    lp_path = results / "scaling_learner_processes.csv"
+    if lp_path.exists():
+        lp = pd.read_csv(lp_path)
+        lp = lp[lp.curve == "f_l"].set_index("threads")
+        fl = out.curve == "f_l"
+        out["learner processes"] = out.workers.map(lp.throughput).where(fl)
+        out["learner processes / threads"] = (out["learner processes"] / out.threads).where(fl)
+        sources.append("scaling_learner_processes.csv")
+        note += "; the last two columns: f_l with learner processes (`learner_processes = true`)"
     return ("DQN on CartPole-v1: f_a (transitions/s, actors only) and f_l (updates/s, learners only) with actor "
-            "processes on the shared buffer against actor threads (the process backend's learners are driver "
-            "threads, as the thread backend's).\n\n" + md(out, ".2f") + "\n\n"
-            + source(results, "scaling.csv", "scaling_processes.csv") + "\n")
+            f"processes on the shared buffer against actor threads ({note}).\n\n" + md(out, ".2f") + "\n\n"
+            + source(results, *sources) + "\n")
 
 
 # ------------------------------------------------------------------ plug-in benchmark and race

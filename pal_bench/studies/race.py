@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.atomic import atomic_write_text
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, write_meta
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, settle, write_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTESTANTS = ("pal", "pal-processes", "pal-apex", "rllib", "rllib-pal", "tianshou")
@@ -417,13 +417,18 @@ def stored_run(path: Path, key: dict) -> dict | None:
     return run if all(run.get(k) == v for k, v in key.items()) else None
 
 
+SETTLE_S = 300.0      # before each run: the longest wait for the previous run's load to fade
+
+
 def run_race(task_name: str, names: list[str], seeds: int, split_of: Callable[[str], tuple[int, int]], out: Path,
-             max_minutes: float | None = None, rerun_noisy: bool = False) -> int:
+             max_minutes: float | None = None, rerun_noisy: bool = False, settle_s: float = SETTLE_S) -> int:
     """Run every (contestant, seed) not stored yet, storing each as ``race[_task]_runs/<name>-s<seed>.json`` as
     soon as it ends (with the conditions it ran under); when all are stored, write the race's CSVs and
     draw its table and figure. ``max_minutes``: once that many minutes have passed, stop after the current
     run (each call runs at least one); ``rerun_noisy``: run again the stored runs during which the machine
-    was busy."""
+    was busy. Before each run it waits (up to ``settle_s``) for the load average to fall back to half the cores,
+    so that the previous run's own load does not mark the next one noisy; a machine still busy after that is
+    busy with other work, and the run is marked."""
     task = TASKS[task_name]
     suffix = "" if task_name == "full" else f"_{task_name}"
     runs_dir = out / f"race{suffix}_runs"
@@ -446,6 +451,7 @@ def run_race(task_name: str, names: list[str], seeds: int, split_of: Callable[[s
             print(f"pal-bench race: stopped after {max_minutes:g} minutes with {len(stored)} of {len(todo)} runs "
                   f"stored in {runs_dir}; run the same command again to go on", file=sys.stderr)
             return 0
+        settle(settle_s, progress=lambda m, i=i: print(f"[{i}/{len(todo)}] {m}", file=sys.stderr, flush=True))
         where = f", split {split[0]}+{split[1]}" if name in PAL_BACKENDS else ""
         print(f"[{i}/{len(todo)}] {name} seed {seed} on {task.env} (target {task.target:g}, budget "
               f"{task.max_steps} steps / {task.max_wall_s:.0f} s){where}", file=sys.stderr, flush=True)
