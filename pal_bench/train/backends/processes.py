@@ -453,6 +453,7 @@ class ProcessTrainer(Trainer):
             if self.counters[FINISHED] >= self.cfg.actors and not self.actors_finished.is_set():
                 self.actors_finished.set()       # the budget is in: the run need not wait for the processes' exit
                 self.rate.wake()
+                self._check_ended()
             time.sleep(POLL_S)
         self._sync()
 
@@ -509,6 +510,7 @@ class ProcessTrainer(Trainer):
                 if self._actors_left == 0:
                     self.actors_finished.set()
             self.rate.wake()
+            self._check_ended()
 
     # ------------------------------------------------------------------ learner processes
 

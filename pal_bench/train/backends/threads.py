@@ -77,6 +77,8 @@ class Trainer(RunCore):
         self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
         self.stop = threading.Event()
         self.actors_finished = threading.Event()
+        self._ended = threading.Event()            # set the moment every actor finished and every learner left
+        self._learners_left = cfg.learners
         self.threads: list[threading.Thread] = []
         self.errors: list[tuple[str, BaseException, str]] = []
         self.timers: dict = {}
@@ -173,6 +175,20 @@ class Trainer(RunCore):
     def _learner(self, i: int) -> None:
         learner_loop(self, i, self.stop)
 
+    def _learner_body(self, i: int) -> None:
+        try:
+            self._learner(i)
+        finally:
+            with self._lock:
+                self._learners_left -= 1
+            self._check_ended()
+
+    def _check_ended(self) -> None:
+        """Wake the run loop the moment the work is done (every actor finished, every learner left), so that
+        the training wall time is taken then, not at the loop's next 0.2 s tick."""
+        if self.actors_finished.is_set() and self._learners_left == 0:
+            self._ended.set()
+
     def _actors(self, i: int) -> None:
         try:
             actor_loop(self, i, self.stop)
@@ -182,6 +198,7 @@ class Trainer(RunCore):
                 if self._actors_left == 0:
                     self.actors_finished.set()
             self.rate.wake()
+            self._check_ended()
 
     def run(self) -> dict:
         """Train to ``cfg.steps`` transitions; returns the summary (also written to summary.json)."""
@@ -191,23 +208,23 @@ class Trainer(RunCore):
         self.recorder.write_config(cfg.to_dict())
         self.t0 = time.perf_counter()
         self._actors_left = cfg.actors
-        learners: list[threading.Thread] = []
+        self._learners_left = cfg.learners
+        self._ended = threading.Event()
         progress = self._progress_bar()
         schedule = DriverSchedule(self)
         interrupted = False
         try:
             self._spawn("parameter-server", self.ps.serve, self.stop)
             for i in range(cfg.learners):
-                self._spawn(f"learner{i}", self._learner, i)
-            learners = self.threads[-cfg.learners:]
+                self._spawn(f"learner{i}", self._learner_body, i)
             for i in range(cfg.actors):
                 self._spawn(f"actor{i}", self._actors, i)
             while not self.stop.is_set():
-                self.stop.wait(0.2)
+                self._ended.wait(0.2)
+                if self._ended.is_set():
+                    break
                 self._update_progress(progress)
                 if schedule.tick(self._paused_checkpoint):
-                    break
-                if self.actors_finished.is_set() and not any(t.is_alive() for t in learners):
                     break
         except KeyboardInterrupt:
             interrupted = True
