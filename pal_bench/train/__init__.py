@@ -2,6 +2,9 @@
 
 from pal_bench.train.backends.threads import Trainer, WorkerError
 from pal_bench.train.config import ConfigError, TrainConfig, make_config, validate
+from pal_bench.train.envs import register as _register_envs
+
+_register_envs()
 
 
 def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
