@@ -520,6 +520,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "end-to-end-processes": end_to_end_processes_block,
     "plugin": plugin_block,
     "race-quick": race_block,
+    "race-full": lambda results: race_block(results, "race.csv"),
     "longhaul-quick": longhaul_block,
     "longhaul-full": longhaul_full_block,
     "aggregation-quick": aggregation_block,
