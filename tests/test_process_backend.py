@@ -266,3 +266,14 @@ def test_learner_processes_need_the_process_backend(tmp_path):
 
     with pytest.raises(ConfigError, match="learner_processes"):
         validate(_cfg(tmp_path, backend="threads", learner_processes=True))
+
+
+def test_scaling_measures_learner_processes_and_cleans_up():
+    from pal_bench.studies import scaling
+
+    before = _shm()
+    cfg = make_config("dqn", "CartPole-v1", backend="processes", learner_processes=True, batch_size=32)
+    assert scaling.label(cfg) == "learner-processes"
+    assert scaling.measure_fl(cfg, 2, 40, filled=600) > 0
+    assert not mp.active_children()
+    assert _shm() == before

@@ -21,7 +21,8 @@ from pal_bench import report
 from pal_bench.bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private"]
+SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private",
+          "sequence_replay"]
 
 
 def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra: list[str]) -> int:

@@ -149,6 +149,33 @@ def shared_vs_private_block(results: Path) -> str:
             + source(results, "shared_vs_private.json") + "\n")
 
 
+def sequence_block(results: Path) -> str:
+    """R2D2's batch (64 sequences of 80 steps, sampled and updated): PAL's sequence mode against the same steps
+    drawn as transitions and against RLlib's episode buffer, per stored steps."""
+    from pal_bench import report
+
+    path = results / "sequence_replay.json"
+    if not path.exists():
+        return missing("sequence_replay.json", "python -m pal_bench.bench.run --suite sequence_replay")
+    df, _ = report.load(path)
+    rows = []
+    for n, g in df.groupby("capacity", sort=True):
+        med = {r.peer: r.median_us for r in g.itertuples() if r.status == "ok"}
+        why = {r.peer: r.reason for r in g.itertuples() if r.status != "ok"}
+        seq = med.get("pal-seq")
+        row = {"stored steps": f"N={report.fmt_n(n)}", "pal-seq µs": seq,
+               "pal-transitions µs (5120 steps)": med.get("pal-transitions"),
+               "rllib-episode µs": med.get("rllib-episode")}
+        row["transitions / seq"] = med["pal-transitions"] / seq if seq and "pal-transitions" in med else None
+        row["rllib / seq"] = med["rllib-episode"] / seq if seq and "rllib-episode" in med else None
+        row["not run"] = "; ".join(f"{p}: {w}" for p, w in why.items())
+        rows.append(row)
+    return ("Sample 64 sequences of 80 steps and update their priorities (R2D2's learner step), median µs; "
+            "`transitions / seq` is what drawing the same 5120 steps as single transitions costs against one "
+            "sequence batch.\n\n" + md(pd.DataFrame(rows), ".1f") + "\n\n" + source(results, "sequence_replay.json")
+            + "\n")
+
+
 def fanout_block(results: Path) -> str:
     """The interleaved fan-out study: median µs per K and the ratio to the default K with a 95% interval."""
     from pal_bench import DEFAULT_FANOUT
@@ -506,6 +533,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "fanout": fanout_block,
     "shared-vs-private": shared_vs_private_block,
     "step-costs": step_costs_block,
+    "sequence-replay": sequence_block,
     "instructions": instructions_block,
     "training": training_block,
     "learning-sweeps": learning_sweeps_block,

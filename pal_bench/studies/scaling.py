@@ -116,60 +116,44 @@ def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
         c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
         if cfg.backend == "ray":
             return _measure_fl_ray(c, updates, filled)
-        return (_measure_fl_processes if label(cfg) == "learner-processes" else _measure_fl)(c, updates, filled)
+        return _measure_fl(c, updates, filled, processes=label(cfg) == "learner-processes")
 
 
-def _measure_fl(cfg, updates: int, filled: int) -> float:
-    learners = cfg.learners
-    tr = Trainer(cfg)
+def _measure_fl(cfg, updates: int, filled: int, processes: bool = False) -> float:
+    """Updates/s of ``cfg.learners`` learners on a buffer pre-filled with ``filled`` transitions (no actors): the
+    thread trainer's learner threads, or (``processes``) the process trainer's learner processes, started and
+    set up before the clock, driven by their proxy threads as in a run."""
+    tr = make_trainer(cfg) if processes else Trainer(cfg)
     try:
         prefill(tr, filled)
         # every update may start at once: `updates` updates over a budget of `filled` transitions
         tr.rate = RateController(updates / filled, 0, filled, slack=0, lockstep=False)
         tr.rate.restore(filled, 0)
         tr.actors_finished.set()
+        if processes:
+            tr._procs, tr._lprocs = {}, {i: tr._start_learner(i) for i in range(cfg.learners)}
+            tr._wait_ready()
         tr._spawn("parameter-server", tr.ps.serve, tr.stop)
         t0, cpu0 = time.perf_counter(), time.process_time()
-        for i in range(learners):
-            tr._spawn(f"learner{i}", learner_loop, tr, i, tr.stop)
+        for i in range(cfg.learners):
+            if processes:
+                tr._spawn(f"learner{i}", tr._learner, i)
+            else:
+                tr._spawn(f"learner{i}", learner_loop, tr, i, tr.stop)
         learner_threads = tr.threads[1:]
         while any(t.is_alive() for t in learner_threads) and not tr.errors:
             time.sleep(0.01)
         wall = time.perf_counter() - t0
-        last_cores_used["f_l"] = (time.process_time() - cpu0) / wall
+        # learner processes: the work is in other processes, not in this one's CPU time
+        last_cores_used["f_l"] = None if processes else (time.process_time() - cpu0) / wall
         done = tr.rate.done
     finally:
         tr.stop.set()
-        tr._join()
-    return done / wall
-
-
-def _measure_fl_processes(cfg, updates: int, filled: int) -> float:
-    """``_measure_fl`` with learner processes: the process trainer's buffer (shared) pre-filled, its learner
-    processes started and set up before the clock, then its proxy threads and parameter server as in a run."""
-    tr = make_trainer(cfg)
-    try:
-        prefill(tr, filled)
-        tr.rate = RateController(updates / filled, 0, filled, slack=0, lockstep=False)
-        tr.rate.restore(filled, 0)
-        tr.actors_finished.set()
-        tr._lprocs = {i: tr._start_learner(i) for i in range(cfg.learners)}
-        tr._procs = {}
-        tr._wait_ready()
-        tr._spawn("parameter-server", tr.ps.serve, tr.stop)
-        t0 = time.perf_counter()
-        for i in range(cfg.learners):
-            tr._spawn(f"learner{i}", tr._learner, i)
-        proxies = tr.threads[1:]
-        while any(t.is_alive() for t in proxies) and not tr.errors:
-            time.sleep(0.01)
-        wall = time.perf_counter() - t0
-        last_cores_used["f_l"] = None                   # the work is in the learner processes
-        done = tr.rate.done
-        tr.stop.set()
-        tr._join()
-    finally:
-        tr.close()
+        try:
+            tr._join()
+        finally:
+            if processes:
+                tr.close()
     return done / wall
 
 

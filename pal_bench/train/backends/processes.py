@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -150,12 +151,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
             counters[_inserted(actor)] += E
         messages.put(("timers", actor, timer.seconds))
     except BaseException:
-        tb = traceback.format_exc()
-        print(f"pal-bench actor{actor} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
-        messages.put(("error", actor, tb))
-        messages.close()
-        messages.join_thread()                           # the error reaches the driver before we exit
-        raise SystemExit(1) from None
+        _report_failure(f"actor{actor}", actor, messages)
     finally:
         if envs is not None:
             envs.close()
@@ -163,6 +159,17 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
             buf.close()
         if weights is not None:
             weights.close()
+
+
+def _report_failure(name: str, index: int, messages) -> NoReturn:
+    """(in an ``except`` block of a worker process) Print the traceback, send it to the driver, wait until it is
+    sent, and exit with status 1."""
+    tb = traceback.format_exc()
+    print(f"pal-bench {name} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
+    messages.put(("error", index, tb))
+    messages.close()
+    messages.join_thread()                               # the error reaches the driver before we exit
+    raise SystemExit(1) from None
 
 
 def _count(counters, lock, actor: int, slot: int) -> None:
@@ -253,12 +260,7 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
             timer.lap("gradient_publish")
         messages.put(("timers", learner, timer.seconds))
     except BaseException:
-        tb = traceback.format_exc()
-        print(f"pal-bench learner{learner} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
-        messages.put(("error", learner, tb))
-        messages.close()
-        messages.join_thread()
-        raise SystemExit(1) from None
+        _report_failure(f"learner{learner}", learner, messages)
     finally:
         for h in (buf, weights, grads):
             if h is not None:
