@@ -210,8 +210,10 @@ def _main(argv: list[str]) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (_, helptext) in FORWARDED.items():
         sub.add_parser(name, help=helptext + f" (see `pal-bench {name} --help`)", add_help=False)
+    from pal_bench.train.config import ALGOS
+
     t = sub.add_parser("train", help="train with parallel actors, learners and a parameter server")
-    t.add_argument("--algo", choices=["dqn", "ddqn", "ddpg", "td3", "sac"])
+    t.add_argument("--algo", choices=list(ALGOS))
     t.add_argument("--env", help="gymnasium id (default: the algorithm's; LunarLander-v3 continuous for DDPG/TD3/SAC "
                                  "via --set env_kwargs='{continuous: true}')")
     t.add_argument("--config", help="TOML or YAML file of config fields")

@@ -18,6 +18,14 @@ MASKS = ("mask", "obs_valid")
 PRIORITY_ETA = 0.9
 
 
+def record_fields(step_fields: dict, seq_len: int, lstm_size: int) -> dict:
+    """The buffer record of one sequence: each step field with a leading [seq_len] axis, the bool step masks
+    ``mask`` and ``obs_valid`` [seq_len], and ``h0``/``c0`` float32[lstm_size]."""
+    fields = {k: ((seq_len,) + tuple(s), np.dtype(d)) for k, (s, d) in step_fields.items()}
+    fields |= {m: ((seq_len,), np.dtype(np.bool_)) for m in MASKS}
+    return fields | {"h0": ((lstm_size,), np.dtype(np.float32)), "c0": ((lstm_size,), np.dtype(np.float32))}
+
+
 def sequence_priority(td_abs: np.ndarray, mask: np.ndarray, eta: float = PRIORITY_ETA) -> np.ndarray:
     """Per-sequence priority eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t| over the steps where
     ``mask`` is set: float64[B] from [B, T]; 0 for a sequence with no such step."""
@@ -49,9 +57,7 @@ class SequenceReplayBuffer:
         if _buffer is not None:
             self._buf = _buffer
             return
-        fields = {k: ((seq_len,) + s, d) for k, (s, d) in self.step_fields.items()}
-        fields |= {m: ((seq_len,), np.bool_) for m in MASKS}
-        fields |= {"h0": ((lstm_size,), np.float32), "c0": ((lstm_size,), np.float32)}
+        fields = record_fields(self.step_fields, seq_len, lstm_size)
         self._buf = PrioritizedReplayBuffer(capacity, fields, alpha=alpha, eps=eps, seed=seed, shared=shared,
                                             name=name)
 

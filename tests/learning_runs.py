@@ -7,8 +7,9 @@ many seeds (each seed in its own process, ``--jobs`` at a time) and appends one 
 distribution (min, median) that the test's docstring quotes.
 
 Runs: trainer-sync, trainer-async (the thread trainer, DQN CartPole-v1, 2 actors / 2 learners),
-ray (the Ray backend, 2 actor processes / 1 learner), tianshou (tianshou's DQN on PAL's vector
-buffer), rllib (RLlib DQN with PAL's drop-in buffer).
+ray (the Ray backend, 2 actor processes / 1 learner), r2d2 and ddqn-novel (the thread trainer, lockstep, on the
+partially observable CartPole without velocities: R2D2, and Double DQN for reference), tianshou (tianshou's
+DQN on PAL's vector buffer), rllib (RLlib DQN with PAL's drop-in buffer).
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ def ray_dqn_cartpole(seed: int, out_dir: str) -> dict:
     with make_trainer(cfg) as tr:
         s = tr.run()
     return {"best": max(e["mean_return"] for e in s["eval"]), "summary": s, "cfg": cfg, "run_dir": str(cfg.run_dir()),
+            "curve": [(e["env_steps"], round(e["mean_return"], 1)) for e in s["eval"]]}
+
+
+def trainer_no_velocity(algo: str, seed: int, out_dir: str, **kw) -> dict:
+    """The thread trainer (1 actor + 1 learner, lockstep) on ``pal_bench/CartPoleNoVel-v0`` with the algorithm's
+    defaults for it (30k env steps; r2d2: sequences of 20 overlapping by 10, burn-in 5), greedy evaluation of 5
+    episodes every 5k steps; ``kw`` overrides config fields."""
+    from pal_bench.train import make_config, make_trainer
+
+    cfg = make_config(algo, "pal_bench/CartPoleNoVel-v0", out_dir=out_dir, seed=seed, progress=False, **kw)
+    with make_trainer(cfg) as tr:
+        s = tr.run()
+    return {"best": max(e["mean_return"] for e in s["eval"]), "summary": s, "run_dir": str(cfg.run_dir()),
             "curve": [(e["env_steps"], round(e["mean_return"], 1)) for e in s["eval"]]}
 
 
@@ -164,6 +178,12 @@ def run_one(name: str, seed: int) -> dict:
         s = r["summary"]
         return {"best": r["best"], "final": s["final_eval_return"], "updates": s["updates"], "wall_s": s["wall_s"],
                 "curve": r["curve"]}
+    if name in ("r2d2", "ddqn-novel"):
+        with tempfile.TemporaryDirectory() as d:
+            r = trainer_no_velocity(name.split("-")[0], seed, d)
+        s = r["summary"]
+        return {"best": r["best"], "final": s["final_eval_return"], "updates": s["updates"], "wall_s": s["wall_s"],
+                "curve": r["curve"]}
     if name == "tianshou":
         r = tianshou_dqn_cartpole(seed)
         return {"best": r["best"], "final": r["final"], "env_steps": r["env_steps"], "wall_s": r["seconds"]}
@@ -183,7 +203,7 @@ def run_one(name: str, seed: int) -> dict:
     raise SystemExit(f"unknown run {name!r}; choose from {', '.join(RUNS)}")
 
 
-RUNS = ("trainer-sync", "trainer-async", "ray", "tianshou", "rllib")
+RUNS = ("trainer-sync", "trainer-async", "ray", "r2d2", "ddqn-novel", "tianshou", "rllib")
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -167,3 +167,88 @@ def test_cartpole_without_velocities():
         f, *_ = full.step(1)
     np.testing.assert_allclose(o, f[[0, 2]], rtol=1e-6)
     assert env.spec.max_episode_steps == 500
+
+
+def test_one_step_of_an_actor_is_the_unrolled_network_on_one_step():
+    nets, _ = _nets()
+    obs = torch.randn(3, 2)
+    state = (torch.randn(1, 3, 16), torch.randn(1, 3, 16))
+    q_seq, (h_seq, c_seq) = nets["q"](obs.unsqueeze(1), state)
+    q, (h, c) = nets["q"].step(obs, state)
+    torch.testing.assert_close(q, q_seq[:, 0])
+    torch.testing.assert_close(h, h_seq)
+    torch.testing.assert_close(c, c_seq)
+    # greedy act carries the state: two steps of act equal the network unrolled over both
+    nets_m = torch.nn.ModuleDict(nets)
+    rng = np.random.default_rng(0)
+    o2 = np.random.default_rng(1).standard_normal((2, 3, 2)).astype(np.float32)
+    a0, s1 = r2d2.act(nets_m, o2[0], 0.0, rng, r2d2.initial_state(nets_m, 3))
+    a1, _ = r2d2.act(nets_m, o2[1], 0.0, rng, s1)
+    q_both, _ = nets["q"](torch.as_tensor(o2).transpose(0, 1), r2d2.initial_state(nets_m, 3))
+    np.testing.assert_array_equal(np.stack([a0, a1], 1), q_both.argmax(-1).numpy())
+
+
+def test_flush_cuts_the_open_sequences_where_the_budget_ends():
+    b = SequenceBuilder(seq_len=8, overlap=4)
+    assert [s["obs"][0, 0] for s in _episode(b, 10)] == [0, 4]          # a finished episode
+    out = []
+    for i in range(10):                                                   # a running one: the one at 0 is done
+        out += b.push(np.full(2, i, np.float32), 0, 1.0, False, False, np.full(2, i + 1, np.float32),
+                      (np.zeros(3), np.zeros(3)))
+    assert [s["obs"][0, 0] for s in out] == [0]
+    tail = b.flush(np.full(2, 10, np.float32))
+    assert [s["obs"][0, 0] for s in tail] == [4]                          # 8 would hold nothing beyond 4's
+    seq = tail[0]
+    assert seq["mask"].tolist() == [True] * 6 + [False] * 2
+    assert seq["obs_valid"].tolist() == [True] * 7 + [False]              # the cut's observation bootstraps
+    assert seq["obs"][6, 0] == 10 and not seq["done"].any()
+    assert b.flush(np.zeros(2)) == []                                     # nothing pending any more
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"seq_overlap": 80}, "seq_overlap"), ({"burn_in": -1}, "burn_in"), ({"seq_len": 1}, "seq_len"),
+    ({"learning_starts": 10}, "learning_starts"), ({"actor_priorities": True}, "actor_priorities"),
+    ({"dueling": True}, "dueling"), ({"priority_eta": 1.5}, "priority_eta"), ({"lstm_size": 0}, "lstm_size")])
+def test_r2d2_settings_that_cannot_work_are_rejected(bad, field):
+    from pal_bench.train import ConfigError, make_config, validate
+
+    with pytest.raises(ConfigError, match=field):
+        validate(make_config("r2d2", **({"seq_len": 80} | bad)))
+
+
+def _r2d2_cfg(tmp_path, backend, **kw):
+    from pal_bench.train import make_config
+
+    return make_config("r2d2", out_dir=str(tmp_path), name=backend, backend=backend, steps=1_500,
+                       learning_starts=300, seq_len=10, seq_overlap=5, burn_in=2, n_step=2, batch_size=8,
+                       hidden=(16,), lstm_size=8, updates_per_step=0.05, eval_interval=0, eval_episodes=1,
+                       progress=False, **kw)
+
+
+@pytest.mark.parametrize("backend, extra", [("threads", {}), ("processes", {"actors": 2}),
+                                            ("processes", {"learner_processes": True})],
+                         ids=["threads", "processes", "learner-processes"])
+def test_r2d2_trains_on_sequences_on_every_local_backend(tmp_path, backend, extra):
+    """The whole loop: recurrent actors store sequences with their start state, learners sample them and write
+    per-sequence priorities, the run holds its budget, evaluation is greedy with the state carried."""
+    import os
+
+    from pal_bench.train import make_trainer
+
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("pal_")}
+    cfg = _r2d2_cfg(tmp_path, backend, **extra)
+    with make_trainer(cfg) as tr:
+        s = tr.run()
+        buf = tr.buffer
+        assert buf.fields["obs"][0] == (10, 2) and buf.fields["h0"][0] == (8,)
+        n = len(buf)
+        sample = buf.sample(n, beta=0.4)
+        prios = buf.get_priorities(sample["indices"])
+    assert s["env_steps"] == cfg.steps and s["updates"] == tr.rate.max_updates > 0
+    # at most one sequence per stride of 5 steps, plus episodes' tails; short episodes lose some at their ends
+    assert cfg.steps / 10 <= n <= cfg.steps / 5 * 1.5
+    assert sample["mask"][:, 0].all() and sample["obs_valid"].sum() >= sample["mask"].sum()
+    assert np.abs(sample["h0"]).sum() > 0                       # stored states are the actors' (not all zero)
+    assert len(np.unique(prios)) > 1                            # the learners wrote per-sequence priorities
+    assert s["final_eval_return"] is not None and s["final_eval_return"] >= 8
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("pal_")} <= before

@@ -154,6 +154,23 @@ class TestLocalRay:
             assert (run_dir / f).exists(), f
         assert _wait_gone(_worker_pids(s)) == set()   # every Ray actor of the run was killed
 
+    def test_r2d2_trains_on_sequences(self, tmp_path):
+        """R2D2 on Ray: recurrent actor processes send whole sequences, the learner writes per-sequence
+        priorities into the buffer actor; the saved buffer holds sequences with their start states."""
+        from pal_bench import PrioritizedReplayBuffer
+
+        cfg = make_config("r2d2", out_dir=str(tmp_path), backend="ray", actors=2, steps=1_500, learning_starts=300,
+                          seq_len=10, seq_overlap=5, burn_in=2, n_step=2, batch_size=8, hidden=(16,), lstm_size=8,
+                          updates_per_step=0.05, eval_interval=0, eval_episodes=1, progress=False, ray_chunk=100)
+        with make_trainer(cfg) as tr:
+            s = tr.run()
+        assert s["env_steps"] == cfg.steps and s["updates"] > 0 and s["final_eval_return"] is not None
+        buf = PrioritizedReplayBuffer.load(tmp_path / cfg.run_name() / "buffer.pal")
+        assert buf.fields["obs"][0] == (10, 2) and cfg.steps / 10 <= len(buf) <= cfg.steps / 5 * 1.5
+        got = buf.sample(len(buf))
+        assert got["mask"][:, 0].all() and np.abs(got["h0"]).sum() > 0
+        assert len(np.unique(buf.get_priorities(got["indices"]))) > 1
+
     def test_actor_killed_mid_run_is_restarted(self, tmp_path):
         cfg = cfg_for(tmp_path, actors=2, learners=1, steps=6_000, ray_chunk=128)
         with make_trainer(cfg) as tr:

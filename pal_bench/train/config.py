@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac")
+ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac", "r2d2")
+Q_ALGOS = ("dqn", "ddqn", "r2d2")                      # epsilon-greedy, discrete actions
 CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
 
 
@@ -63,7 +64,7 @@ class TrainConfig:
     rate_slack: int = 0                                # transitions actors may run ahead (0: auto)
 
     # replay
-    buffer_capacity: int = 100_000
+    buffer_capacity: int = 100_000                     # transitions (r2d2: sequences)
     prioritized: bool = True
     alpha: float = 0.6
     beta: float = 0.4
@@ -88,6 +89,12 @@ class TrainConfig:
     apex_eps: float = 0.4                              # Ape-X (Horgan et al. 2018): base epsilon
     apex_alpha: float = 7.0                            # Ape-X: exponent spread over the actors
     dueling: bool = False                              # DQN family: value and advantage streams (Wang et al. 2016)
+    # R2D2 (Kapturowski et al. 2019; its head is always dueling): replayed sequences and the recurrent state
+    seq_len: int = 80                                  # steps per replayed sequence
+    seq_overlap: int = 40                              # steps a sequence shares with the next of its episode
+    burn_in: int = 40                                  # first steps of a sequence only refresh the LSTM state
+    lstm_size: int = 64
+    priority_eta: float = 0.9                          # sequence priority: eta max |delta| + (1 - eta) mean |delta|
     exploration_noise: float = 0.1                     # DDPG/TD3 Gaussian noise (action scale)
     policy_noise: float = 0.2                          # TD3 target smoothing
     noise_clip: float = 0.5
@@ -301,10 +308,10 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.updates_per_step > 0:
         raise ConfigError(f"updates_per_step must be > 0, got {cfg.updates_per_step}")
-    if cfg.learning_starts > cfg.buffer_capacity:
+    if cfg.learning_starts > cfg.buffer_capacity and cfg.algo != "r2d2":
         raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be <= buffer_capacity "
                           f"({cfg.buffer_capacity})")
-    if cfg.learning_starts < cfg.batch_size:
+    if cfg.learning_starts < cfg.batch_size and cfg.algo != "r2d2":
         raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
     if cfg.backend not in ("threads", "processes", "ray"):
         raise ConfigError(f"backend must be 'threads', 'processes' or 'ray', got {cfg.backend!r}")
@@ -337,9 +344,14 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
     if cfg.exploration not in ("decay", "apex"):
         raise ConfigError(f"exploration must be 'decay' or 'apex', got {cfg.exploration!r}")
-    if (cfg.exploration == "apex" or cfg.dueling) and cfg.algo not in ("dqn", "ddqn"):
-        what = "dueling" if cfg.dueling else "exploration: 'apex'"
-        raise ConfigError(f"{what} is for the DQN family (dqn, ddqn), not {cfg.algo!r}")
+    if cfg.dueling and cfg.algo not in ("dqn", "ddqn"):
+        extra = " (r2d2's head is always dueling)" if cfg.algo == "r2d2" else ""
+        raise ConfigError(f"dueling is for the DQN family (dqn, ddqn), not {cfg.algo!r}{extra}")
+    if cfg.exploration == "apex" and cfg.algo not in Q_ALGOS:
+        raise ConfigError(f"exploration: 'apex' is for the epsilon-greedy algorithms ({', '.join(Q_ALGOS)}), "
+                          f"not {cfg.algo!r}")
+    if cfg.algo == "r2d2":
+        _validate_r2d2(cfg)
     if not 0.0 < cfg.apex_eps <= 1.0:
         raise ConfigError(f"apex_eps must be in (0, 1], got {cfg.apex_eps}")
     if not (math.isfinite(cfg.apex_alpha) and cfg.apex_alpha >= 0):
@@ -384,3 +396,26 @@ def validate(cfg: TrainConfig) -> None:
                               "the MLP algorithms take flat vectors")
     finally:
         env.close()
+
+
+def _validate_r2d2(cfg: TrainConfig) -> None:
+    """Sequence shape and what the recurrent trainer does not do."""
+    if cfg.seq_len < 2:
+        raise ConfigError(f"seq_len must be >= 2, got {cfg.seq_len}")
+    if not 0 <= cfg.seq_overlap < cfg.seq_len:
+        raise ConfigError(f"seq_overlap must be in [0, seq_len) = [0, {cfg.seq_len}), got {cfg.seq_overlap}")
+    if not 0 <= cfg.burn_in < cfg.seq_len:
+        raise ConfigError(f"burn_in must be in [0, seq_len) = [0, {cfg.seq_len}), got {cfg.burn_in}")
+    if cfg.lstm_size < 1:
+        raise ConfigError(f"lstm_size must be >= 1, got {cfg.lstm_size}")
+    if not 0.0 <= cfg.priority_eta <= 1.0:
+        raise ConfigError(f"priority_eta must be in [0, 1], got {cfg.priority_eta}")
+    first = cfg.seq_len * cfg.actors * cfg.envs_per_actor
+    if cfg.learning_starts < first:
+        raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be >= seq_len * actors * envs_per_actor "
+                          f"({first}) for r2d2, so that sequences are stored before the first update")
+    if cfg.actor_priorities:
+        raise ConfigError("actor_priorities: r2d2 actors insert sequences with the buffer's max priority "
+                          "(actor-side sequence priorities are not implemented)")
+    if cfg.topology != "local":
+        raise ConfigError(f"topology: the long-haul layouts train the DQN family, not r2d2 (got {cfg.topology!r})")

@@ -15,8 +15,8 @@ import torch
 
 from pal_bench.train import rate_policy
 from pal_bench.train.algos import module_for
-from pal_bench.train.config import TrainConfig
-from pal_bench.train.replay_spec import replay_fields
+from pal_bench.train.config import Q_ALGOS, TrainConfig
+from pal_bench.train.replay_spec import replay_fields, sequence_fields
 
 
 class RunCore:
@@ -30,6 +30,7 @@ class RunCore:
         self.action_space = probe.action_space
         probe.close()
         self.act_dim = 1 if not self.algo.CONTINUOUS else int(np.prod(self.action_space.shape))
+        self.recurrent = getattr(self.algo, "RECURRENT", False)
         self.max_updates = rate_policy.max_updates(cfg.steps, cfg.learning_starts, cfg.updates_per_step)
 
     def networks(self):
@@ -37,7 +38,10 @@ class RunCore:
         return self.algo.networks(self.obs_dim, self.action_space, self.cfg)
 
     def fields(self) -> dict:
-        """Replay fields, the same for every backend (``replay_spec.replay_fields``)."""
+        """Replay fields, the same for every backend: n-step transitions (``replay_spec.replay_fields``) or, for a
+        recurrent algorithm, sequences (``replay_spec.sequence_fields``)."""
+        if self.recurrent:
+            return sequence_fields(self.obs_dim, self.cfg)
         return replay_fields(self.obs_dim, self.act_dim, self.algo.CONTINUOUS)
 
     def make_vector_env(self, actor_id: int):
@@ -59,9 +63,9 @@ class RunCore:
         ``eps_fraction * steps``, or Ape-X's fixed ``actor_epsilon``), True (SAC samples its policy) or the
         Gaussian noise scale (DDPG, TD3)."""
         cfg = self.cfg
-        if cfg.algo in ("dqn", "ddqn") and cfg.exploration == "apex":
+        if cfg.algo in Q_ALGOS and cfg.exploration == "apex":
             return self.actor_epsilon(actor)
-        if cfg.algo in ("dqn", "ddqn"):
+        if cfg.algo in Q_ALGOS:
             frac = min(1.0, t / max(1.0, cfg.eps_fraction * cfg.steps))
             return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
         if cfg.algo == "sac":
@@ -84,6 +88,12 @@ class RunCore:
         """A buffer sample as tensors for ``algo.losses`` (indices dropped, weights as float32)."""
         return {k: torch.as_tensor(v) for k, v in sample.items() if k != "indices"} | {
             "weights": torch.as_tensor(sample["weights"], dtype=torch.float32)}
+
+    def make_stepper(self, envs, seeds: list[int], actor: int = 0):
+        """The actor's environment stepper: n-step transitions, or sequences for a recurrent algorithm."""
+        from pal_bench.train.workers import EnvStepper, SequenceStepper
+
+        return (SequenceStepper if self.recurrent else EnvStepper)(envs, seeds, self.cfg, self.algo, self, actor)
 
     def actor_priorities(self, nets, targets, batch: dict) -> np.ndarray:
         """Ape-X: initial priorities |TD| computed by the actor with its own copy of the weights."""
@@ -110,8 +120,13 @@ class RunCore:
             for k in range(cfg.eval_episodes):
                 obs, _ = env.reset(seed=10_000 + cfg.seed * 1000 + k)
                 done, total = False, 0.0
+                state = self.algo.initial_state(nets, 1) if self.recurrent else None
                 while not done:
-                    a = self.algo.act(nets, obs[None].astype(np.float32), explore, rng)[0]
+                    if self.recurrent:
+                        a, state = self.algo.act(nets, obs[None].astype(np.float32), explore, rng, state)
+                        a = a[0]
+                    else:
+                        a = self.algo.act(nets, obs[None].astype(np.float32), explore, rng)[0]
                     obs, r, term, trunc, _ = env.step(self.env_actions(a))
                     total += float(r)
                     done = term or trunc

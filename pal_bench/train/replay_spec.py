@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
+from pal_bench.sequence_replay import record_fields
 
 
 def replay_fields(obs_dim: int, act_dim: int, continuous: bool) -> dict:
@@ -13,6 +14,13 @@ def replay_fields(obs_dim: int, act_dim: int, continuous: bool) -> dict:
     act = ((act_dim,), np.float32) if continuous else ((), np.int64)
     return {"obs": ((obs_dim,), np.float32), "act": act, "rew": ((), np.float32),
             "next_obs": ((obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
+
+
+def sequence_fields(obs_dim: int, cfg) -> dict:
+    """R2D2's replay record: one sequence of ``cfg.seq_len`` steps (obs float32[obs_dim], act int64, rew float32,
+    done bool per step; the masks; the LSTM state at its start), ``sequence_replay.record_fields``."""
+    steps = {"obs": ((obs_dim,), np.float32), "act": ((), np.int64), "rew": ((), np.float32), "done": ((), np.bool_)}
+    return record_fields(steps, cfg.seq_len, cfg.lstm_size)
 
 
 def buffer_class(cfg) -> type:

@@ -36,7 +36,7 @@ class SequenceBuilder:
     def push(self, obs, act, rew: float, terminated: bool, truncated: bool, next_obs, state) -> list[dict]:
         """Add one step; ``state`` = (h, c), each float[lstm], the state the actor acted on ``obs`` with.
         Returns the sequences this step completes (none, one, or at an episode's end, the open ones)."""
-        h, c = (np.asarray(s, dtype=np.float32).reshape(-1) for s in state)
+        h, c = (np.array(s, dtype=np.float32).reshape(-1) for s in state)   # a copy: the caller reuses its state
         self.steps.append((np.asarray(obs), int(act), float(rew), bool(terminated), True, True, h, c))
         n = self.base + len(self.steps)                 # steps in the episode so far
         out = []
@@ -46,19 +46,35 @@ class SequenceBuilder:
         if terminated or truncated:
             if truncated and not terminated:            # the final observation, to bootstrap from
                 self.steps.append((np.asarray(next_obs), 0, 0.0, False, False, True, h, c))
-            length = self.base + len(self.steps)        # with the extra entry
-            start = self.base                           # a multiple of the stride: the oldest open sequence
-            while start < n:
-                if start + self.T > n and (start == 0 or length > start + self.overlap):
-                    out.append(self._sequence(start))
-                start += self.stride
-            self._reset()
+            out += self._close(n)
         else:
             keep = (max(0, n - self.T) // self.stride + 1) * self.stride if n >= self.T else 0
             drop = keep - self.base                     # steps no open sequence starts at or before
             if drop > 0:
                 del self.steps[:drop]
                 self.base = keep
+        return out
+
+    def flush(self, next_obs) -> list[dict]:
+        """Cut the episode here (the run's budget is spent): the open sequences, their last steps bootstrapping
+        from ``next_obs`` as after a time limit. Nothing if no step is pending."""
+        if not self.steps:
+            return []
+        n = self.base + len(self.steps)
+        h, c = self.steps[-1][6], self.steps[-1][7]
+        self.steps.append((np.asarray(next_obs), 0, 0.0, False, False, True, h, c))
+        return self._close(n)
+
+    def _close(self, n: int) -> list[dict]:
+        """End the episode after its ``n`` real steps: the sequences still open, padded; then start afresh."""
+        out = []
+        length = self.base + len(self.steps)            # with an extra final-observation entry, if any
+        start = self.base                               # a multiple of the stride: the oldest open sequence
+        while start < n:
+            if start + self.T > n and (start == 0 or length > start + self.overlap):
+                out.append(self._sequence(start))
+            start += self.stride
+        self._reset()
         return out
 
     def _sequence(self, start: int) -> dict:

@@ -15,6 +15,10 @@ from collections import deque
 import numpy as np
 import torch
 
+from pal_bench.train.sequences import SequenceBuilder, stack
+
+ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
+
 
 class NStep:
     """Per-env n-step accumulator: emits (obs, act, R, next_obs, done, disc) with
@@ -122,6 +126,62 @@ class EnvStepper:
         """The pending n-step windows, bootstrapped from the last observations (the budget is spent)."""
         return [row for i, b in enumerate(self.builders) for row in b.flush(self.obs[i])]
 
+    @staticmethod
+    def batch(rows: list[tuple]) -> dict:
+        """Rows as ``add_batch`` fields: each of ``ROW_FIELDS`` stacked to [len(rows), ...]."""
+        return {k: np.stack([r[j] for r in rows]) for j, k in enumerate(ROW_FIELDS)}
+
+
+class SequenceStepper:
+    """R2D2's actor side of ``EnvStepper``: the same interface, but each environment carries its LSTM state
+    from step to step (zeroed when its episode ends) and its steps are cut into overlapping sequences
+    (``SequenceBuilder``) that store the state at their first step. ``step`` returns finished sequences."""
+
+    def __init__(self, envs, seeds: list[int], cfg, algo, policy, actor: int = 0):
+        self.envs, self.cfg, self.algo, self.policy, self.actor = envs, cfg, algo, policy, actor
+        self.obs, _ = envs.reset(seed=seeds)
+        E = cfg.envs_per_actor
+        self.builders = [SequenceBuilder(cfg.seq_len, cfg.seq_overlap) for _ in range(E)]
+        self.state = None                       # (h, c), each (1, E, lstm); made with the first networks seen
+        self.ep_ret, self.ep_len = np.zeros(E), np.zeros(E, dtype=np.int64)
+
+    def step(self, nets, t: int, rng, timer: PhaseTimer) -> tuple[list[dict], list[tuple[float, int]]]:
+        E = self.cfg.envs_per_actor
+        if self.state is None:
+            self.state = self.algo.initial_state(nets, E)
+        before = self.state
+        actions, self.state = self.algo.act(nets, self.obs, self.policy.explore(t, self.actor), rng, before)
+        timer.lap("inference")
+        next_obs, rew, term, trunc, info = self.envs.step(actions)
+        timer.lap("env_step")
+        ended = np.flatnonzero(term | trunc)
+        final = info.get("final_obs")
+        sequences = []
+        h, c = before[0][0].numpy(), before[1][0].numpy()
+        for i in range(E):
+            last = final[i] if (term[i] or trunc[i]) and final is not None else next_obs[i]
+            sequences += self.builders[i].push(self.obs[i], actions[i], float(rew[i]), bool(term[i]), bool(trunc[i]),
+                                               last, (h[i], c[i]))
+        if len(ended):
+            self.state[0][0, ended] = 0.0
+            self.state[1][0, ended] = 0.0
+        self.ep_ret += rew
+        self.ep_len += 1
+        episodes = [(float(self.ep_ret[i]), int(self.ep_len[i])) for i in ended]
+        self.ep_ret[ended], self.ep_len[ended] = 0.0, 0
+        self.obs = next_obs
+        return sequences, episodes
+
+    def flush(self) -> list[dict]:
+        """The open sequences, cut where the budget ended (their last steps bootstrap from the current
+        observation, as after a time limit)."""
+        return [seq for i, b in enumerate(self.builders) for seq in b.flush(self.obs[i])]
+
+    @staticmethod
+    def batch(sequences: list[dict]) -> dict:
+        """Sequences as ``add_batch`` fields, each [len(sequences), seq_len, ...] (``sequences.stack``)."""
+        return stack(sequences)
+
 
 def load_snapshot(nets, targets, snap) -> None:
     nets.load_state_dict(snap.online)
@@ -142,8 +202,8 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
         targets = algo.networks(tr.obs_dim, tr.action_space, cfg) if cfg.actor_priorities else None
         version = -1
         E = cfg.envs_per_actor
-        stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)],
-                             cfg, algo, tr, actor_id)
+        stepper = tr.make_stepper(envs, [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)],
+                                  actor_id)
         timer.lap("setup")
         while tr.rate.acquire_steps(E, stop):
             timer.lap("rate_wait")
@@ -157,21 +217,23 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
                 tr.record_episode(ret, length)
             if tr.rate.reserved >= cfg.steps:   # the budget is spent: flush before counting the last step
                 rows += stepper.flush()
-            _insert(tr, rows, nets, targets, timer)
+            insert(tr, tr.buffer, stepper, rows, nets, targets, timer)
             tr.rate.steps_done(E)
         if not stop.is_set():   # another actor took the last steps: pending windows bootstrap from the last obs
-            _insert(tr, stepper.flush(), nets, targets, timer)
+            insert(tr, tr.buffer, stepper, stepper.flush(), nets, targets, timer)
     finally:
         envs.close()
 
 
-def _insert(tr, rows: list[tuple], nets, targets, timer: PhaseTimer) -> None:
-    if not rows:
+def insert(ctx, buffer, stepper, items: list, nets, targets, timer: PhaseTimer) -> None:
+    """Stack a stepper's finished items (``stepper.batch``) and insert them with one ``add_batch``, with
+    Ape-X's actor-side priorities when ``targets`` is given (every backend's actors)."""
+    if not items:
         return
-    batch = {k: np.stack([r[j] for r in rows]) for j, k in enumerate(("obs", "act", "rew", "next_obs", "done", "disc"))}
-    priorities = tr.actor_priorities(nets, targets, batch) if targets is not None else None
+    batch = stepper.batch(items)
+    priorities = ctx.actor_priorities(nets, targets, batch) if targets is not None else None
     timer.lap("inference")
-    tr.buffer.add_batch(priorities=priorities, **batch)
+    buffer.add_batch(priorities=priorities, **batch)
     timer.lap("buffer_insert")
 
 

@@ -10,6 +10,10 @@ Each module defines ``DEFAULT_ENV``, ``DEFAULTS`` and ``ENV_DEFAULTS`` (config f
 - ``losses(nets, targets, batch, cfg, update) -> (dict[group, loss], |td| per sample)``;
 - ``update_targets(nets, targets, cfg, step)``: after each parameter-server step.
 
+A recurrent module (``RECURRENT = True``: r2d2) also defines ``initial_state(nets, batch)`` and its ``act``
+takes and returns the LSTM state: ``act(nets, obs, explore, generator, state) -> (actions, state)``; its
+replay items and batches are sequences (``algos/r2d2.py``).
+
 The batch is a dict of tensors: ``obs`` [B, obs_dim], ``act`` [B] (int64) or [B, act_dim] in
 [-1, 1], ``rew`` [B] (n-step discounted return), ``next_obs``, ``done`` [B] (terminated within
 the n steps), ``disc`` [B] (gamma^k, k the steps actually taken), ``weights`` [B] (importance).
@@ -20,7 +24,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-MODULES = {"dqn": "dqn", "ddqn": "dqn", "ddpg": "ddpg", "td3": "td3", "sac": "sac"}
+MODULES = {"dqn": "dqn", "ddqn": "dqn", "ddpg": "ddpg", "td3": "td3", "sac": "sac", "r2d2": "r2d2"}
 
 
 def module_for(algo: str) -> ModuleType:

@@ -21,6 +21,10 @@ DEFAULTS = dict(lr=1e-3, batch_size=128, n_step=3, target_update=250, updates_pe
 ENV_DEFAULTS = {
     "CartPole-v1": dict(steps=50_000, learning_starts=1_000, eps_fraction=0.2, hidden=(128, 128), lr=1e-3,
                         target_update=200, eval_interval=5_000),
+    # the partially observable CartPole (velocities hidden; pal_bench.train.envs): CartPole-v1's settings, R2D2's
+    # budget, for the R2D2-vs-DDQN reference runs
+    "pal_bench/CartPoleNoVel-v0": dict(steps=30_000, learning_starts=1_000, eps_fraction=0.2, hidden=(128, 128),
+                                       lr=1e-3, target_update=200, eval_interval=5_000),
     "LunarLander-v3": dict(steps=300_000, learning_starts=10_000, buffer_capacity=200_000, eps_fraction=0.15,
                            lr=5e-4, target_update=250, eval_interval=20_000),
 }

@@ -23,6 +23,11 @@ from is in the sequence with an observation (``obs_valid``: real steps, and the 
 actor appends after a time-limit end). The last steps of a sequence that cannot bootstrap learn in the
 next sequence, which overlaps this one by ``seq_overlap`` (> n) steps.
 
+As an ``--algo`` (every backend): actors act with ``act`` and their per-environment LSTM state, cut their steps
+with ``pal_bench.train.sequences.SequenceBuilder`` and insert whole sequences; the replay buffer holds sequences
+(``buffer_capacity`` counts sequences, ``replay_spec``); learners sample B sequences and write back per-sequence
+priorities; evaluation is greedy with the state carried through the episode.
+
 Sequence fields (``torch`` tensors, B sequences): ``obs`` [B, T, obs_dim], ``act`` [B, T] int64, ``rew``
 [B, T], ``done`` [B, T] (terminated after this step), ``mask`` [B, T], ``obs_valid`` [B, T], ``h0``/``c0``
 [B, lstm], ``weights`` [B].
@@ -30,14 +35,33 @@ Sequence fields (``torch`` tensors, B sequences): ``obs`` [B, T, obs_dim], ``act
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from pal_bench.sequence_replay import PRIORITY_ETA, sequence_priority
 
-__all__ = ["PRIORITY_ETA", "RecurrentQ", "h", "h_inv", "losses", "n_step_targets", "sequence_priority"]
+__all__ = ["PRIORITY_ETA", "RecurrentQ", "act", "h", "h_inv", "initial_state", "losses", "n_step_targets",
+           "networks", "sequence_priority", "update_targets"]
 
 VALUE_EPS = 1e-3
+
+DEFAULT_ENV = "pal_bench/CartPoleNoVel-v0"
+# the paper's sequence shape (80 steps overlapping by 40, burn-in 40, 5-step returns); B counts sequences
+DEFAULTS = dict(lr=1e-3, batch_size=32, n_step=5, seq_len=80, seq_overlap=40, burn_in=40, lstm_size=64,
+                hidden=(64,), target_update=250, updates_per_step=0.02, buffer_capacity=2_000, gamma=0.99,
+                learning_starts=2_000)
+# CartPoleNoVel: sequences a quarter of the paper's (20 steps, overlap 10, burn-in 5, 3-step returns), so that an
+# update costs ~8 ms on one CPU core instead of ~25 ms, and more updates per step (0.1)
+ENV_DEFAULTS = {
+    "pal_bench/CartPoleNoVel-v0": dict(steps=30_000, seq_len=20, seq_overlap=10, burn_in=5, n_step=3,
+                                       updates_per_step=0.1, target_update=200, buffer_capacity=5_000,
+                                       eps_fraction=0.2, eval_interval=5_000),
+}
+CONTINUOUS = False
+RECURRENT = True
+GROUPS = {"q": ["q"]}
+TARGETS = ["q"]
 
 
 def h(x: torch.Tensor, eps: float = VALUE_EPS) -> torch.Tensor:
@@ -68,8 +92,47 @@ class RecurrentQ(nn.Module):
 
     def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
         out, state = self.lstm(self.torso(obs), state)
+        return self._head(out), state
+
+    def step(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """One step, the same numbers as ``forward`` on [B, 1]: obs [B, obs_dim] -> Q [B, n_actions] and the
+        new state; one fused LSTM cell (about 5x cheaper than ``nn.LSTM`` on one step, what the actors do)."""
+        h, c = torch.lstm_cell(self.torso(obs), (state[0][0], state[1][0]), self.lstm.weight_ih_l0,
+                               self.lstm.weight_hh_l0, self.lstm.bias_ih_l0, self.lstm.bias_hh_l0)
+        return self._head(h), (h.unsqueeze(0), c.unsqueeze(0))
+
+    def _head(self, out: torch.Tensor) -> torch.Tensor:
         a = self.advantage(out)
-        return self.value(out) + a - a.mean(dim=-1, keepdim=True), state
+        return self.value(out) + a - a.mean(dim=-1, keepdim=True)
+
+
+def networks(obs_dim: int, action_space, cfg) -> nn.ModuleDict:
+    """The online recurrent Q-network (torso width ``cfg.hidden[0]``, LSTM ``cfg.lstm_size``)."""
+    return nn.ModuleDict({"q": RecurrentQ(obs_dim, int(action_space.n), int(cfg.hidden[0]), cfg.lstm_size)})
+
+
+def initial_state(nets: nn.ModuleDict, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero LSTM state for ``batch`` environments: ((1, batch, H), (1, batch, H))."""
+    return nets["q"].initial_state(batch)
+
+
+def act(nets: nn.ModuleDict, obs: np.ndarray, explore: float, generator: np.random.Generator,
+        state: tuple[torch.Tensor, torch.Tensor]) -> tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]]:
+    """One step of E environments: observations [E, obs_dim] and their LSTM state -> epsilon-greedy actions
+    int64[E] and the state after this step."""
+    with torch.no_grad():
+        q, state = nets["q"].step(torch.as_tensor(obs, dtype=torch.float32), state)
+    greedy = q.argmax(-1).numpy()
+    if explore > 0:
+        rand = generator.random(len(obs)) < explore
+        greedy = np.where(rand, generator.integers(0, q.shape[-1], len(obs)), greedy)
+    return greedy.astype(np.int64), state
+
+
+def update_targets(nets, targets, cfg, step: int) -> None:
+    """Hard copy of the online network every ``target_update`` parameter-server steps."""
+    if step % cfg.target_update == 0:
+        targets.load_state_dict(nets.state_dict())
 
 
 def n_step_targets(rew: torch.Tensor, done: torch.Tensor, mask: torch.Tensor, obs_valid: torch.Tensor,
@@ -109,7 +172,7 @@ def n_step_targets(rew: torch.Tensor, done: torch.Tensor, mask: torch.Tensor, ob
 
 def losses(nets, targets, batch: dict, cfg, update: int):
     """Burn-in from the stored state, then the double-Q, value-rescaled n-step loss on the learning steps.
-    Returns ``({"q": loss}, per-sequence priority)`` (float64[B] numpy, for ``update_priorities``)."""
+    Returns ``({"q": loss}, per-sequence priority)`` (float64[B] tensor, for ``update_priorities``)."""
     q_net, t_net = nets["q"], targets["q"]
     obs, burn = batch["obs"], cfg.burn_in
     state = (batch["h0"].unsqueeze(0), batch["c0"].unsqueeze(0))
@@ -131,4 +194,4 @@ def losses(nets, targets, batch: dict, cfg, update: int):
     loss = (batch["weights"] * per_seq).mean()
     learn_np = learn.numpy()
     prio = sequence_priority(delta.detach().abs().numpy(), learn_np, getattr(cfg, "priority_eta", PRIORITY_ETA))
-    return {"q": loss}, prio
+    return {"q": loss}, torch.from_numpy(prio)

@@ -89,7 +89,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
     import torch
 
     from pal_bench.train.core import RunCore
-    from pal_bench.train.workers import EnvStepper
+    from pal_bench.train.workers import insert
 
     torch.set_num_threads(1)
     pin(actor if cfg.pin_cores else None)               # as the thread backend pins its actor threads
@@ -106,8 +106,8 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         rng = np.random.default_rng([cfg.seed, actor, incarnation])
         envs = ctx.make_vector_env(actor)
         start = int(counters[_inserted(actor)])
-        stepper = EnvStepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
-                                    for i in range(E)], cfg, ctx.algo, ctx, actor)
+        stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
+                                          for i in range(E)], actor)
         version = _pull(weights, nets, targets, 0)
         _count(counters, lock, actor, READY)
         while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
@@ -132,7 +132,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                     counters[_reserved(actor)] += E
                 counters[HOLDER] = 0
             if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
-                _insert(ctx, buf, stepper.flush(), nets, targets, timer)
+                insert(ctx, buf, stepper, stepper.flush(), nets, targets, timer)
                 _count(counters, lock, actor, FINISHED)   # the driver need not wait for this process's exit
                 break
             if not ok:
@@ -147,7 +147,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                 messages.put(("episodes", actor, episodes))
             if reserved + E >= cfg.steps:                # the budget is spent: flush the pending windows
                 rows += stepper.flush()
-            _insert(ctx, buf, rows, nets, targets, timer)
+            insert(ctx, buf, stepper, rows, nets, targets, timer)
             counters[_inserted(actor)] += E
         messages.put(("timers", actor, timer.seconds))
     except BaseException:
@@ -278,16 +278,6 @@ def _pull(weights: SharedWeights, nets, targets, version: int) -> int:
     if targets is not None:
         targets.load_state_dict({k[len("target."):]: v for k, v in tensors.items() if k.startswith("target.")})
     return new
-
-
-def _insert(ctx, buf, rows: list[tuple], nets, targets, timer: PhaseTimer) -> None:
-    if not rows:
-        return
-    batch = {k: np.stack([r[j] for r in rows]) for j, k in enumerate(("obs", "act", "rew", "next_obs", "done", "disc"))}
-    priorities = ctx.actor_priorities(nets, targets, batch) if targets is not None else None
-    timer.lap("inference")
-    buf.add_batch(priorities=priorities, **batch)
-    timer.lap("buffer_insert")
 
 
 class _Pair:

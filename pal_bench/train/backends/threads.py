@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pal_bench.train.config import ConfigError, TrainConfig, validate
+from pal_bench.train.config import Q_ALGOS, ConfigError, TrainConfig, validate
 from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
@@ -308,7 +308,7 @@ class Trainer(RunCore):
             | {"parameter-server": self._ps_phases(wall)},
             "rate_wait_s": self.rate.wait_s,
             "actor_epsilons": ([self.actor_epsilon(a) for a in range(self.cfg.actors)]
-                               if self.cfg.exploration == "apex" and self.cfg.algo in ("dqn", "ddqn") else None),
+                               if self.cfg.exploration == "apex" and self.cfg.algo in Q_ALGOS else None),
             "buffer_lock": self.buffer.lock_stats(),
         }
 

@@ -33,9 +33,8 @@ from pal_bench.train.backends.ray.context import chunk_size, from_numpy, to_nump
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
-from pal_bench.train.workers import EnvStepper, PhaseTimer
+from pal_bench.train.workers import PhaseTimer
 
-ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
 PUBLISH_EVERY_S = 0.02      # allreduce: learner 0 publishes its weights at most this often
 
 
@@ -85,7 +84,7 @@ class ActorWorker(_Worker):
     """Steps ``envs_per_actor`` environments and sends n-step transitions to the buffer in chunks."""
 
     def run(self) -> dict:
-        cfg, ctx, algo = self.cfg, self.ctx, self.ctx.algo
+        cfg, ctx = self.cfg, self.ctx
         E, chunk = cfg.envs_per_actor, chunk_size(cfg)
         timer = PhaseTimer()
         # a restarted actor must not replay its first incarnation's episodes
@@ -95,8 +94,8 @@ class ActorWorker(_Worker):
         try:
             nets = ctx.networks()
             targets = ctx.networks() if cfg.actor_priorities else None
-            stepper = EnvStepper(envs, [cfg.seed * 100_003 + self.id * E + i + sum(salt) for i in range(E)], cfg,
-                                 algo, ctx, self.id)
+            stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + self.id * E + i + sum(salt) for i in range(E)],
+                                       self.id)
             version, collected = -1, 0
             grant_ref = self.buffer.acquire.remote(self.id, chunk)
             weights_ref = self.ps.latest.remote(version)
@@ -119,12 +118,12 @@ class ActorWorker(_Worker):
                     episodes += ended
                     timer.lap("serialize")
                 collected += grant["granted"]
-                batch, prios = self._batch(rows, nets, targets, timer)
+                batch, prios = self._batch(stepper, rows, nets, targets, timer)
                 grant_ref = self.buffer.add_batch.remote(self.id, batch, grant["granted"], episodes, chunk, prios)
                 weights_ref = self.ps.latest.remote(version)
                 timer.lap("serialize")
             # the budget is spent: pending n-step windows bootstrap from the last observation
-            batch, prios = self._batch(stepper.flush(), nets, targets, timer)
+            batch, prios = self._batch(stepper, stepper.flush(), nets, targets, timer)
             if batch is not None:
                 ray.get(self.buffer.add_batch.remote(self.id, batch, 0, [], 0, prios))
                 timer.lap("transport")
@@ -132,10 +131,10 @@ class ActorWorker(_Worker):
             envs.close()
         return {"seconds": timer.seconds, "steps": collected} | node_info()
 
-    def _batch(self, rows: list[tuple], nets, targets, timer: PhaseTimer):
+    def _batch(self, stepper, rows: list, nets, targets, timer: PhaseTimer):
         if not rows:
             return None, None
-        batch = {k: np.stack([r[j] for r in rows]) for j, k in enumerate(ROW_FIELDS)}
+        batch = stepper.batch(rows)
         timer.lap("serialize")
         prios = self.ctx.actor_priorities(nets, targets, batch) if targets is not None else None
         timer.lap("inference")
