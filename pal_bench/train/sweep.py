@@ -43,11 +43,28 @@ PRESETS["td3-lunarlander-continuous-a2l2-async"] = ("td3", "LunarLander-v3",
 PRESETS["td3-lunarlander-continuous-a2l2-async-seed1"] = ("td3", "LunarLander-v3",
                                                           ["--actors", "2", "--learners", "2", "--aggregation",
                                                            "async", "--seed", "1"])
-TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0}
+# Ape-X (the apex preset) on the process backend at the core split the DSE picks from the stored process curves
+PRESETS["apex-lunarlander-processes"] = ("ddqn", "LunarLander-v3", ["--preset", "apex", "--backend", "processes",
+                                                                     "--set", "split=dse"])
+# R2D2 against feed-forward Double DQN on the partially observable CartPole (velocities hidden), same budget
+NO_VEL_STEPS = 60_000
+for _algo in ("r2d2", "ddqn"):
+    for _seed in range(3):
+        PRESETS[f"{_algo}-cartpole-novel-s{_seed}"] = (_algo, "pal_bench/CartPoleNoVel-v0",
+                                                       ["--steps", str(NO_VEL_STEPS), "--set", f"seed={_seed}"])
+TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0, "pal_bench/CartPoleNoVel-v0": 400.0}
 
 
 def command(name: str) -> list[str]:
     algo, env, extra = PRESETS[name]
+    if "split=dse" in extra:            # the split the DSE picks for this backend from its stored curves
+        from pal_bench.studies.race import TASKS, dse_split
+
+        backend = extra[extra.index("--backend") + 1]
+        actors, learners = dse_split(TASKS["full"], backend)
+        extra = [x for x in extra if x not in ("--set", "split=dse")] + ["--actors", str(actors)]
+        if "apex" not in extra:
+            extra += ["--learners", str(learners)]
     return ["pal-bench", "train", "--algo", algo, "--env", env, *extra, "--name", name,
             "--set", "deterministic=false", "--set", "progress=false"]
 
