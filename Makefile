@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.regression
 
 bench-compare: $(VENV)/.installed

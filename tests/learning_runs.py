@@ -31,13 +31,14 @@ SWEEPS = ROOT / "results" / "learning_sweeps.csv"
 
 # ------------------------------------------------------------------------------------------ the runs
 
-def trainer_dqn_cartpole(seed: int, aggregation: str, out_dir: str) -> dict:
-    """The thread trainer: DQN on CartPole-v1, 2 actors + 2 learners, 40k env steps, 0.5 updates per step."""
+def trainer_dqn_cartpole(seed: int, aggregation: str, out_dir: str, **kw) -> dict:
+    """The thread trainer: DQN on CartPole-v1, 2 actors + 2 learners, 40k env steps, 0.5 updates per step;
+    ``kw`` overrides config fields (the test stops at its threshold with ``stop_return``)."""
     from pal_bench.train import Trainer, make_config
 
     cfg = make_config("dqn", "CartPole-v1", out_dir=out_dir, actors=2, learners=2, steps=40_000,
                       aggregation=aggregation, eval_interval=5_000, eval_episodes=2, hidden=(128, 128), seed=seed,
-                      updates_per_step=0.5, progress=False)
+                      updates_per_step=0.5, progress=False, **kw)
     with Trainer(cfg) as tr:
         s = tr.run()
     return {"best": max(e["mean_return"] for e in s["eval"]), "summary": s, "run_dir": str(cfg.run_dir()),

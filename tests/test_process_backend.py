@@ -187,6 +187,22 @@ def test_a_learner_error_stops_the_run_with_the_error_and_every_actor(tmp_path):
     assert _shm() == before
 
 
+def test_an_actor_failing_while_setting_up_is_an_error_not_a_restart(tmp_path):
+    """A script without the ``__main__`` guard: its spawned actor re-runs the script and dies before it is set up;
+    the run stops at once with a hint (not after a round of restarts), and nothing is left behind."""
+    before = _shm()
+    script = tmp_path / "no_guard.py"
+    script.write_text("from pal_bench.train import make_config, make_trainer\n"
+                      "cfg = make_config('dqn', 'CartPole-v1', backend='processes', steps=2000, progress=False,"
+                      f" eval_episodes=0, out_dir={str(tmp_path)!r})\n"
+                      "with make_trainer(cfg) as tr:\n    tr.run()\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert "actor0 process failed while setting up" in p.stderr and "__name__ ==" in p.stderr, p.stderr[-2000:]
+    assert "restart" not in p.stderr
+    assert _shm() == before
+
+
 def test_resume_goes_on_from_the_checkpoint(tmp_path):
     before = _shm()
     with make_trainer(_cfg(tmp_path, steps=2000)) as tr:

@@ -29,7 +29,8 @@ def cfg_for(tmp_path, algo="dqn", env="CartPole-v1", **kw):
 def test_dqn_cartpole_2_actors_2_learners_learns(tmp_path, aggregation):
     """DQN on CartPole-v1, 2 actor threads + 2 learner threads, 40k env steps at 0.5 updates per step, seed 1.
 
-    Asserted: the best of 8 greedy evaluations (2 episodes each) >= 130; a random policy scores about 20.
+    Asserted: the best of up to 8 greedy evaluations (2 episodes each, every 5k steps) >= 130; the run stops at
+    the first that reaches it (``stop_return``). A random policy scores about 20.
     2 actors + 2 learners are not lockstepped, so a seed's run also varies with thread timing (machine load).
     Seed sweep (`python tests/learning_runs.py trainer-sync --seeds 0-9 --jobs 2`, and trainer-async; two
     runs at once on the 2 cores; AMD EPYC, 2026-12-01): sync min 189.5, median 316.5; async min 182.5,
@@ -38,10 +39,11 @@ def test_dqn_cartpole_2_actors_2_learners_learns(tmp_path, aggregation):
     """
     from learning_runs import trainer_dqn_cartpole
 
-    r = trainer_dqn_cartpole(seed=1, aggregation=aggregation, out_dir=str(tmp_path))
+    r = trainer_dqn_cartpole(seed=1, aggregation=aggregation, out_dir=str(tmp_path), stop_return=130.0)
     s = r["summary"]
     assert r["best"] >= 130, r["curve"]
-    assert s["env_steps"] == 40_000 and s["updates"] > 16_000
+    assert s["reached_return"]["mean_return"] >= 130 and s["env_steps"] <= 40_000
+    assert s["updates"] > 0.4 * (s["env_steps"] - 1_000)         # 0.5 updates per step after learning_starts
     assert s["dropped_stale_gradients"] < 0.05 * s["updates"]
     assert (Path(r["run_dir"]) / "eval.csv").exists()
     assert (Path(r["run_dir"]) / "learning_curve.png").exists()

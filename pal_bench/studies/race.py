@@ -76,7 +76,7 @@ class Task:
 TASKS = {
     "quick": Task(env="CartPole-v1", target=200.0, max_steps=50_000, max_wall_s=240.0, eval_interval=2_500,
                   eval_episodes=5, hidden=(128, 128), lr=1e-3),
-    "full": Task(env="LunarLander-v3", target=200.0, max_steps=400_000, max_wall_s=3_600.0, eval_interval=10_000,
+    "full": Task(env="LunarLander-v3", target=200.0, max_steps=500_000, max_wall_s=1_800.0, eval_interval=10_000,
                  eval_episodes=10, hidden=(256, 256), lr=5e-4, buffer_capacity=200_000, learning_starts=10_000,
                  target_update=250, eps_fraction=0.15),
     # a few seconds per contestant: for tests of the race itself, not a result

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
-import queue
 import signal
 import sys
 import threading
@@ -109,7 +108,10 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
                                           for i in range(E)], actor)
         version = _pull(weights, nets, targets, 0)
+        if os.environ.get("PAL_BENCH_TEST_ACTOR_SETUP_FAIL") == str(actor):      # tests only
+            raise RuntimeError(f"injected set-up failure of actor{actor}")
         _count(counters, lock, actor, READY)
+        messages.put(("ready", actor, incarnation))
         while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
             time.sleep(0.001)                            # every actor set up before the driver's clock starts
         timer.lap("setup")
@@ -170,6 +172,17 @@ def _report_failure(name: str, index: int, messages) -> NoReturn:
     messages.close()
     messages.join_thread()                               # the error reaches the driver before we exit
     raise SystemExit(1) from None
+
+
+def _read(q, timeout: float | None = None):
+    """(driver) The (kind, payload) messages waiting in a worker's queue, until it is empty (or, with ``timeout``,
+    quiet that long) or a message is cut short by a killed writer."""
+    while True:
+        try:
+            kind, _, payload = q.get(timeout=timeout) if timeout else q.get_nowait()
+        except Exception:                        # queue.Empty, or a truncated message
+            return
+        yield kind, payload
 
 
 def _count(counters, lock, actor: int, slot: int) -> None:
@@ -423,14 +436,7 @@ class ProcessTrainer(Trainer):
 
     def _drain(self, actor: int) -> None:
         """(sync lock held) Read what actor ``actor`` sent. A message cut short by a killed actor ends it."""
-        q = self._messages[actor]
-        while True:
-            try:
-                kind, _, payload = q.get_nowait()
-            except queue.Empty:
-                return
-            except Exception:                    # a truncated message from a killed writer
-                return
+        for kind, payload in _read(self._messages[actor]):
             if kind == "episodes":
                 for ret, length in payload:
                     self.record_episode(ret, length)
@@ -438,6 +444,8 @@ class ProcessTrainer(Trainer):
                 self.timers.setdefault(f"actor{actor}", PhaseTimer()).add(payload)
             elif kind == "error":
                 self._last_error[actor] = payload
+            elif kind == "ready":
+                self._ready.add(actor)
 
     def _pump(self) -> None:
         while not self.stop.is_set():
@@ -457,6 +465,7 @@ class ProcessTrainer(Trainer):
         if self._closed:
             raise RuntimeError("this Trainer is closed")
         self._last_error: dict[int, str] = {}
+        self._ready: set[int] = set()            # actors whose first process reported itself set up
         t0 = time.perf_counter()
         self._procs = {i: self._start(i) for i in range(self.cfg.actors)}
         if self.cfg.learner_processes:
@@ -480,6 +489,10 @@ class ProcessTrainer(Trainer):
         every learner process is (a learner process that dies before is an error)."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
+            self._sync()
+            for i, p in self._procs.items():
+                if p.exitcode is not None and i not in self._ready:
+                    raise WorkerError(f"actor{i} process failed while setting up ({self._actor_cause(i, p)})")
             alive = sum(p.exitcode is None for p in self._procs.values())
             for i, p in self._lprocs.items():
                 if p.exitcode is not None:
@@ -487,7 +500,6 @@ class ProcessTrainer(Trainer):
             learners_ready = all(self._lslots[i * L_FIELDS + L_READY] for i in self._lprocs)
             if self.counters[READY] >= alive and learners_ready:
                 return
-            self._sync()
             time.sleep(0.005)
         raise WorkerError(f"actor processes not set up within {READY_TIMEOUT_S:.0f} s "
                           f"({int(self.counters[READY])} of {self.cfg.actors} ready)")
@@ -560,14 +572,26 @@ class ProcessTrainer(Trainer):
             self._lslots[base + L_STOP] = 1
             self._grant[i].release()
 
+    def _actor_cause(self, i: int, p: mp.Process) -> str:
+        """How actor ``i``'s process ended, with the traceback it sent; none sent and exit code 1 is most often
+        a script without the ``if __name__ == "__main__":`` guard that spawned processes need."""
+        deadline = time.monotonic() + 1.0
+        while i not in self._last_error and time.monotonic() < deadline:
+            self._sync()                         # the error message may still be on its way
+            time.sleep(0.01)
+        why = self._last_error.get(i)
+        code = p.exitcode
+        cause = f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
+        if why:
+            return cause + f":\n{why.strip()}"
+        if code == 1:
+            cause += ("; no traceback reached the driver: if a script starts this trainer, guard its entry point "
+                      "with `if __name__ == \"__main__\":` (actor processes are spawned and import the script)")
+        return cause
+
     def _learner_cause(self, i: int, p: mp.Process) -> str:
         why = None
-        q = self._lmessages[i]
-        while True:
-            try:
-                kind, _, payload = q.get(timeout=0.2)
-            except Exception:                    # empty, or a message cut short
-                break
+        for kind, payload in _read(self._lmessages[i], timeout=0.2):
             if kind == "error":
                 why = payload
         code = p.exitcode
@@ -586,11 +610,7 @@ class ProcessTrainer(Trainer):
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
-            while True:
-                try:
-                    kind, _, payload = self._lmessages[i].get_nowait()
-                except Exception:
-                    break
+            for kind, payload in _read(self._lmessages[i]):
                 if kind == "timers":
                     self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
         self._lprocs = {}
