@@ -151,7 +151,7 @@ def shared_vs_private_block(results: Path) -> str:
 
 def sequence_block(results: Path) -> str:
     """R2D2's batch (64 sequences of 80 steps, sampled and updated): PAL's sequence mode against the same steps
-    drawn as transitions and against RLlib's episode buffer, per stored steps."""
+    drawn as transitions and against RLlib's episode buffers, per stored steps."""
     from pal_bench import report
 
     path = results / "sequence_replay.json"
@@ -165,15 +165,19 @@ def sequence_block(results: Path) -> str:
         seq = med.get("pal-seq")
         row = {"stored steps": f"N={report.fmt_n(n)}", "pal-seq µs": seq,
                "pal-transitions µs (5120 steps)": med.get("pal-transitions"),
-               "rllib-episode µs": med.get("rllib-episode")}
+               "rllib-episode µs": med.get("rllib-episode"),
+               "rllib-episode-uniform µs (sample only)": med.get("rllib-episode-uniform")}
         row["transitions / seq"] = med["pal-transitions"] / seq if seq and "pal-transitions" in med else None
         row["rllib / seq"] = med["rllib-episode"] / seq if seq and "rllib-episode" in med else None
+        row["rllib uniform / seq"] = (med["rllib-episode-uniform"] / seq if seq and "rllib-episode-uniform" in med
+                                      else None)
         row["not run"] = "; ".join(f"{p}: {w}" for p, w in why.items())
         rows.append(row)
     return ("Sample 64 sequences of 80 steps and update their priorities (R2D2's learner step), median µs; "
             "`transitions / seq` is what drawing the same 5120 steps as single transitions costs against one "
-            "sequence batch.\n\n" + md(pd.DataFrame(rows), ".1f") + "\n\n" + source(results, "sequence_replay.json")
-            + "\n")
+            "sequence batch; `rllib uniform / seq` is RLlib's uniform episode buffer sampling the same sequences "
+            "(no priorities, no update) against PAL's prioritized sample and update.\n\n"
+            + md(pd.DataFrame(rows), ".1f") + "\n\n" + source(results, "sequence_replay.json") + "\n")
 
 
 def fanout_block(results: Path) -> str:
