@@ -36,7 +36,9 @@ def chunk(e: int, t0: int, n: int, *, terminated: bool = False, truncated: bool 
 
 
 def make(capacity: int = 100, **kw) -> PALPrioritizedEpisodeReplayBuffer:
-    return PALPrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=0.6, seed=0, **kw)
+    """A buffer whose samples are one 1-step episode per transition (``columnar=False``), so that the unit tests
+    can check each transition; the columnar default is checked against it below, through RLlib's connectors."""
+    return PALPrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=0.6, seed=0, **({"columnar": False} | kw))
 
 
 # episode -> (steps added, "terminated" / "truncated" / None): three episodes arriving in interleaved chunks
@@ -341,9 +343,9 @@ def test_dqn_checkpoint_restores_the_buffer(trained_dqn, tmp_path):
             np.testing.assert_array_equal(sa["pal"][key], sb["pal"][key])
         np.testing.assert_array_equal(sa["succ"], sb["succ"])
         kw = dict(SAMPLE_KW, gamma=0.99)
-        for ea, eb in zip(a.sample(num_items=32, n_step=3, **kw), b.sample(num_items=32, n_step=3, **kw)):
-            np.testing.assert_array_equal(ea.get_observations(slice(0, 2)), eb.get_observations(slice(0, 2)))
-            assert ea.get_rewards(0) == eb.get_rewards(0)
+        ba, bb = (_train_batch(x.sample(num_items=32, n_step=3, **kw)) for x in (a, b))   # columnar samples
+        for k in ba:
+            np.testing.assert_array_equal(ba[k], bb[k], err_msg=k)
         restored.training_step()  # the restored algorithm samples and updates priorities in the restored buffer
         assert b.get_added_timesteps() > a.get_added_timesteps()
     finally:
@@ -373,6 +375,66 @@ def test_sac_trains_with_the_swapped_in_buffer(local_ray):
         assert buf.pal_buffer.max_priority != 1.0  # SAC's TD errors reached the PAL tree
     finally:
         algo.stop()
+
+
+def _train_batch(episodes) -> dict:
+    """RLlib's DQN/SAC learner-connector pieces that read sampled episodes, batched as the Learner does."""
+    from ray.rllib.connectors.common.add_observations_from_episodes_to_batch import AddObservationsFromEpisodesToBatch
+    from ray.rllib.connectors.common.batch_individual_items import BatchIndividualItems
+    from ray.rllib.connectors.connector_pipeline_v2 import ConnectorPipelineV2
+    from ray.rllib.connectors.learner.add_columns_from_episodes_to_train_batch import (
+        AddColumnsFromEpisodesToTrainBatch,
+    )
+    from ray.rllib.connectors.learner.add_next_observations_from_episodes_to_train_batch import (
+        AddNextObservationsFromEpisodesToTrainBatch,
+    )
+
+    pipe = ConnectorPipelineV2(connectors=[
+        AddObservationsFromEpisodesToBatch(as_learner_connector=True), AddNextObservationsFromEpisodesToTrainBatch(),
+        AddColumnsFromEpisodesToTrainBatch(), BatchIndividualItems(multi_agent=False)])
+    return pipe(rl_module=None, batch={}, episodes=episodes, shared_data={})
+
+
+@pytest.mark.parametrize("n_step", [1, 3, (1, 4)])
+def test_columnar_samples_give_the_train_batch_of_one_episode_per_transition(n_step):
+    """Same seed, same data: the columnar sample (one episode for the transitions that do not end an episode,
+    one per transition that does) and the row-by-row one give RLlib the same observations, next observations,
+    actions, n-step returns, flags, weights and n, rows in the columnar episodes' order, which the ids that
+    ``update_priorities`` writes to follow."""
+    got = {}
+    for columnar in (True, False):
+        buf = make(columnar=columnar)
+        add_interleaved(buf)
+        episodes = buf.sample(num_items=200, n_step=n_step, **SAMPLE_KW)
+        got[columnar] = episodes, _train_batch(episodes), buf._last_sampled_ids.copy(), buf
+    (col_eps, col, col_ids, col_buf), (row_eps, row, row_ids, _) = got[True], got[False]
+    done = np.array([e.is_terminated or e.is_truncated for e in row_eps])
+    order = np.concatenate([np.flatnonzero(~done), np.flatnonzero(done)])
+    assert len(col_eps) == 1 + done.sum() < len(row_eps) and 0 < done.sum() < len(done)
+    assert sorted(col) == sorted(row) == ["actions", "n_step", "new_obs", "obs", "rewards", "terminateds",
+                                          "truncateds", "weights"]
+    for k in row:
+        assert col[k].dtype == row[k].dtype, k
+        np.testing.assert_array_equal(col[k], row[k][order], err_msg=k)
+    np.testing.assert_array_equal(col_ids, row_ids[order])
+    # TD errors in batch order land on the transitions of those rows
+    td = np.arange(1.0, 201.0)
+    col_buf.update_priorities(td)
+    raw = col_buf.pal_buffer.get_priorities(np.unique(col_ids))   # (|td| + eps) ** alpha of the last write
+    last = {int(i): p for i, p in zip(col_ids, td)}
+    np.testing.assert_allclose(raw, [(last[int(i)] + 1e-6) ** 0.6 for i in np.unique(col_ids)])
+
+
+def test_a_columnar_episode_refuses_reads_it_cannot_answer():
+    buf = make(columnar=True)
+    add_interleaved(buf)
+    ep = buf.sample(num_items=64, n_step=1, **SAMPLE_KW)[0]
+    n = len(ep)
+    assert n > 1 and ep.get_observations(slice(0, n)).shape == (n, 2) and ep.get_rewards(slice(0, n)).shape == (n,)
+    for read in (lambda: ep.get_observations(0), lambda: ep.get_actions(slice(0, n - 1)),
+                 lambda: ep.get_observations(slice(0, n), fill=0.0), lambda: ep.get_rewards()):
+        with pytest.raises(NotImplementedError, match="columnar=False"):
+            read()
 
 
 def test_fast_one_step_episodes_equal_the_constructors():

@@ -79,6 +79,83 @@ class _OneStepEpisodes:
         ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
         return ep
 
+    def columns(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                weights: np.ndarray, n_step: np.ndarray, terminated: bool = False,
+                truncated: bool = False) -> _ColumnEpisode:
+        """One ``_ColumnEpisode`` for ``n = len(rewards)`` transitions; only a single transition (n = 1) may end
+        its episode (``terminated``/``truncated``), since RLlib reads those flags per episode."""
+        ep = _ColumnEpisode.__new__(_ColumnEpisode)
+        self._serial += 1
+        ep.id_ = f"{self._prefix}{self._serial:016x}"
+        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
+        ep._observation_space, ep._action_space = self.obs_space, self.act_space
+        ep.observations = ep.infos = ep.actions = ep.rewards = None      # read through the getters only
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep._columns = {"obs": obs, "next_obs": next_obs, "actions": actions, "rewards": rewards,
+                       "weights": weights, "n_step": n_step}
+        ep.extra_model_outputs = {"weights": None, "n_step": None}       # the keys the connector iterates
+        ep.t_started, ep.t = 0, len(rewards)
+        ep._custom_data = {}
+        ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
+        return ep
+
+
+class _ColumnEpisode(SingleAgentEpisode):
+    """``n`` sampled one-step transitions, none of which ends its episode (or a single one that may), as ONE
+    episode object whose getters
+    return the batch's columns: what RLlib's learner connectors (``AddObservationsFromEpisodesToBatch``,
+    ``AddNextObservationsFromEpisodesToTrainBatch``, ``AddColumnsFromEpisodesToTrainBatch``) read from an
+    episode of length ``n`` (observations ``[0, n)`` and ``[1, n + 1)``, actions, rewards and extra model outputs
+    ``[0, n)``, and the episode's terminated/truncated flags, which RLlib gives the last step), each as one array
+    that RLlib's ``add_n_batch_items`` appends as an already batched item. So a whole batch costs one object
+    instead of ``n`` (and the connectors one call per column instead of ``n``). Any other read raises
+    ``NotImplementedError`` naming the ``columnar=False`` switch: this is not a trajectory (its "next
+    observation" of step i is not the observation of step i + 1)."""
+
+    __slots__ = ("_columns",)
+
+    def _column(self, name: str, indices: Any, lo: int = 0, **unsupported: Any) -> np.ndarray:
+        if any(v is not None and v is not False for v in unsupported.values()) or indices != slice(lo, lo + self.t):
+            raise NotImplementedError(
+                f"a columnar sample of PALPrioritizedEpisodeReplayBuffer answers RLlib's learner-connector reads "
+                f"only (got {name} at {indices!r}, options {unsupported}); configure the buffer with "
+                f"columnar=False to get one SingleAgentEpisode per sampled transition")
+        return self._columns[name]
+
+    def get_observations(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None,
+                         one_hot_discrete: bool = False) -> np.ndarray:
+        opts = dict(neg_index_as_lookback=neg_index_as_lookback, fill=fill, one_hot_discrete=one_hot_discrete)
+        if indices == slice(1, self.t + 1):
+            return self._column("next_obs", indices, lo=1, **opts)
+        return self._column("obs", indices, **opts)
+
+    def get_actions(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None,
+                    one_hot_discrete: bool = False) -> np.ndarray:
+        return self._column("actions", indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill,
+                            one_hot_discrete=one_hot_discrete)
+
+    def get_rewards(self, indices: Any = None, *, neg_index_as_lookback: bool = False,
+                    fill: Any = None) -> np.ndarray:
+        return self._column("rewards", indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+
+    def get_extra_model_outputs(self, key: str, indices: Any = None, *, neg_index_as_lookback: bool = False,
+                                fill: Any = None) -> np.ndarray:
+        return self._column(key, indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+
+    def get_infos(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> list:
+        self._column("obs", indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+        return [{} for _ in range(self.t)]
+
+    @property
+    def is_numpy(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"_ColumnEpisode({self.t} transitions, terminated={self.is_terminated}, truncated={self.is_truncated})"
+
+    def to_numpy(self) -> _ColumnEpisode:
+        return self
+
 
 def _field_spec(data: np.ndarray, space: Any) -> tuple[tuple[int, ...], np.dtype]:
     """``(shape, dtype)`` of one step of ``data`` (array[T, *shape]); a numeric space's dtype wins."""
@@ -113,13 +190,17 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         eps: added to every raw priority, so a zero TD error stays sampleable.
         fanout: K of PAL's sum tree.
         seed: seeds PAL's sampling RNG and the n-step draws (None: from the OS).
+        columnar: ``sample`` returns the transitions that do not end an episode as one columnar episode
+            (``_ColumnEpisode``: one object per batch, read by RLlib's learner connectors as whole columns) and
+            each one that does as its own 1-step episode; False: one 1-step episode per transition. The train
+            batch RLlib builds is the same either way, rows in the order of the returned episodes.
         batch_size_B, batch_length_T, metrics_num_episodes_for_smoothing: as in RLlib.
         **kwargs: other ``replay_buffer_config`` keys, ignored (as RLlib's buffers do).
     """
 
     def __init__(self, capacity: int = 10000, *, alpha: float = 1.0, beta: float = 0.4, eps: float = 1e-6,
                  fanout: int = 16, seed: int | None = None, batch_size_B: int = 16, batch_length_T: int = 1,
-                 metrics_num_episodes_for_smoothing: int = 100, **kwargs: Any):
+                 metrics_num_episodes_for_smoothing: int = 100, columnar: bool = True, **kwargs: Any):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
         if not 0.0 <= beta <= 1.0:
@@ -130,6 +211,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                                      batch_length_T=batch_length_T,
                                      metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing)
         self._alpha, self._beta, self._eps, self._fanout, self._seed = float(alpha), float(beta), eps, fanout, seed
+        self._columnar = bool(columnar)
         self.rng = np.random.default_rng(seed)
         self._buf: PrioritizedReplayBuffer | None = None  # created by the first add (specs from its data)
         self._obs_space = self._act_space = None
@@ -261,7 +343,8 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                beta: float | None = None, gamma: float = 0.99, include_infos: bool = False,
                include_extra_model_outputs: bool = False, to_numpy: bool = False, lookback: int = 0,
                min_batch_length_T: int = 0, **kwargs: Any) -> list[SingleAgentEpisode]:
-        """Draw ``num_items`` transitions by priority; return them as 1-step ``SingleAgentEpisode`` objects.
+        """Draw ``num_items`` transitions by priority; return them as 1-step ``SingleAgentEpisode`` objects
+        (``columnar``, the default: those that do not end an episode together as one columnar episode).
 
         Each holds observations ``[o_t, o_{t+k}]``, action ``a_t``, reward ``sum_{i<k} gamma^i r_{t+i}``
         and the terminated/truncated flags of step ``t+k-1``, with ``extra_model_outputs`` ``weights``
@@ -297,8 +380,19 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         if self._episodes is None or self._episodes.obs_space is not self._obs_space:
             self._episodes = _OneStepEpisodes(self._obs_space, self._act_space)
         make, obs, act, w, t = self._episodes.make, out["obs"], out["action"], out["weights"], out["t"]
-        episodes = [make(obs[i], next_obs[i], act[i], ret[i], bool(term[i]), bool(trunc[i]), w[i], int(k[i]),
-                         int(t[i])) for i in range(B)]
+        if self._columnar:
+            # the transitions that do not end an episode as one columnar episode, each that does as its own
+            # (RLlib takes terminated/truncated per episode); batch rows come in this order, so the ids too
+            cols = self._episodes.columns
+            done = term | trunc
+            live, ends = np.flatnonzero(~done), np.flatnonzero(done)
+            episodes = [cols(obs[live], next_obs[live], act[live], ret[live], w[live], k[live])] if len(live) else []
+            episodes += [cols(obs[i:i + 1], next_obs[i:i + 1], act[i:i + 1], ret[i:i + 1], w[i:i + 1], k[i:i + 1],
+                              bool(term[i]), bool(trunc[i])) for i in ends]
+            self._last_sampled_ids = ids[np.concatenate([live, ends])]
+        else:
+            episodes = [make(obs[i], next_obs[i], act[i], ret[i], bool(term[i]), bool(trunc[i]), w[i], int(k[i]),
+                             int(t[i])) for i in range(B)]
         if to_numpy:
             episodes = [e.to_numpy() for e in episodes]
 
@@ -370,6 +464,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                                   self._num_episodes_evicted], dtype=np.int64),
             "rng": self.rng.bit_generator.state,
             "spaces": [None if s is None else gym_space_to_dict(s) for s in (self._obs_space, self._act_space)],
+            "columnar": self._columnar,
         }
         if self._buf is not None:
             with tempfile.TemporaryDirectory() as d:  # PAL's save writes to a path only
@@ -380,7 +475,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore a ``get_state`` result (capacity and alpha come from the state)."""
+        """Restore a ``get_state`` result (capacity, alpha and ``columnar`` come from the state)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported PALPrioritizedEpisodeReplayBuffer state version {state.get('version')!r}")
         buf = None
@@ -403,6 +498,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.rng = np.random.default_rng()
         self.rng.bit_generator.state = state["rng"]
         self._obs_space, self._act_space = (None if s is None else gym_space_from_dict(s) for s in state["spaces"])
+        self._columnar = bool(state.get("columnar", self._columnar))
 
 
 def replace_replay_buffer(algo: Any, **kwargs: Any) -> PALPrioritizedEpisodeReplayBuffer:
