@@ -78,6 +78,14 @@ def test_speedup_table_and_amdahl_bound():
                  iteration_s=0.8, buffer_share=0.3)]
     t = plugin_bench.speedup_table(pd.DataFrame(rows))
     assert t.speedup.iloc[0] == pytest.approx(1.25) and t.bound.iloc[0] == pytest.approx(2.0)
+    assert t.note.iloc[0] == ""
+    # above the bound: expected for a drop-in that changes work outside the buffer, a problem otherwise
+    fast = [r | {"iteration_s": 0.4} if r["buffer"] == "pal" else r for r in rows]
+    for framework, problem in (("rllib-dqn", False), ("tianshou-dqn", True)):
+        t = plugin_bench.speedup_table(pd.DataFrame([r | {"framework": framework} for r in fast]))
+        assert t.speedup.iloc[0] == pytest.approx(2.5)
+        assert ("measurement problem" in t.note.iloc[0] or "not a result" in t.note.iloc[0]) == problem
+        assert "learner-connector" in t.note.iloc[0] or problem
 
 
 def test_paired_alternates_the_two_buffers_and_closes_both():

@@ -437,7 +437,9 @@ def plugin_block(results: Path) -> str:
     return ("Median training-iteration time with the framework's own prioritized buffer and with PAL's drop-in "
             "(same seed and config, iterations alternating ABBA). The bound is the speedup if the buffer took no "
             "time (1 / (1 - default share)); a speedup whose interval lies above it is a measurement problem, "
-            "flagged, not a result. Intervals: bootstrap over the timed iterations (where stored).\n\n"
+            "flagged, not a result, unless the drop-in also changes work outside the buffer (RLlib: its columnar "
+            "samples cut the learner connector's per-episode reads; noted). Intervals: bootstrap over the timed "
+            "iterations (where stored).\n\n"
             + md(out, ".2f") + "\n\n" + source(results, "plugin.csv") + "\n")
 
 

@@ -115,12 +115,16 @@ class EnvStepper:
         for i in range(E):
             rows += self.builders[i].push(self.obs[i], actions[i], float(rew[i]), real_next[i], bool(term[i]),
                                           bool(trunc[i]))
+        return rows, self._advance(rew, ended, next_obs)
+
+    def _advance(self, rew: np.ndarray, ended: np.ndarray, next_obs: np.ndarray) -> list[tuple[float, int]]:
+        """Count the step into the running episodes; the ones that ``ended`` as (return, length)."""
         self.ep_ret += rew
         self.ep_len += 1
         episodes = [(float(self.ep_ret[i]), int(self.ep_len[i])) for i in ended]
         self.ep_ret[ended], self.ep_len[ended] = 0.0, 0
         self.obs = next_obs
-        return rows, episodes
+        return episodes
 
     def flush(self) -> list[tuple]:
         """The pending n-step windows, bootstrapped from the last observations (the budget is spent)."""
@@ -132,18 +136,15 @@ class EnvStepper:
         return {k: np.stack([r[j] for r in rows]) for j, k in enumerate(ROW_FIELDS)}
 
 
-class SequenceStepper:
+class SequenceStepper(EnvStepper):
     """R2D2's actor side of ``EnvStepper``: the same interface, but each environment carries its LSTM state
     from step to step (zeroed when its episode ends) and its steps are cut into overlapping sequences
     (``SequenceBuilder``) that store the state at their first step. ``step`` returns finished sequences."""
 
     def __init__(self, envs, seeds: list[int], cfg, algo, policy, actor: int = 0):
-        self.envs, self.cfg, self.algo, self.policy, self.actor = envs, cfg, algo, policy, actor
-        self.obs, _ = envs.reset(seed=seeds)
-        E = cfg.envs_per_actor
-        self.builders = [SequenceBuilder(cfg.seq_len, cfg.seq_overlap) for _ in range(E)]
+        super().__init__(envs, seeds, cfg, algo, policy, actor)
+        self.builders = [SequenceBuilder(cfg.seq_len, cfg.seq_overlap) for _ in range(cfg.envs_per_actor)]
         self.state = None                       # (h, c), each (1, E, lstm); made with the first networks seen
-        self.ep_ret, self.ep_len = np.zeros(E), np.zeros(E, dtype=np.int64)
 
     def step(self, nets, t: int, rng, timer: PhaseTimer) -> tuple[list[dict], list[tuple[float, int]]]:
         E = self.cfg.envs_per_actor
@@ -165,12 +166,7 @@ class SequenceStepper:
         if len(ended):
             self.state[0][0, ended] = 0.0
             self.state[1][0, ended] = 0.0
-        self.ep_ret += rew
-        self.ep_len += 1
-        episodes = [(float(self.ep_ret[i]), int(self.ep_len[i])) for i in ended]
-        self.ep_ret[ended], self.ep_len[ended] = 0.0, 0
-        self.obs = next_obs
-        return sequences, episodes
+        return sequences, self._advance(rew, ended, next_obs)
 
     def flush(self) -> list[dict]:
         """The open sequences, cut where the budget ended (their last steps bootstrap from the current
