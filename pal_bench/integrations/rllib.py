@@ -60,23 +60,28 @@ class _OneStepEpisodes:
         b._space, b._space_struct = space, self._structs[id(space)]
         return b
 
-    def make(self, obs: Any, next_obs: Any, action: Any, reward: float, terminated: bool, truncated: bool,
-             weight: float, n_step: int, t_started: int) -> SingleAgentEpisode:
-        ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
+    def _new(self, cls: type, terminated: bool, truncated: bool):
+        """An episode of ``cls`` with the constructor's attributes that do not depend on its data."""
+        ep = cls.__new__(cls)
         self._serial += 1
         ep.id_ = f"{self._prefix}{self._serial:016x}"
         ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
         ep._observation_space, ep._action_space = self.obs_space, self.act_space
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep._custom_data = {}
+        ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
+        return ep
+
+    def make(self, obs: Any, next_obs: Any, action: Any, reward: float, terminated: bool, truncated: bool,
+             weight: float, n_step: int, t_started: int) -> SingleAgentEpisode:
+        ep = self._new(SingleAgentEpisode, terminated, truncated)
         ep.observations = self._buffer([obs, next_obs], self.obs_space)
         ep.infos = self._buffer([{}, {}], None)
         ep.actions = self._buffer([action], self.act_space)
         ep.rewards = self._buffer([reward], _sae._REWARDS_BOX_SPACE)
-        ep.is_terminated, ep.is_truncated = terminated, truncated
         ep.extra_model_outputs = {"weights": self._buffer([weight], None), "n_step": self._buffer([n_step], None)}
         ep.t_started = t_started
         ep.t = t_started + 1
-        ep._custom_data = {}
-        ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
         return ep
 
     def columns(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
@@ -84,19 +89,12 @@ class _OneStepEpisodes:
                 truncated: bool = False) -> _ColumnEpisode:
         """One ``_ColumnEpisode`` for ``n = len(rewards)`` transitions; only a single transition (n = 1) may end
         its episode (``terminated``/``truncated``), since RLlib reads those flags per episode."""
-        ep = _ColumnEpisode.__new__(_ColumnEpisode)
-        self._serial += 1
-        ep.id_ = f"{self._prefix}{self._serial:016x}"
-        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
-        ep._observation_space, ep._action_space = self.obs_space, self.act_space
+        ep = self._new(_ColumnEpisode, terminated, truncated)
         ep.observations = ep.infos = ep.actions = ep.rewards = None      # read through the getters only
-        ep.is_terminated, ep.is_truncated = terminated, truncated
         ep._columns = {"obs": obs, "next_obs": next_obs, "actions": actions, "rewards": rewards,
                        "weights": weights, "n_step": n_step}
         ep.extra_model_outputs = {"weights": None, "n_step": None}       # the keys the connector iterates
         ep.t_started, ep.t = 0, len(rewards)
-        ep._custom_data = {}
-        ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
         return ep
 
 

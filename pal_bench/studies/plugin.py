@@ -202,12 +202,9 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # drop-ins that change work outside the buffer's own methods, so their speedup may exceed the buffer-only bound
-BEYOND_THE_BUFFER = {
-    "rllib-dqn": "above the buffer-only bound, as expected: PAL's columnar samples also cut RLlib's learner-connector "
-                 "work (profile in docs/plugin.md)",
-    "rllib-sac": "above the buffer-only bound, as expected: PAL's columnar samples also cut RLlib's learner-connector "
-                 "work (profile in docs/plugin.md)",
-}
+_RLLIB_COLUMNAR = ("above the buffer-only bound, as expected: PAL's columnar samples also cut RLlib's "
+                   "learner-connector work (profile in docs/plugin.md)")
+BEYOND_THE_BUFFER = {"rllib-dqn": _RLLIB_COLUMNAR, "rllib-sac": _RLLIB_COLUMNAR}
 
 
 def _note(framework: str, speedup: float, low: float, bound: float) -> str:

@@ -42,11 +42,15 @@ def act(nets: nn.ModuleDict, obs: np.ndarray, explore: float, generator: np.rand
     """Epsilon-greedy actions (int64[B]) for observations [B, obs_dim]."""
     with torch.no_grad():
         q = nets["q"](torch.as_tensor(obs, dtype=torch.float32))
+    return epsilon_greedy(q, explore, generator)
+
+
+def epsilon_greedy(q: torch.Tensor, explore: float, generator: np.random.Generator) -> np.ndarray:
+    """int64[B] actions from Q-values [B, n_actions]: argmax, or with probability ``explore`` a uniform one."""
     greedy = q.argmax(-1).numpy()
     if explore > 0:
-        n_act = q.shape[-1]
-        rand = generator.random(len(obs)) < explore
-        greedy = np.where(rand, generator.integers(0, n_act, len(obs)), greedy)
+        rand = generator.random(len(q)) < explore
+        greedy = np.where(rand, generator.integers(0, q.shape[-1], len(q)), greedy)
     return greedy.astype(np.int64)
 
 

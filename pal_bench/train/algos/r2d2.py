@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from pal_bench.sequence_replay import PRIORITY_ETA, sequence_priority
+from pal_bench.train.algos.dqn import epsilon_greedy, update_targets  # the target network: DQN's hard copy
 
 __all__ = ["PRIORITY_ETA", "RecurrentQ", "act", "h", "h_inv", "initial_state", "losses", "n_step_targets",
            "networks", "sequence_priority", "update_targets"]
@@ -122,17 +123,7 @@ def act(nets: nn.ModuleDict, obs: np.ndarray, explore: float, generator: np.rand
     int64[E] and the state after this step."""
     with torch.no_grad():
         q, state = nets["q"].step(torch.as_tensor(obs, dtype=torch.float32), state)
-    greedy = q.argmax(-1).numpy()
-    if explore > 0:
-        rand = generator.random(len(obs)) < explore
-        greedy = np.where(rand, generator.integers(0, q.shape[-1], len(obs)), greedy)
-    return greedy.astype(np.int64), state
-
-
-def update_targets(nets, targets, cfg, step: int) -> None:
-    """Hard copy of the online network every ``target_update`` parameter-server steps."""
-    if step % cfg.target_update == 0:
-        targets.load_state_dict(nets.state_dict())
+    return epsilon_greedy(q, explore, generator), state
 
 
 def n_step_targets(rew: torch.Tensor, done: torch.Tensor, mask: torch.Tensor, obs_valid: torch.Tensor,
