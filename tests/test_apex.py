@@ -69,3 +69,33 @@ def test_an_apex_run_reports_each_actors_epsilon(tmp_path, backend):
     assert s["env_steps"] == 800 and s["updates"] > 0
     assert s["actor_epsilons"] == [pytest.approx(0.4), pytest.approx(0.4 ** 8)]
     assert isinstance(tr, Trainer)
+
+
+def test_local_buffer_holds_steps_until_full_then_sends_them_in_one_insert():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from pal_bench.train.workers import LocalBuffer, PhaseTimer
+
+    calls = []
+    buffer = SimpleNamespace(add_batch=lambda priorities=None, **b: calls.append(b["x"].tolist()))
+    stepper = SimpleNamespace(batch=lambda items: {"x": np.array(items)})
+    local = LocalBuffer(SimpleNamespace(cfg=SimpleNamespace(local_buffer=5)), buffer, stepper, None, None,
+                        PhaseTimer())
+    assert local.put([1, 2], 2) == 0 and local.put([3], 2) == 0 and calls == []
+    assert local.put([4, 5], 2) == 6 and calls == [[1, 2, 3, 4, 5]]          # 6 env steps held >= 5: sent
+    assert local.put([6], 1, send=True) == 1 and calls[-1] == [6]           # the budget's end sends at once
+    assert local.put([], 1) == 0 and local.send() == 1 and len(calls) == 2  # no items: nothing inserted
+
+
+def test_local_buffer_config():
+    cfg = make_config(preset="apex", env="LunarLander-v3", actors=1)
+    assert cfg.local_buffer == 50 and not cfg.lockstep       # lockstep inserts every step: off by default
+    with pytest.raises(ConfigError, match="local_buffer must be >= 1"):
+        validate(make_config("dqn", local_buffer=0))
+    with pytest.raises(ConfigError, match="local_buffer: lockstep runs"):
+        validate(make_config("dqn", local_buffer=8, deterministic=True))
+    with pytest.raises(ConfigError, match=r"rate_slack \(10\) must be >= 21"):
+        validate(make_config("dqn", local_buffer=16, rate_slack=10, updates_per_step=0.25, actors=1))
+    validate(make_config("dqn", local_buffer=16, rate_slack=21, updates_per_step=0.25, actors=1))

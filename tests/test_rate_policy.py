@@ -1,5 +1,7 @@
 """The rate rule every backend shares (pal_bench.train.rate_policy): pure functions of counters."""
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,3 +38,34 @@ def test_default_slack_covers_learners_actors_and_chunks():
     assert default_slack(cfg) == max(16, 48)
     assert default_slack(cfg, chunk=100) == 600
     assert default_slack(TrainConfig(rate_slack=7)) == 7
+
+
+@settings(max_examples=200, deadline=None)
+@given(RATIOS, st.integers(1, 3), st.integers(1, 4), st.integers(2, 80), st.integers(1, 3), st.integers(0, 2**32))
+def test_local_buffers_never_stall_actors_and_learners(ratio, actors, envs, local, learners, seed):
+    """Actors that hold up to ``local_buffer`` env steps before inserting (counted as inserted only once sent) and
+    learners that wait for inserted steps: with the default slack one side can always move until the budget is
+    spent, whatever the interleaving (a smaller slack could leave both waiting)."""
+    cfg = TrainConfig(actors=actors, envs_per_actor=envs, learners=learners, updates_per_step=ratio,
+                      local_buffer=local, learning_starts=50, steps=1500)
+    rnd = random.Random(seed)
+    p = RatePolicy.from_config(cfg, default_slack(cfg))
+    reserved, held, steps, started = 0, [0] * actors, 0, 0
+    while not p.budget_spent(reserved):
+        moves = ["learn"] if p.learner_may_start(steps, started) and not p.updates_exhausted(started) else []
+        if p.actor_may_step(reserved, started):
+            moves += [a for a in range(actors)]
+        assert moves, f"stalled: reserved {reserved}, held {held}, inserted {steps}, updates {started}"
+        move = rnd.choice(moves)
+        if move == "learn":
+            started += 1
+            continue
+        reserved += envs
+        held[move] += envs
+        if held[move] >= local:
+            steps, held[move] = steps + held[move], 0
+
+
+def test_default_slack_covers_a_local_buffer():
+    cfg = TrainConfig(actors=2, envs_per_actor=3, updates_per_step=0.25, local_buffer=50)
+    assert default_slack(cfg) == 2 * (50 + 3) + 4

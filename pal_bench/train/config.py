@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pal_bench.train.rate_policy import unsent_bound
+
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac", "r2d2")
 Q_ALGOS = ("dqn", "ddqn", "r2d2")                      # epsilon-greedy, discrete actions
 CONTINUOUS_ALGOS = ("ddpg", "td3", "sac")
@@ -71,6 +73,8 @@ class TrainConfig:
     beta_final: float = 1.0                            # beta annealed linearly to this over the run
     batch_size: int = 128
     actor_priorities: bool = False                     # Ape-X: actors compute initial priorities
+    local_buffer: int = 1                              # env steps an actor gathers per insert (Ape-X: 50), with
+                                                       # one pass of actor_priorities over them
 
     # learning
     gamma: float = 0.99
@@ -118,7 +122,7 @@ class TrainConfig:
     @property
     def lockstep(self) -> bool:
         if self.deterministic is None:
-            return self.actors == 1 and self.learners == 1 and self.aggregation == "sync"
+            return self.actors == 1 and self.learners == 1 and self.aggregation == "sync" and self.local_buffer == 1
         return self.deterministic
 
     def to_dict(self) -> dict:
@@ -255,7 +259,7 @@ PRESETS = {
     # Ape-X (Horgan et al. 2018): one learner, many actors; Double DQN with a dueling head, 3-step returns,
     # prioritized replay with priorities computed by the actors, each actor at its own fixed epsilon
     "apex": dict(algo="ddqn", dueling=True, n_step=3, prioritized=True, actor_priorities=True,
-                 exploration="apex", learners=1),
+                 local_buffer=50, exploration="apex", learners=1),
 }
 
 
@@ -299,7 +303,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.algo not in ALGOS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGOS)}")
     for name in ("actors", "envs_per_actor", "learners", "steps", "buffer_capacity", "batch_size", "n_step",
-                 "target_update", "policy_delay"):
+                 "target_update", "policy_delay", "local_buffer"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     for name in ("learning_starts", "eval_interval", "eval_episodes", "checkpoint_interval", "max_staleness",
@@ -308,6 +312,13 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if not cfg.updates_per_step > 0:
         raise ConfigError(f"updates_per_step must be > 0, got {cfg.updates_per_step}")
+    if cfg.local_buffer > 1 and cfg.deterministic:
+        raise ConfigError(f"local_buffer: lockstep runs (deterministic) insert every vector step; local_buffer "
+                          f"{cfg.local_buffer} would hold back the steps the learner waits for")
+    if cfg.local_buffer > 1 and cfg.rate_slack and cfg.rate_slack < unsent_bound(cfg):
+        raise ConfigError(f"rate_slack ({cfg.rate_slack}) must be >= {unsent_bound(cfg)} with local_buffer "
+                          f"{cfg.local_buffer}: actors {cfg.actors} x (local_buffer + envs_per_actor) held back, plus "
+                          f"the steps of one update; less would stop actors and learners waiting on each other")
     if cfg.learning_starts > cfg.buffer_capacity and cfg.algo != "r2d2":
         raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be <= buffer_capacity "
                           f"({cfg.buffer_capacity})")

@@ -63,9 +63,19 @@ def max_updates(total_steps: int, learning_starts: int, updates_per_step: float)
     return max(0, math.floor((total_steps - learning_starts) * updates_per_step))
 
 
+def unsent_bound(cfg) -> int:
+    """The rate slack a local buffer needs: the env steps actors may hold back (each at most
+    ``local_buffer + envs_per_actor - 1``) plus the steps one update waits for, so that a learner can always
+    start once the actors have run as far ahead as the slack lets them."""
+    return cfg.actors * (cfg.local_buffer + cfg.envs_per_actor) + math.ceil(1 / cfg.updates_per_step)
+
+
 def default_slack(cfg, chunk: int = 0) -> int:
     """Transitions actors may run ahead of the learners (``cfg.rate_slack`` if set): enough for every learner
-    to find its next batch (two per learner), four vector steps per actor, and, where actors send chunks of
-    ``chunk`` transitions, two chunks per actor so that collection and insertion overlap."""
+    to find its next batch (two per learner), four vector steps per actor, where actors send chunks of
+    ``chunk`` transitions two chunks per actor so that collection and insertion overlap, and with a local
+    buffer (``cfg.local_buffer``) what the actors may hold back plus one update's steps
+    (``unsent_bound``)."""
     return cfg.rate_slack or max(math.ceil(2 * cfg.learners / cfg.updates_per_step),
-                                 4 * cfg.actors * cfg.envs_per_actor, 2 * cfg.actors * chunk)
+                                 4 * cfg.actors * cfg.envs_per_actor, 2 * cfg.actors * chunk,
+                                 unsent_bound(cfg) if cfg.local_buffer > 1 else 0)

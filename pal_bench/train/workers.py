@@ -200,6 +200,7 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
         E = cfg.envs_per_actor
         stepper = tr.make_stepper(envs, [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)],
                                   actor_id)
+        local = LocalBuffer(tr, tr.buffer, stepper, nets, targets, timer)
         timer.lap("setup")
         while tr.rate.acquire_steps(E, stop):
             timer.lap("rate_wait")
@@ -211,14 +212,45 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
             rows, episodes = stepper.step(nets, tr.rate.reserved, rng, timer)
             for ret, length in episodes:
                 tr.record_episode(ret, length)
-            if tr.rate.reserved >= cfg.steps:   # the budget is spent: flush before counting the last step
+            last = tr.rate.reserved >= cfg.steps
+            if last:                            # the budget is spent: flush before counting the last step
                 rows += stepper.flush()
-            insert(tr, tr.buffer, stepper, rows, nets, targets, timer)
-            tr.rate.steps_done(E)
+            sent = local.put(rows, E, send=last)
+            if sent:
+                tr.rate.steps_done(sent)
         if not stop.is_set():   # another actor took the last steps: pending windows bootstrap from the last obs
-            insert(tr, tr.buffer, stepper, stepper.flush(), nets, targets, timer)
+            local.put(stepper.flush(), 0)
+        tr.rate.steps_done(local.send())
     finally:
         envs.close()
+
+
+class LocalBuffer:
+    """An actor's local buffer (Ape-X's, of ``cfg.local_buffer`` env steps): the stepper's finished items wait
+    here and go to the replay buffer together, with one ``add_batch`` and one pass of actor-side priorities
+    (when ``targets`` is given) instead of one per vector step. Every backend's actors use it; the env steps
+    it holds are counted as inserted only once sent (so the rate rule and a dead actor's lost transitions
+    include them)."""
+
+    def __init__(self, ctx, buffer, stepper, nets, targets, timer: PhaseTimer):
+        self.ctx, self.buffer, self.stepper, self.nets, self.targets, self.timer = (
+            ctx, buffer, stepper, nets, targets, timer)
+        self.size = ctx.cfg.local_buffer
+        self.items: list = []
+        self.steps = 0                  # env steps behind the items held
+
+    def put(self, items: list, steps: int, send: bool = False) -> int:
+        """Hold ``items`` (finished by ``steps`` env steps); send everything once ``size`` env steps are held,
+        or now with ``send``. Returns the env steps sent (0 while held)."""
+        self.items += items
+        self.steps += steps
+        return self.send() if send or self.steps >= self.size else 0
+
+    def send(self) -> int:
+        """Insert every held item; returns the env steps they came from."""
+        insert(self.ctx, self.buffer, self.stepper, self.items, self.nets, self.targets, self.timer)
+        sent, self.items, self.steps = self.steps, [], 0
+        return sent
 
 
 def insert(ctx, buffer, stepper, items: list, nets, targets, timer: PhaseTimer) -> None:

@@ -88,7 +88,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
     import torch
 
     from pal_bench.train.core import RunCore
-    from pal_bench.train.workers import insert
+    from pal_bench.train.workers import LocalBuffer
 
     torch.set_num_threads(1)
     pin(actor if cfg.pin_cores else None)               # as the thread backend pins its actor threads
@@ -108,6 +108,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
                                           for i in range(E)], actor)
         version = _pull(weights, nets, targets, 0)
+        local = LocalBuffer(ctx, buf, stepper, nets, targets, timer)
         if os.environ.get("PAL_BENCH_TEST_ACTOR_SETUP_FAIL") == str(actor):      # tests only
             raise RuntimeError(f"injected set-up failure of actor{actor}")
         _count(counters, lock, actor, READY)
@@ -134,7 +135,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                     counters[_reserved(actor)] += E
                 counters[HOLDER] = 0
             if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
-                insert(ctx, buf, stepper, stepper.flush(), nets, targets, timer)
+                counters[_inserted(actor)] += local.put(stepper.flush(), 0, send=True)
                 _count(counters, lock, actor, FINISHED)   # the driver need not wait for this process's exit
                 break
             if not ok:
@@ -147,10 +148,12 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
             rows, episodes = stepper.step(nets, reserved + E, rng, timer)
             if episodes:
                 messages.put(("episodes", actor, episodes))
-            if reserved + E >= cfg.steps:                # the budget is spent: flush the pending windows
+            last = reserved + E >= cfg.steps
+            if last:                                     # the budget is spent: flush the pending windows
                 rows += stepper.flush()
-            insert(ctx, buf, stepper, rows, nets, targets, timer)
-            counters[_inserted(actor)] += E
+            counters[_inserted(actor)] += local.put(rows, E, send=last)
+        if local.steps and os.getppid() == parent_pid:   # stopped: what the local buffer holds still goes in
+            counters[_inserted(actor)] += local.send()
         messages.put(("timers", actor, timer.seconds))
     except BaseException:
         _report_failure(f"actor{actor}", actor, messages)

@@ -16,9 +16,9 @@ def max_updates(cfg: TrainConfig) -> int:
 
 
 def chunk_size(cfg: TrainConfig) -> int:
-    """Transitions per actor chunk: ``ray_chunk`` rounded up to whole vector steps."""
+    """Transitions per actor chunk: ``ray_chunk`` (at least ``local_buffer``) rounded up to whole vector steps."""
     e = cfg.envs_per_actor
-    return max(e, math.ceil(cfg.ray_chunk / e) * e)
+    return max(e, math.ceil(max(cfg.ray_chunk, cfg.local_buffer) / e) * e)
 
 
 def rate_slack(cfg: TrainConfig) -> int:
