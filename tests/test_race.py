@@ -175,6 +175,20 @@ def test_race_stores_each_run_and_resumes_where_it_stopped(tmp_path, monkeypatch
     assert calls[4:] == [("pal", 0, (2, 1)), ("pal", 1, (2, 1))]
 
 
+def test_a_changed_preset_runs_its_contestant_again(tmp_path, monkeypatch):
+    from pal_bench.train.config import PRESETS
+
+    calls: list = []
+    monkeypatch.setattr(race, "launch", _fake_launch(calls))
+    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
+    split = lambda name: (1, 1)                                          # noqa: E731
+    assert race.run_race("smoke", ["pal", "pal-apex"], 1, split, tmp_path, settle_s=0) == 0
+    assert race.run_key("smoke", "pal-apex", (1, 1))["preset"]["local_buffer"] == PRESETS["apex"]["local_buffer"]
+    monkeypatch.setitem(PRESETS, "apex", PRESETS["apex"] | {"local_buffer": 7})
+    assert race.run_race("smoke", ["pal", "pal-apex"], 1, split, tmp_path, settle_s=0) == 0
+    assert calls == [("pal", 0, (1, 1)), ("pal-apex", 0, (1, 1)), ("pal-apex", 0, (1, 1))]
+
+
 def test_noisy_runs_are_marked_and_run_again_on_request(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr(race, "launch", _fake_launch(calls))

@@ -401,9 +401,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_key(task_name: str, name: str, split: tuple[int, int]) -> dict:
-    """What a stored run must match to be reused: the task's settings, and PAL's split."""
-    return {"task": task_name, "task_config": json.loads(json.dumps(dataclasses.asdict(TASKS[task_name]))),
-            "split": f"{split[0]}+{split[1]}" if name in PAL_BACKENDS else ""}
+    """What a stored run must match to be reused: the task's settings, PAL's split, and the fields of PAL's
+    preset (a changed preset, e.g. Ape-X's local buffer, runs its contestant again)."""
+    from pal_bench.train.config import PRESETS
+
+    key = {"task": task_name, "task_config": json.loads(json.dumps(dataclasses.asdict(TASKS[task_name]))),
+           "split": f"{split[0]}+{split[1]}" if name in PAL_BACKENDS else ""}
+    if name in PAL_PRESETS:
+        key["preset"] = json.loads(json.dumps(PRESETS[PAL_PRESETS[name]]))
+    return key
 
 
 def stored_run(path: Path, key: dict) -> dict | None:
