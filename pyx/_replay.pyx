@@ -51,7 +51,7 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.errno cimport EEXIST, ENOENT, ESRCH, errno
-from libc.math cimport INFINITY, NAN, pow
+from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -75,6 +75,7 @@ from _lock cimport (
     pthread_mutex_unlock,
 )
 from _rng cimport Rng, rng_seed, rng_uniform
+from _vmath cimport vpow, vpow1, vpow_vector
 from _tree_core cimport (
     TreeLayout,
     __builtin_prefetch,
@@ -843,7 +844,7 @@ cdef class _ReplayCore:
         if self._prioritized and raw.size:
             top = float(raw.max())
             with np.errstate(all="ignore"):
-                stored = pow(top + self._eps, self._alpha)
+                stored = vpow1(top + self._eps, self._alpha)
             if not stored <= self._prio_limit:
                 raise ValueError(f"priority {top!r} too large: (p + eps) ** alpha = {stored!r} exceeds "
                                  f"{self._prio_limit:.3g}, the most that {self.capacity} priorities can hold "
@@ -903,7 +904,7 @@ cdef class _ReplayCore:
         sched_yield()
 
     cdef inline double _stored_priority(self, double raw) noexcept nogil:
-        return pow(raw + self._eps, self._alpha)
+        return vpow1(raw + self._eps, self._alpha)
 
     cdef inline char* _row(self, int64_t slot, int f) noexcept nogil:
         return self._records + slot * self._rb_total + self._off[f]
@@ -1072,7 +1073,9 @@ cdef class _ReplayCore:
         cdef double raw_max = 0
         if prio is not None:
             raw_max = float(prio[skip:].max())
-            stored = (prio[skip:] + self._eps) ** self._alpha
+            stored = prio[skip:] + self._eps          # a new contiguous float64 array
+            vpow(<double*>cnp.PyArray_DATA(<cnp.ndarray>stored), <double*>cnp.PyArray_DATA(<cnp.ndarray>stored), m,
+                 self._alpha)                          # the same pow as update_priorities
         cdef const char** src = <const char**>malloc(self._n_fields * sizeof(char*))
         cdef int64_t* slots = <int64_t*>malloc(m * sizeof(int64_t))
         cdef int64_t* scratch = <int64_t*>malloc(m * sizeof(int64_t))
@@ -1288,10 +1291,12 @@ cdef class _ReplayCore:
                 self._unlock()
                 if zero:
                     break
-                if self._prioritized:
+                if self._prioritized:       # (p_min / p)^beta, through one vector pow (``found`` is free now)
                     for q in range(n_pending):
-                        k = pending[q]
-                        w[k] = pow(min_p / prio[k], beta_c)
+                        (<double*>found)[q] = min_p / prio[pending[q]]
+                    vpow(<double*>found, <double*>found, n_pending, beta_c)
+                    for q in range(n_pending):
+                        w[pending[q]] = (<double*>found)[q]
                 else:
                     for q in range(n_pending):
                         w[pending[q]] = 1.0
@@ -1412,7 +1417,8 @@ cdef class _ReplayCore:
         with nogil:
             if self._prioritized:       # stored values (p + eps)^alpha, outside the lock
                 for b in range(n):
-                    sv[b] = self._stored_priority(rv[b])
+                    sv[b] = rv[b] + self._eps
+                vpow(sv, sv, n, self._alpha)
             self._lock()
             for b in range(n):
                 s = iv[b] % self.capacity
