@@ -4,10 +4,12 @@ Flags are portable by default (``-O3``). Set ``PAL_BENCH_NATIVE=1`` to add ``-ma
 for a build tuned to the machine it runs on (not portable to other CPUs).
 """
 
-import ctypes.util
 import os
 import platform
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from Cython.Build import cythonize
@@ -21,7 +23,22 @@ if os.environ.get("PAL_BENCH_NATIVE") == "1":
 
 # glibc's vector math library: the buffer's pow over arrays uses its AVX2 pow where the CPU has AVX2 and FMA
 # (checked at run time; pyx/_vmath.pxd), libm's pow otherwise
-mvec = platform.machine() in ("x86_64", "AMD64") and ctypes.util.find_library("mvec") is not None
+def links_libmvec() -> bool:
+    """Whether the C compiler links against libmvec here (glibc >= 2.22 with its development files)."""
+    if platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux":
+        return False
+    cc = os.environ.get("CC", "cc").split()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "t.c")
+        src.write_text("int main(void) { return 0; }\n")
+        try:
+            done = subprocess.run([*cc, str(src), "-o", str(Path(tmp, "t")), "-lmvec", "-lm"], capture_output=True)
+        except OSError:
+            return False
+    return done.returncode == 0
+
+
+mvec = links_libmvec()
 vmath = dict(libraries=["mvec", "m"], define_macros=[("PAL_HAVE_LIBMVEC", "1")]) if mvec else {}
 
 extensions = [
