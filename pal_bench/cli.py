@@ -219,7 +219,8 @@ def _main(argv: list[str]) -> int:
     t.add_argument("--config", help="TOML or YAML file of config fields")
     t.add_argument("--preset", choices=["apex"],
                    help="named settings under --config and flags: apex = Ape-X (Double DQN, dueling head, 3-step "
-                        "returns, actor-side priorities, per-actor epsilon, one learner)")
+                        "returns, actor-side priorities over a local buffer of 50 steps, per-actor epsilon, one "
+                        "learner)")
     t.add_argument("--actors", type=int)
     t.add_argument("--learners", type=int)
     t.add_argument("--envs-per-actor", type=int)
