@@ -75,7 +75,7 @@ from _lock cimport (
     pthread_mutex_unlock,
 )
 from _rng cimport Rng, rng_seed, rng_uniform
-from _vmath cimport vpow, vpow1, vpow_vector
+from _vmath cimport vpow, vpow1
 from _tree_core cimport (
     TreeLayout,
     __builtin_prefetch,
@@ -843,8 +843,7 @@ cdef class _ReplayCore:
             raise ValueError("priorities must be finite and >= 0 (no NaN, inf or negative values)")
         if self._prioritized and raw.size:
             top = float(raw.max())
-            with np.errstate(all="ignore"):
-                stored = vpow1(top + self._eps, self._alpha)
+            stored = self._stored_priority(top)
             if not stored <= self._prio_limit:
                 raise ValueError(f"priority {top!r} too large: (p + eps) ** alpha = {stored!r} exceeds "
                                  f"{self._prio_limit:.3g}, the most that {self.capacity} priorities can hold "
@@ -905,6 +904,13 @@ cdef class _ReplayCore:
 
     cdef inline double _stored_priority(self, double raw) noexcept nogil:
         return vpow1(raw + self._eps, self._alpha)
+
+    cdef inline void _stored_priorities(self, const double* raw, double* out, int64_t n) noexcept nogil:
+        """``_stored_priority`` over an array (``out`` may be ``raw``): the same bits, through one vector pow."""
+        cdef int64_t b
+        for b in range(n):
+            out[b] = raw[b] + self._eps
+        vpow(out, out, n, self._alpha)
 
     cdef inline char* _row(self, int64_t slot, int f) noexcept nogil:
         return self._records + slot * self._rb_total + self._off[f]
@@ -1073,9 +1079,9 @@ cdef class _ReplayCore:
         cdef double raw_max = 0
         if prio is not None:
             raw_max = float(prio[skip:].max())
-            stored = prio[skip:] + self._eps          # a new contiguous float64 array
-            vpow(<double*>cnp.PyArray_DATA(<cnp.ndarray>stored), <double*>cnp.PyArray_DATA(<cnp.ndarray>stored), m,
-                 self._alpha)                          # the same pow as update_priorities
+            stored = np.empty(m)
+            self._stored_priorities(<const double*>cnp.PyArray_DATA(<cnp.ndarray>prio) + skip,
+                                    <double*>cnp.PyArray_DATA(<cnp.ndarray>stored), m)
         cdef const char** src = <const char**>malloc(self._n_fields * sizeof(char*))
         cdef int64_t* slots = <int64_t*>malloc(m * sizeof(int64_t))
         cdef int64_t* scratch = <int64_t*>malloc(m * sizeof(int64_t))
@@ -1416,9 +1422,7 @@ cdef class _ReplayCore:
         cdef double raw_max = 0
         with nogil:
             if self._prioritized:       # stored values (p + eps)^alpha, outside the lock
-                for b in range(n):
-                    sv[b] = rv[b] + self._eps
-                vpow(sv, sv, n, self._alpha)
+                self._stored_priorities(rv, sv, n)
             self._lock()
             for b in range(n):
                 s = iv[b] % self.capacity

@@ -49,4 +49,3 @@ cdef extern from *:
     """
     void vpow "pal_vpow"(const double* x, double* y, int64_t n, double a) noexcept nogil
     double vpow1 "pal_vpow1"(double x, double a) noexcept nogil
-    int vpow_vector "pal_vpow_vector"() noexcept nogil

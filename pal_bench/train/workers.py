@@ -228,9 +228,9 @@ def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
 class LocalBuffer:
     """An actor's local buffer (Ape-X's, of ``cfg.local_buffer`` env steps): the stepper's finished items wait
     here and go to the replay buffer together, with one ``add_batch`` and one pass of actor-side priorities
-    (when ``targets`` is given) instead of one per vector step. Every backend's actors use it; the env steps
-    it holds are counted as inserted only once sent (so the rate rule and a dead actor's lost transitions
-    include them)."""
+    (when ``targets`` is given) instead of one per vector step. The thread and process backends' actors use it
+    (Ray's send chunks of at least ``local_buffer``); the env steps it holds are counted as inserted only once
+    sent (so the rate rule and a dead actor's lost transitions include them)."""
 
     def __init__(self, ctx, buffer, stepper, nets, targets, timer: PhaseTimer):
         self.ctx, self.buffer, self.stepper, self.nets, self.targets, self.timer = (
