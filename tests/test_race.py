@@ -42,8 +42,44 @@ def test_summary_and_table_report_unreached_runs_as_such():
     assert rows.reached.tolist() == [True, True, False]
     assert rows.wall_to_target_s.tolist()[:2] == [20.0, 80.0] and rows.steps_to_target.tolist()[:2] == [2000, 2000]
     t = race.race_table(rows).set_index("contestant")
-    assert t.loc["rllib", "pal_speedup"] == pytest.approx(4.0)
-    assert t.loc["tianshou", "reached"] == 0 and np.isnan(t.loc["tianshou", "median_wall_to_target_s"])
+    assert t.loc["rllib", "speedup"] == pytest.approx(4.0) and t.loc["rllib", "speedup_bound"] == ""
+    # a run that never reached the target counts at the time it ran: its speedup is a lower bound
+    assert t.loc["tianshou", "reached"] == 0 and t.loc["tianshou", "median_wall_to_target_s"] == 60.0
+    assert t.loc["tianshou", "speedup"] == pytest.approx(3.0) and t.loc["tianshou", "speedup_bound"] == ">="
+    assert np.isnan(t.loc["pal", "speedup"]) and np.isnan(t.loc["tianshou", "median_steps_to_target"])
+
+
+def test_speedups_are_taken_against_pal_s_process_backend_where_it_raced():
+    def run(name, seed, wall, reached=True):
+        return {"contestant": name, "seed": seed, "reached": reached, "wall_to_target_s": wall if reached else None,
+                "wall_s": wall + 1, "steps_to_target": 1000 if reached else None, "setup_s": 1.0, "best_return": 1.0}
+
+    rows = pd.DataFrame([run("pal", s, 300.0 + s) for s in range(3)] + [run("pal-processes", s, 100.0 + s)
+                                                                        for s in range(3)]
+                        + [run("tianshou", s, 400.0 + 10 * s) for s in range(3)]
+                        + [run("pal-processes", 3, 1800.0, reached=False)])
+    t = race.race_table(rows).set_index("contestant")
+    assert race.reference(rows.contestant) == "pal-processes"
+    # pal-processes: 100, 101, 102 and one run at its budget (1801) -> median 101.5
+    assert t.loc["pal-processes", "median_wall_to_target_s"] == pytest.approx(101.5)
+    assert t.loc["tianshou", "speedup"] == pytest.approx(410.0 / 101.5)
+    assert t.loc["tianshou", "speedup_bound"] == "<="        # the reference has a run counted at its budget
+    low, high = t.loc["tianshou", ["speedup_low", "speedup_high"]]
+    assert low <= t.loc["tianshou", "speedup"] <= high
+
+
+def test_return_bands_hold_each_seed_s_latest_evaluation():
+    curves = pd.DataFrame([{"contestant": "a", "seed": 0, "wall_s": 1.0, "mean_return": 0.0},
+                           {"contestant": "a", "seed": 0, "wall_s": 10.0, "mean_return": 100.0},
+                           {"contestant": "a", "seed": 1, "wall_s": 2.0, "mean_return": 50.0},
+                           {"contestant": "b", "seed": 0, "wall_s": 100.0, "mean_return": 7.0}])
+    b = race.return_bands(curves, points=50)
+    a = b[b.contestant == "a"]
+    assert a.wall_s.max() <= 10.0 and b[b.contestant == "b"].wall_s.min() >= 100.0 - 1e-9
+    first = a.iloc[0]
+    assert first.seeds == 1 and first["median"] == 0.0
+    late = a[a.wall_s >= 9.0].iloc[0]          # seed 0 still at 0 until t = 10; seed 1 holds 50
+    assert late.seeds == 2 and late.low == 0.0 and late.high == 50.0 and late["median"] == 25.0
 
 
 @pytest.mark.parametrize("name", ["pal", "pal-processes", "pal-apex"])

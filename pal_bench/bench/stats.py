@@ -40,3 +40,19 @@ def fmt_ci(point: float, low: float, high: float, digits: int = 2) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return f"{point:.{digits}f}"
     return f"{point:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def median_ci(values: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the median of ``values`` with a percentile bootstrap interval; with fewer than 2
+    values, or all equal, the interval is (nan, nan)."""
+    from scipy.stats import bootstrap
+
+    a = np.asarray([x for x in values if x is not None and math.isfinite(x)], float)
+    if len(a) == 0:
+        return float("nan"), float("nan"), float("nan")
+    point = float(np.median(a))
+    if len(a) < 2 or np.ptp(a) == 0:
+        return point, float("nan"), float("nan")
+    res = bootstrap((a,), np.median, n_resamples=RESAMPLES, confidence_level=level, method="percentile",
+                    vectorized=True, random_state=np.random.default_rng(seed))
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)

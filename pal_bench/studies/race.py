@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -289,45 +290,94 @@ def summarise(run: dict, task: Task) -> dict:
             "final_return": rets[-1] if rets else None, "split": run.get("split", "")}
 
 
+# PAL's own contestant that the speedups are taken against: its best backend (the process backend, issue 15)
+# where it raced, else the thread backend (races stored before the process backend existed)
+REFERENCES = ("pal-processes", "pal")
+
+
+def reference(contestants) -> str | None:
+    """The PAL contestant that speedups are measured against: the first of ``REFERENCES`` that raced."""
+    return next((r for r in REFERENCES if r in set(contestants)), None)
+
+
+def time_to_target(g: pd.DataFrame) -> pd.Series:
+    """Wall-clock seconds to target per run, a run that never reached it counted at the time it ran (its
+    budget): the race's time, censored at the budget."""
+    return g.wall_to_target_s.where(g.reached, g.wall_s).astype(float)
+
+
 def race_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per contestant: runs, reached, median wall/steps to target over the runs that reached it,
-    and PAL's speedup over each (median wall to target ratio)."""
+    """Per contestant: runs, how many reached the target, wall-clock to target (median and 95% bootstrap
+    interval over seeds, a run that never reached it counted at its budget; set-up included, and set-up
+    alone), env steps to target (median over the runs that reached it), best greedy return, and PAL's speedup
+    over it: the contestant's median time to target / the reference's (``reference``), with its interval.
+    ``speedup_bound`` is ``>=`` where the contestant has runs counted at their budget (a lower bound), ``<=``
+    where the reference has, ``?`` where both have."""
+    from pal_bench.bench.stats import median_ci, ratio_ci
+
+    ref = reference(runs.contestant)
+    ref_t = time_to_target(runs[runs.contestant == ref]) if ref else pd.Series(dtype=float)
+    ref_censored = ref is not None and not runs[runs.contestant == ref].reached.all()
     rows = []
     for name, g in runs.groupby("contestant", sort=False):
-        hit = g[g.reached]
-        rows.append({"contestant": name, "runs": len(g), "reached": int(g.reached.sum()),
-                     "median_wall_to_target_s": hit.wall_to_target_s.median() if len(hit) else np.nan,
-                     "median_steps_to_target": hit.steps_to_target.median() if len(hit) else np.nan,
-                     "median_setup_s": g.setup_s.median(), "best_return": g.best_return.max()})
-        # a contestant that never got there ran at least its wall time (its budget) without reaching it
-        rows[-1]["ran_without_reaching_s"] = g[~g.reached].wall_s.median() if (~g.reached).any() else np.nan
-    t = pd.DataFrame(rows)
-    pal = t.loc[t.contestant == "pal", "median_wall_to_target_s"]
-    if len(pal) and np.isfinite(pal.iloc[0]):
-        t["pal_speedup"] = t.median_wall_to_target_s / pal.iloc[0]
-        t["pal_speedup_at_least"] = (t.ran_without_reaching_s / pal.iloc[0]).where(t.reached == 0)
-    return t
+        t = time_to_target(g)
+        med, lo, hi = median_ci(t)
+        censored = not g.reached.all()
+        row = {"contestant": name, "runs": len(g), "reached": int(g.reached.sum()),
+               "median_wall_to_target_s": med, "wall_low_s": lo, "wall_high_s": hi,
+               "median_setup_s": float(g.setup_s.median()),
+               "median_steps_to_target": float(g.steps_to_target[g.reached].median()) if g.reached.any() else np.nan,
+               "best_return": float(g.best_return.max())}
+        row["speedup"], row["speedup_low"], row["speedup_high"] = (
+            ratio_ci(t, ref_t) if ref is not None and name != ref else (np.nan, np.nan, np.nan))
+        row["speedup_bound"] = {(True, False): ">=", (False, True): "<=", (True, True): "?"}.get(
+            (censored, ref_censored), "") if np.isfinite(row["speedup"]) else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def return_bands(curves: pd.DataFrame, points: int = 400) -> pd.DataFrame:
+    """Greedy return against wall-clock time per contestant, over seeds: on a common time grid (``points``,
+    log-spaced from the first evaluation to the last), each seed holds its latest evaluation (a run that stopped at
+    the target holds its last one, up to the contestant's longest run); median, min and max over the seeds that
+    have evaluated by then. Columns: contestant, wall_s, median, low, high, seeds."""
+    grid = np.geomspace(float(curves.wall_s.min()), float(curves.wall_s.max()), points)
+    out = []
+    for name, g in curves.groupby("contestant", sort=False):
+        held = []
+        for _, run in g.groupby("seed"):
+            run = run.sort_values("wall_s")
+            i = np.searchsorted(run.wall_s.to_numpy(), grid, side="right") - 1
+            held.append(np.where(i >= 0, run.mean_return.to_numpy()[np.maximum(i, 0)], np.nan))
+        held = np.asarray(held)
+        have = np.isfinite(held).sum(axis=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)        # all-NaN columns before the first evaluation
+            out.append(pd.DataFrame({"contestant": name, "wall_s": grid, "median": np.nanmedian(held, axis=0),
+                                     "low": np.nanmin(held, axis=0), "high": np.nanmax(held, axis=0),
+                                     "seeds": have})[(have > 0) & (grid <= g.wall_s.max())])
+    return pd.concat(out, ignore_index=True)
 
 
 def draw(curves: pd.DataFrame, task_name: str, task: Task, path: Path) -> Path:
+    """Greedy return against wall-clock time: the median over seeds per contestant, its range shaded."""
+    from pal_bench.bench.figures import save_figure
     from pal_bench.bench.plotting import pyplot
 
     plt = pyplot()
-
     fig, ax = plt.subplots(figsize=(6.5, 4))
     colors = dict(zip(CONTESTANTS, ("#d62728", "#ff7f0e", "#8c564b", "#1f77b4", "#9467bd", "#2ca02c")))
-    for (name, seed), g in curves.groupby(["contestant", "seed"], sort=False):
-        first = seed == curves[curves.contestant == name].seed.min()
-        ax.plot(g.wall_s, g.mean_return, marker=".", color=colors.get(name), alpha=0.9 if first else 0.45,
-                label=name if first else None)
+    for name, b in return_bands(curves).groupby("contestant", sort=False):
+        seeds = curves[curves.contestant == name].seed.nunique()
+        ax.plot(b.wall_s, b["median"], color=colors.get(name), label=f"{name} (median of {seeds})")
+        ax.fill_between(b.wall_s, b.low, b.high, color=colors.get(name), alpha=0.15, lw=0)
     ax.axhline(task.target, color="k", ls="--", lw=1, label=f"target {task.target:g}")
-    ax.set_xlabel("wall-clock time (s, framework start-up included)")
+    ax.set_xscale("log")
+    ax.set_xlabel("wall-clock time (s, framework start-up included; log scale)")
     ax.set_ylabel(f"mean greedy return ({task.eval_episodes} episodes)")
-    ax.set_title(f"DQN on {task.env}: time to target ({task_name})", fontsize=10)
+    ax.set_title(f"DQN on {task.env}: time to target ({task_name}); shaded: range over seeds", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    from pal_bench.bench.figures import save_figure
-
     return save_figure(fig, path)
 
 
