@@ -116,9 +116,12 @@ def _start_driver(tmp_path) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.monotonic() + 120
-    while len([c for c in _children_of(p.pid)]) < 3 and time.monotonic() < deadline:   # 2 actors + tracker
-        time.sleep(0.2)
-    time.sleep(3)                                               # actors running
+    # training has started once every actor process is set up and the run wrote its config.yaml (on a loaded
+    # machine the set-up alone can take several seconds; a Ctrl-C then stops a run with nothing to checkpoint)
+    while not (tmp_path / "p" / "config.yaml").exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    assert len(_children_of(p.pid)) >= 3, "the driver did not start its 2 actor processes"   # + the tracker
+    time.sleep(2)                                               # actors stepping, learner updating
     return p
 
 
