@@ -10,6 +10,11 @@ import numpy as np
 RESAMPLES = 2000
 
 
+def _finite(values: Sequence[float]) -> np.ndarray:
+    """The finite values of ``values`` (None and NaN dropped), as float64."""
+    return np.asarray([x for x in values if x is not None and math.isfinite(x)], float)
+
+
 def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.95,
              seed: int = 0) -> tuple[float, float, float]:
     """(median(numerator) / median(denominator), low, high): the ratio of medians with a percentile
@@ -17,8 +22,7 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], level: fl
     ``ratio_ci(times_A, times_B)``. With fewer than 2 values on a side the interval is (nan, nan)."""
     from scipy.stats import bootstrap
 
-    a = np.asarray([x for x in numerator if x is not None and math.isfinite(x)], float)
-    b = np.asarray([x for x in denominator if x is not None and math.isfinite(x)], float)
+    a, b = _finite(numerator), _finite(denominator)
     if len(a) == 0 or len(b) == 0:
         return float("nan"), float("nan"), float("nan")
     point = float(np.median(a) / np.median(b))
@@ -47,7 +51,7 @@ def median_ci(values: Sequence[float], level: float = 0.95, seed: int = 0) -> tu
     values, or all equal, the interval is (nan, nan)."""
     from scipy.stats import bootstrap
 
-    a = np.asarray([x for x in values if x is not None and math.isfinite(x)], float)
+    a = _finite(values)
     if len(a) == 0:
         return float("nan"), float("nan"), float("nan")
     point = float(np.median(a))
