@@ -165,6 +165,8 @@ FORWARDED = {
     "shared-buffer": ("pal_bench.studies.shared_buffer",
                       "the shared-memory buffer across processes against a private one"),
     "race": ("pal_bench.studies.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
+    "race-profile": ("pal_bench.studies.race_profile",
+                     "where one race contestant's time goes (cProfile areas, or PAL's per-phase times)"),
     "plugin-bench": ("pal_bench.studies.plugin",
                      "training-iteration time with each framework's buffer vs PAL's drop-in"),
     "aggregation": ("pal_bench.studies.aggregation",

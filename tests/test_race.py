@@ -88,6 +88,9 @@ def test_pal_contestant_runs_to_its_budget_and_reports_its_evaluations(name):
     steps = [e["env_steps"] for e in run["curve"]]
     assert steps and steps[-1] >= SMOKE.max_steps and steps == sorted(steps)
     assert 0 < run["setup_s"] < run["wall_s"] and all(e["wall_s"] > run["setup_s"] for e in run["curve"])
+    # the trainer's per-phase times come with the run (``pal-bench race-profile`` prints them)
+    assert {"actor0", "learner0"} <= set(run["phase_seconds"])
+    assert all(s >= 0 for ph in run["phase_seconds"].values() for s in ph.values())
 
 
 def test_unknown_contestant_is_a_clear_error():

@@ -114,6 +114,7 @@ class Clock:
         self.next_eval = task.eval_interval
         self.curve: list[dict] = []
         self.setup_s: float | None = None
+        self.phase_seconds: dict[str, dict[str, float]] = {}  # PAL's trainer: worker -> phase -> s
 
     def started(self) -> None:
         self.setup_s = time.perf_counter() - self.t0
@@ -164,6 +165,7 @@ def run_pal(task: Task, seed: int, clock: Clock, split: tuple[int, int], backend
                 s = tr.run()
             finally:
                 timer.cancel()
+        clock.phase_seconds = s.get("phase_seconds", {})
         # the trainer's own evaluation (greedy, same episodes and seeds scheme); its wall clock starts
         # when its workers are set up, so add the set-up time (construction, and worker processes' start-up)
         for e in s["eval"]:
@@ -258,8 +260,10 @@ def run_one(name: str, task: Task, seed: int, split: tuple[int, int]) -> dict:
         run_tianshou(task, seed, clock)
     else:
         raise ValueError(f"unknown contestant {name!r}; choose from {', '.join(CONTESTANTS)}")
-    return {"contestant": name, "seed": seed, "setup_s": clock.setup_s, "wall_s": clock.wall(),
-            "curve": clock.curve}
+    run = {"contestant": name, "seed": seed, "setup_s": clock.setup_s, "wall_s": clock.wall(), "curve": clock.curve}
+    if clock.phase_seconds:  # PAL's trainer: its per-phase times (``pal-bench profile``'s table)
+        run["phase_seconds"] = clock.phase_seconds
+    return run
 
 
 # ---------------------------------------------------------------------------- orchestration

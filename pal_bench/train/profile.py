@@ -23,14 +23,23 @@ def phases(run_dir: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: profile a finished run directory (results/runs/<name>)")
     summary = json.loads(path.read_text())
+    try:
+        return phase_frame(summary.get("phase_seconds", {}))
+    except ValueError:
+        raise ValueError(f"{path} holds no per-phase times") from None
+
+
+def phase_frame(phase_seconds: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """``phase_seconds`` (worker -> phase -> s, as in ``summary.json``) as one row per worker and phase:
+    worker, role, phase, seconds, share of that worker's total. ValueError if it holds no times."""
     rows = []
-    for worker, ph in summary.get("phase_seconds", {}).items():
+    for worker, ph in phase_seconds.items():
         total = sum(ph.values()) or 1.0
         role = re.sub(r"\d+$", "", worker)
         for phase, s in ph.items():
             rows.append({"worker": worker, "role": role, "phase": phase, "seconds": s, "share": s / total})
     if not rows:
-        raise ValueError(f"{path} holds no per-phase times")
+        raise ValueError("no per-phase times")
     return pd.DataFrame(rows)
 
 

@@ -1,0 +1,176 @@
+"""Where a race run's time goes: ``pal-bench race-profile CONTESTANT [--seconds S]``.
+
+Runs one race contestant exactly as ``pal-bench race`` does (same task, seed, split), but for ``--seconds``
+of wall-clock time and with the target out of reach, and says where the time went:
+
+- RLlib and tianshou (one process, one thread: RLlib with 0 env runners and a local learner) run under
+  cProfile; each function's own time is charged to the package its code lives in, and a built-in's
+  (torch's kernels, Box2D's step, numpy's C loops) to the package of the Python function that called it,
+  so the areas add up to the profiled time. cProfile slows Python-heavy code more than C, so read shares
+  against each other, not seconds against an unprofiled run; the cumulative time of the race's
+  evaluation (``greedy_return``) is shown apart, since its env steps and forward passes fall in those areas.
+- PAL's contestants (worker threads and processes, which cProfile would not see) report their trainer's own
+  per-phase times (``summary.json``'s ``phase_seconds``, the ``pal-bench profile`` table) per worker role.
+
+The first ``learning_starts`` env steps collect without updates, so profile long enough (the default 300 s
+is mostly learning for every contestant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import dataclasses
+import io
+import pstats
+import sys
+import time
+
+import pandas as pd
+
+from pal_bench.studies.race import CONTESTANTS, PAL_BACKENDS, TASKS, dse_split, run_one
+
+# (area, substrings of a code path that put a function in it), first match wins
+AREAS = (
+    ("replay buffer", ("pal_bench/integrations/", "pal_bench/_replay", "replay_buffers/", "tianshou/data/buffer")),
+    ("race evaluation loop", ("pal_bench/studies/race",)),
+    ("environment (gymnasium, Box2D)", ("gymnasium/", "Box2D")),
+    ("torch (forward, backward, optimizer)", ("torch/",)),
+    ("RLlib and Ray", ("ray/",)),
+    ("tianshou", ("tianshou/",)),
+    ("numpy", ("numpy/",)),
+)
+OTHER = "other Python (stdlib, glue)"
+# a framework loop's components: (label, code path substring, function name); the cumulative time of each, from
+# functions that do not call one another in RLlib's DQN loop (a component's share includes what it calls)
+COMPONENTS = (
+    ("env runner: env steps, exploration forward passes, episode bookkeeping",
+     "rllib/env/single_agent_env_runner.py", "sample"),
+    ("replay buffer add", "replay_buffers/prioritized_episode_buffer.py", "add"),
+    ("replay buffer sample", "replay_buffers/prioritized_episode_buffer.py", "sample"),
+    ("replay buffer update_priorities", "replay_buffers/prioritized_episode_buffer.py", "update_priorities"),
+    ("replay buffer add", "pal_bench/integrations/rllib.py", "add"),
+    ("replay buffer sample", "pal_bench/integrations/rllib.py", "sample"),
+    ("replay buffer update_priorities", "pal_bench/integrations/rllib.py", "update_priorities"),
+    ("learner update: batch from episodes, forward, backward, optimizer", "rllib/core/learner/learner_group.py",
+     "update"),
+    ("race evaluation (greedy episodes)", "pal_bench/studies/race.py", "greedy_return"),
+)
+
+
+def area_of(path: str) -> str:
+    """The area of a function whose code lives at ``path`` (OTHER if none matches)."""
+    path = path.replace("\\", "/")
+    for area, parts in AREAS:
+        if any(p in path for p in parts):
+            return area
+    return OTHER
+
+
+def area_seconds(stats: pstats.Stats) -> dict[str, float]:
+    """Own time per area: a Python function's own time in its file's area; a built-in's (file ``~``) split
+    over its callers by the time each spent in it, in the caller's area (``OTHER`` when the caller is also
+    a built-in). Sums to the profile's total own time."""
+    out: collections.Counter = collections.Counter()
+    for (path, _line, _name), (_cc, _nc, tt, _ct, callers) in stats.stats.items():
+        if path != "~":
+            out[area_of(path)] += tt
+            continue
+        by_caller = sum(c[2] for c in callers.values())
+        if not callers or by_caller <= 0:
+            out[OTHER] += tt
+            continue
+        for (cpath, _cl, _cn), c in callers.items():
+            out[OTHER if cpath == "~" else area_of(cpath)] += tt * c[2] / by_caller
+    return dict(out)
+
+
+def cumulative(stats: pstats.Stats, name: str) -> float:
+    """Cumulative seconds of the functions called ``name`` (0 if none ran)."""
+    return sum(v[3] for (_p, _l, n), v in stats.stats.items() if n == name)
+
+
+def area_table(stats: pstats.Stats) -> pd.DataFrame:
+    """Areas by own time: seconds and share of the profiled total, largest first."""
+    sec = area_seconds(stats)
+    total = sum(sec.values()) or 1.0
+    t = pd.DataFrame({"area": list(sec), "seconds": list(sec.values())})
+    t["share_%"] = (100 * t.seconds / total).round(1)
+    return t.sort_values("seconds", ascending=False).reset_index(drop=True)
+
+
+def component_table(stats: pstats.Stats, total_s: float) -> pd.DataFrame:
+    """Cumulative seconds of each ``COMPONENTS`` entry that ran, the rest of ``total_s`` as one row, and
+    shares of ``total_s``."""
+    sec: dict[str, float] = {}
+    for (path, _line, name), v in stats.stats.items():
+        for label, part, fn in COMPONENTS:
+            if name == fn and part in path.replace("\\", "/"):
+                sec[label] = sec.get(label, 0.0) + v[3]
+    rows = [{"component": k, "seconds": v} for k, v in sec.items()]
+    rows.append({"component": "the rest (framework loop, metrics, set-up)", "seconds": total_s - sum(sec.values())})
+    t = pd.DataFrame(rows)
+    t["share_%"] = (100 * t.seconds / total_s).round(1)
+    return t
+
+
+def profile_framework(name: str, task, seed: int) -> tuple[dict, pstats.Stats]:
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        run = run_one(name, task, seed, (1, 1))
+    finally:
+        prof.disable()
+    return run, pstats.Stats(prof)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pal-bench race-profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("contestant", choices=CONTESTANTS)
+    ap.add_argument("--seconds", type=float, default=300.0, help="wall-clock to run (default 300)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task", choices=sorted(TASKS), default="full", help="the race's task (default: full)")
+    ap.add_argument("--top", type=int, default=25, help="cProfile entries to list by cumulative time")
+    args = ap.parse_args(argv)
+    if not args.seconds > 0:
+        ap.error(f"--seconds must be > 0, got {args.seconds}")
+    # the race's task, run for --seconds with a target no evaluation reaches
+    task = dataclasses.replace(TASKS[args.task], max_wall_s=args.seconds, target=1e300)
+    name = args.contestant
+    t0 = time.perf_counter()
+    if name in PAL_BACKENDS:
+        from pal_bench.train.profile import phase_frame, role_table
+
+        split = dse_split(task, PAL_BACKENDS[name])
+        run = run_one(name, task, args.seed, split)
+        stats = None
+    else:
+        run, stats = profile_framework(name, task, args.seed)
+    wall = time.perf_counter() - t0
+    steps = run["curve"][-1]["env_steps"] if run["curve"] else 0
+    print(f"{name} on {task.env}, seed {args.seed}: {wall:.1f} s (set-up {run['setup_s']:.1f} s), "
+          f"{len(run['curve'])} evaluations, last at {steps} env steps"
+          + (" (under cProfile)" if stats else f", split {split[0]}+{split[1]}"))
+    if stats is None:
+        t = role_table(phase_frame(run["phase_seconds"]))
+        t["share_%"] = (t.pop("share") * 100).round(1)
+        print("\nper-phase seconds per worker role (mean over the role's workers):")
+        print(t.to_markdown(index=False, floatfmt=".1f"))
+        return 0
+    if name.startswith("rllib"):
+        print("\ncumulative time per component of RLlib's DQN loop:")
+        print(component_table(stats, stats.total_tt).to_markdown(index=False, floatfmt=".1f"))
+    print("\nown time per area (built-ins charged to their caller's area):")
+    print(area_table(stats).to_markdown(index=False, floatfmt=".1f"))
+    print(f"\nrace evaluation (greedy_return, cumulative): {cumulative(stats, 'greedy_return'):.1f} s")
+    out = io.StringIO()
+    stats.stream = out
+    stats.sort_stats("cumulative").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
