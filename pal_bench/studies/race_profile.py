@@ -12,8 +12,8 @@ of wall-clock time and with the target out of reach, and says where the time wen
 - PAL's contestants (worker threads and processes, which cProfile would not see) report their trainer's own
   per-phase times (``summary.json``'s ``phase_seconds``, the ``pal-bench profile`` table) per worker role.
 
-The first ``learning_starts`` env steps collect without updates, so profile long enough (the default 300 s
-is mostly learning for every contestant).
+The first ``learning_starts`` env steps collect without updates and count in the profile: on LunarLander
+they take PAL about 20 s and RLlib under cProfile about 110 s of the default 300 s.
 """
 
 from __future__ import annotations
@@ -42,20 +42,18 @@ AREAS = (
     ("numpy", ("numpy/",)),
 )
 OTHER = "other Python (stdlib, glue)"
-# a framework loop's components: (label, code path substring, function name); the cumulative time of each, from
-# functions that do not call one another in RLlib's DQN loop (a component's share includes what it calls)
+# RLlib's DQN loop by component: (label, code path substrings, function name); each component's cumulative time
+# (what it calls included) from functions that do not call one another in that loop
+BUFFERS = ("replay_buffers/prioritized_episode_buffer.py", "pal_bench/integrations/rllib.py")
 COMPONENTS = (
     ("env runner: env steps, exploration forward passes, episode bookkeeping",
-     "rllib/env/single_agent_env_runner.py", "sample"),
-    ("replay buffer add", "replay_buffers/prioritized_episode_buffer.py", "add"),
-    ("replay buffer sample", "replay_buffers/prioritized_episode_buffer.py", "sample"),
-    ("replay buffer update_priorities", "replay_buffers/prioritized_episode_buffer.py", "update_priorities"),
-    ("replay buffer add", "pal_bench/integrations/rllib.py", "add"),
-    ("replay buffer sample", "pal_bench/integrations/rllib.py", "sample"),
-    ("replay buffer update_priorities", "pal_bench/integrations/rllib.py", "update_priorities"),
-    ("learner update: batch from episodes, forward, backward, optimizer", "rllib/core/learner/learner_group.py",
+     ("rllib/env/single_agent_env_runner.py",), "sample"),
+    ("replay buffer add", BUFFERS, "add"),
+    ("replay buffer sample", BUFFERS, "sample"),
+    ("replay buffer update_priorities", BUFFERS, "update_priorities"),
+    ("learner update: batch from episodes, forward, backward, optimizer", ("rllib/core/learner/learner_group.py",),
      "update"),
-    ("race evaluation (greedy episodes)", "pal_bench/studies/race.py", "greedy_return"),
+    ("race evaluation (greedy episodes)", ("pal_bench/studies/race.py",), "greedy_return"),
 )
 
 
@@ -86,9 +84,10 @@ def area_seconds(stats: pstats.Stats) -> dict[str, float]:
     return dict(out)
 
 
-def cumulative(stats: pstats.Stats, name: str) -> float:
-    """Cumulative seconds of the functions called ``name`` (0 if none ran)."""
-    return sum(v[3] for (_p, _l, n), v in stats.stats.items() if n == name)
+def cumulative(stats: pstats.Stats, name: str, paths: tuple[str, ...] = ("",)) -> float:
+    """Cumulative seconds of the functions called ``name`` whose code path holds one of ``paths`` (0 if none ran)."""
+    return sum(v[3] for (p, _l, n), v in stats.stats.items()
+               if n == name and any(part in p.replace("\\", "/") for part in paths))
 
 
 def area_table(stats: pstats.Stats) -> pd.DataFrame:
@@ -104,10 +103,9 @@ def component_table(stats: pstats.Stats, total_s: float) -> pd.DataFrame:
     """Cumulative seconds of each ``COMPONENTS`` entry that ran, the rest of ``total_s`` as one row, and
     shares of ``total_s``."""
     sec: dict[str, float] = {}
-    for (path, _line, name), v in stats.stats.items():
-        for label, part, fn in COMPONENTS:
-            if name == fn and part in path.replace("\\", "/"):
-                sec[label] = sec.get(label, 0.0) + v[3]
+    for label, paths, fn in COMPONENTS:
+        if seconds := cumulative(stats, fn, paths):
+            sec[label] = sec.get(label, 0.0) + seconds
     rows = [{"component": k, "seconds": v} for k, v in sec.items()]
     rows.append({"component": "the rest (framework loop, metrics, set-up)", "seconds": total_s - sum(sec.values())})
     t = pd.DataFrame(rows)
