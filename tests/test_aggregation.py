@@ -48,6 +48,44 @@ def test_parameter_server_average_equals_the_mean():
     assert all(torch.equal(a, b) for a, b in zip(agg.unflatten(flat, grads[0]), want))
 
 
+def test_a_sole_sync_learner_applies_what_a_served_round_would():
+    """``ParameterServer.apply`` (one learner, sync: the learner steps in its own thread) leaves the networks,
+    targets and version bit for bit where ``submit`` + ``serve`` leave them, round after round."""
+    import threading
+
+    import pytest
+
+    cfg, algo, nets, targets, _, _ = agg._setup((8, 8))
+    cfg.target_update = 2                            # a target copy inside the rounds
+    direct = ParameterServer(algo, copy.deepcopy(nets), copy.deepcopy(targets), cfg, 1)
+    served = ParameterServer(algo, copy.deepcopy(nets), copy.deepcopy(targets), cfg, 1)
+    assert direct.direct
+    stop = threading.Event()
+    server = threading.Thread(target=served.serve, args=(stop,))
+    server.start()
+    try:
+        for r in range(3):
+            grads = {"q": fixed_grads(1)[0] if r != 1 else [g * -0.5 for g in fixed_grads(1)[0]]}
+            direct.apply({"q": [g.clone() for g in grads["q"]]})      # apply() may clip them in place
+            served.submit(0, served.version, grads)
+            served.wait_version(r, stop)
+    finally:
+        stop.set()
+        server.join()
+    assert direct.version == served.version == 3 and direct.handled == served.handled == [3]
+    for mine, theirs in ((direct.nets, served.nets), (direct.targets, served.targets)):
+        for (k, a), b in zip(mine.state_dict().items(), theirs.state_dict().values()):
+            assert torch.equal(a, b), k
+    assert direct.snapshot.version == 3
+    assert all(torch.equal(a, b) for a, b in zip(direct.snapshot.online.values(), served.snapshot.online.values()))
+    cfg.aggregation = "async"                        # a gradient that may be stale goes through serve()
+    with pytest.raises(RuntimeError, match="sync"):
+        ParameterServer(algo, copy.deepcopy(nets), copy.deepcopy(targets), cfg, 1).apply(grads)
+    cfg.aggregation = "sync"
+    with pytest.raises(RuntimeError, match="sync"):
+        ParameterServer(algo, copy.deepcopy(nets), copy.deepcopy(targets), cfg, 2).apply(grads)
+
+
 def test_thread_reference_runs():
     threads = torch.get_num_threads()
     try:

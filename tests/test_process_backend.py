@@ -39,6 +39,9 @@ def test_a_run_holds_the_budget_and_cleans_up(tmp_path):
     assert s["updates"] == tr.rate.max_updates                  # updates_per_step held across processes
     assert s["transitions_lost"] == 0 and not s["restarts"]
     assert {"actor0", "actor1", "learner0"} <= set(s["phase_seconds"])
+    # the sole sync learner applies its own gradients: no server thread, no hand-off
+    assert "apply" in s["phase_seconds"]["learner0"] and "aggregation_wait" not in s["phase_seconds"]["learner0"]
+    assert "parameter-server" not in s["phase_seconds"] and s["ps_steps"] == s["updates"]
     # the actor processes were set up (imports, environments, weights) before the clock started
     assert s["startup_s"] > 0 and s["wall_s"] > 0
     assert json.loads((tmp_path / "p" / "summary.json").read_text())["env_steps"] == cfg.steps

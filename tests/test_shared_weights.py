@@ -92,6 +92,23 @@ def test_load_into_a_module_only_when_newer():
         assert w.load_into(other, 1) == 1
 
 
+def test_read_into_a_subset_copies_only_those_tensors():
+    """An actor without Ape-X priorities reads only the online weights, straight into its network's tensors."""
+    spec = spec_of(_state(0.0))
+    with SharedWeights.create(spec) as w:
+        w.publish(_state(2.0))
+        out = {"w1": torch.zeros(256, 128), "b1": torch.zeros(128)}
+        version, got = w.read(out)
+        assert version == 1 and got is out and set(got) == {"w1", "b1"}
+        assert bool((out["w1"] == 2.0).all()) and bool((out["b1"] == 2.0).all())
+        net = torch.nn.Linear(4, 3)
+        into = net.state_dict()                          # detached views of the parameters
+        with SharedWeights.create(spec_of(into)) as wn:
+            wn.publish({k: torch.full_like(v, 5.0) for k, v in into.items()})
+            wn.read(into)
+        assert bool((net.weight == 5.0).all()) and bool((net.bias == 5.0).all())
+
+
 def test_bad_input_is_rejected_and_close_unlinks():
     before = _shm_names()
     spec = spec_of(_state(0.0))

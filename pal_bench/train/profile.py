@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 PHASE_ORDER = ["setup", "rate_wait", "weights_pull", "inference", "env_step", "buffer_insert", "sample",
-               "forward_backward", "priority_update", "aggregation_wait", "aggregate", "publish", "idle"]
+               "forward_backward", "priority_update", "aggregation_wait", "apply", "aggregate", "publish", "idle"]
 
 
 def phases(run_dir: str | Path) -> pd.DataFrame:

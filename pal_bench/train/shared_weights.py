@@ -143,7 +143,8 @@ class SharedWeights:
     def read(self, out: dict[str, torch.Tensor] | None = None, min_version: int = 1,
              timeout_s: float = 10.0) -> tuple[int, dict[str, torch.Tensor]] | None:
         """A consistent copy of the latest version ``>= min_version``: ``(version, tensors)``, copied into
-        ``out``'s tensors if given (same shapes), else into new tensors. None if no such version yet.
+        ``out``'s tensors if given (same shapes; its names may be a subset of the block's, and only those are
+        copied), else into new tensors. None if no such version yet.
         Retries while the writer is mid-copy, for up to ``timeout_s`` (then RuntimeError). A writer that
         publishes back to back with no pause can starve readers; the parameter server publishes once per
         update (milliseconds apart), far slower than a copy."""
@@ -159,8 +160,8 @@ class SharedWeights:
             if out is None:
                 copy = {k: torch.from_numpy(v.copy()) for k, v in self._views.items()}
             else:
-                for k, v in self._views.items():
-                    out[k].numpy()[...] = v
+                for k, dst in out.items():
+                    dst.numpy()[...] = self._views[k]
                 copy = out
             if int(self._seq[0]) == s1:
                 return s1 // 2, copy

@@ -267,14 +267,18 @@ def insert(ctx, buffer, stepper, items: list, nets, targets, timer: PhaseTimer) 
 
 def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
     """Sample, compute the loss and gradients on a local copy of the networks, send the gradients to
-    the parameter server and write |TD| back as priorities."""
+    the parameter server and write |TD| back as priorities; a sole sync learner (``ps.direct``) computes
+    them on the server's networks and applies them itself."""
     cfg, algo = tr.cfg, tr.algo
     torch.set_num_threads(1)
     pin(cfg.actors + learner_id if cfg.pin_cores else None)
     timer = tr.timers[f"learner{learner_id}"] = PhaseTimer()
-    nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
-    targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
-    groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+    if tr.ps.direct:        # the sole learner steps the server's own networks: nothing to copy or pull
+        nets, targets, groups = tr.ps.nets, tr.ps.targets, tr.ps.params
+    else:
+        nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
+        targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
+        groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
     timer.lap("setup")
     try:
         _learn(tr, learner_id, stop, nets, targets, groups, timer)
@@ -287,11 +291,12 @@ def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
     version, submitted = -1, 0
     while tr.rate.acquire_update(stop, tr.actors_finished):
         timer.lap("rate_wait")
-        snap = tr.ps.snapshot
-        if snap.version != version:
-            load_snapshot(nets, targets, snap)
-            version = snap.version
-        timer.lap("weights_pull")
+        if not tr.ps.direct:
+            snap = tr.ps.snapshot
+            if snap.version != version:
+                load_snapshot(nets, targets, snap)
+                version = snap.version
+            timer.lap("weights_pull")
         update = tr.next_update_index()
         sample = tr.buffer.sample(cfg.batch_size, beta=tr.beta(update))
         timer.lap("sample")
@@ -304,11 +309,15 @@ def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
         if cfg.prioritized:
             tr.buffer.update_priorities(sample["indices"], td.numpy().astype(np.float64))
         timer.lap("priority_update")
-        if cfg.aggregation == "async":
-            tr.ps.wait_handled(learner_id, submitted, stop)
-        tr.ps.submit(learner_id, snap.version, grads)
-        submitted += 1
-        if cfg.aggregation == "sync":
-            tr.ps.wait_version(snap.version, stop)
-        timer.lap("aggregation_wait")
+        if tr.ps.direct:
+            tr.ps.apply(grads)
+            timer.lap("apply")
+        else:
+            if cfg.aggregation == "async":
+                tr.ps.wait_handled(learner_id, submitted, stop)
+            tr.ps.submit(learner_id, snap.version, grads)
+            submitted += 1
+            if cfg.aggregation == "sync":
+                tr.ps.wait_version(snap.version, stop)
+            timer.lap("aggregation_wait")
         tr.rate.update_done()

@@ -107,7 +107,8 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         start = int(counters[_inserted(actor)])
         stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
                                           for i in range(E)], actor)
-        version = _pull(weights, nets, targets, 0)
+        into = _actor_tensors(nets, targets)
+        version = _pull(weights, into, 0)
         local = LocalBuffer(ctx, buf, stepper, nets, targets, timer)
         if os.environ.get("PAL_BENCH_TEST_ACTOR_SETUP_FAIL") == str(actor):      # tests only
             raise RuntimeError(f"injected set-up failure of actor{actor}")
@@ -143,7 +144,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
                 timer.lap("rate_wait")
                 continue
             timer.lap("rate_wait")
-            version = _pull(weights, nets, targets, version)
+            version = _pull(weights, into, version)
             timer.lap("weights_pull")
             rows, episodes = stepper.step(nets, reserved + E, rng, timer)
             if episodes:
@@ -283,17 +284,16 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
                 h.close()
 
 
-def _pull(weights: SharedWeights, nets, targets, version: int) -> int:
-    """Load a newer published version into the actor's networks (online, and targets for Ape-X priorities)."""
-    got = weights.read(min_version=version + 1)
-    if got is None:
-        return version
-    new, tensors = got
-    online = {k[len("online."):]: v for k, v in tensors.items() if k.startswith("online.")}
-    nets.load_state_dict(online)
-    if targets is not None:
-        targets.load_state_dict({k[len("target."):]: v for k, v in tensors.items() if k.startswith("target.")})
-    return new
+def _actor_tensors(nets, targets) -> dict:
+    """The actor networks' own tensors under the published names: the online networks, and the targets when
+    the actor computes Ape-X priorities (a new version is copied straight into them, nothing else)."""
+    return _flat_state(_Pair(nets.state_dict(), targets.state_dict() if targets is not None else {}))
+
+
+def _pull(weights: SharedWeights, into: dict, version: int) -> int:
+    """Copy a version newer than ``version`` into ``into`` (``_actor_tensors``); returns the version held."""
+    got = weights.read(out=into, min_version=version + 1)      # state_dict tensors are detached: no autograd
+    return version if got is None else got[0]
 
 
 class _Pair:
@@ -562,13 +562,17 @@ class ProcessTrainer(Trainer):
                 _, flat = got
                 grads = {g: [flat[f"{g}.{k}"] for k in range(len(self.ps.params[g]))]
                          for j, g in enumerate(names) if flat["groups"][j]}
-                if cfg.aggregation == "async":
-                    self.ps.wait_handled(i, submitted, self.stop)
-                self.ps.submit(i, version, grads)
+                if self.ps.direct:                   # the sole sync learner's gradient: applied here
+                    self.ps.apply(grads)
+                    timer.lap("apply")
+                else:
+                    if cfg.aggregation == "async":
+                        self.ps.wait_handled(i, submitted, self.stop)
+                    self.ps.submit(i, version, grads)
+                    if cfg.aggregation == "sync":
+                        self.ps.wait_version(version, self.stop)
+                    timer.lap("aggregation_wait")
                 submitted += 1
-                if cfg.aggregation == "sync":
-                    self.ps.wait_version(version, self.stop)
-                timer.lap("aggregation_wait")
                 self.rate.update_done()
         finally:
             self.ps.learner_left()

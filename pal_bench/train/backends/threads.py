@@ -214,7 +214,8 @@ class Trainer(RunCore):
         schedule = DriverSchedule(self)
         interrupted = False
         try:
-            self._spawn("parameter-server", self.ps.serve, self.stop)
+            if not self.ps.direct:                     # a sole sync learner applies its own gradients
+                self._spawn("parameter-server", self.ps.serve, self.stop)
             for i in range(cfg.learners):
                 self._spawn(f"learner{i}", self._learner_body, i)
             for i in range(cfg.actors):
@@ -305,7 +306,7 @@ class Trainer(RunCore):
             "reached_return": self.reached_return,
             "eval": self.evals, "run_dir": str(self.run_dir),
             "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()}
-            | {"parameter-server": self._ps_phases(wall)},
+            | ({} if self.ps.direct else {"parameter-server": self._ps_phases(wall)}),
             "rate_wait_s": self.rate.wait_s,
             "actor_epsilons": ([self.actor_epsilon(a) for a in range(self.cfg.actors)]
                                if self.cfg.exploration == "apex" and self.cfg.algo in Q_ALGOS else None),
