@@ -42,6 +42,8 @@ PLACEMENT_TIMEOUT_S = 60.0
 class _PSView:
     """What ``Trainer``'s evaluation and summary read from a parameter server, from the Ray actor."""
 
+    direct = False        # Ray's learners always send their gradients to the parameter-server actor
+
     def __init__(self):
         self.handle = None
         self.version, self.dropped_stale = 0, 0
