@@ -314,3 +314,22 @@ def test_scaling_measures_learner_processes_and_cleans_up():
     assert scaling.measure_fl(cfg, 2, 40, filled=600) > 0
     assert not mp.active_children()
     assert _shm() == before
+
+
+def test_a_waiting_learner_polls_rarely_only_while_its_update_is_far_off():
+    """The driver's learner polls the shared counters every 0.5 ms next to its update, every 10 ms while the
+    update lacks more than FAR_STEPS env steps (the prefill), and at the near rate again once they come."""
+    from pal_bench.train.backends.processes import HEADER, SharedRate, _inserted
+
+    cfg = make_config(algo="dqn", env="CartPole-v1", backend="processes", actors=2, steps=10_000,
+                      learning_starts=1_000, updates_per_step=0.25)
+    counters = mp.get_context("spawn").RawArray("q", HEADER + 2 * cfg.actors)
+    rate = SharedRate(cfg, counters)
+    assert rate._poll_s("learner") == SharedRate.FAR_POLL_S          # 1,004 steps short of update 1
+    counters[_inserted(0)] = 500
+    counters[_inserted(1)] = 1_004 - 500 - SharedRate.FAR_STEPS     # exactly FAR_STEPS short
+    assert rate._poll_s("learner") == SharedRate.POLL_S
+    counters[_inserted(1)] -= 1
+    assert rate._poll_s("learner") == SharedRate.FAR_POLL_S
+    rate.paused = True                                                # a checkpoint's pause: watch closely
+    assert rate._poll_s("learner") == SharedRate.POLL_S
