@@ -58,3 +58,17 @@ def test_links_and_figures_resolve(path):
             continue
         file = target.split("#")[0]
         assert (path.parent / file).exists(), f"{path.name}: {target} does not exist"
+
+
+def test_backend_ratios_pair_the_rounds_measured_side_by_side(tmp_path):
+    """The processes/threads ratio is the median of per-round ratios, not the ratio of medians: here threads
+    and processes slow down together in rounds 2-3, so every paired ratio is 1.0 while the medians differ."""
+    head = "curve,threads,throughput,throughput_reps,speedup\n"
+    (tmp_path / "scaling.csv").write_text(head + 'f_a,1,100,"100 60 50",1\n')
+    (tmp_path / "scaling_processes.csv").write_text(head + 'f_a,1,80,"100 80 50",1\n')
+    block = tables.processes_block(tmp_path)
+    row = next(line for line in block.splitlines() if line.startswith("| f_a"))
+    assert re.search(r"\|\s*1\.00( \[[^]]*\])?\s*\|", row) and "0.80" not in row, row
+    (tmp_path / "scaling_processes.csv").write_text(head + "f_a,1,80,,1\n")      # no rounds stored: plain ratio
+    row = next(line for line in tables.processes_block(tmp_path).splitlines() if line.startswith("| f_a"))
+    assert re.search(r"\|\s*0\.80\s*\|", row), row

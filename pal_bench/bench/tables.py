@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.bench import conditions
-from pal_bench.bench.stats import fmt_ci, ratio_ci
+from pal_bench.bench.stats import fmt_ci, median_ci, ratio_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END generated:(?P=name) -->)",
@@ -396,26 +396,46 @@ def processes_block(results: Path) -> str:
     if not (t_path.exists() and p_path.exists()):
         return missing("scaling_processes.csv", "python -m pal_bench.studies.scaling --backend processes")
     t, p = pd.read_csv(t_path), pd.read_csv(p_path)
-    m = t[["curve", "threads", "throughput"]].merge(p[["curve", "threads", "throughput", "speedup"]],
-                                                     on=["curve", "threads"], suffixes=("_threads", "_processes"))
+    cols = ["curve", "threads", "throughput", "throughput_reps"]
+    m = t.reindex(columns=cols).merge(p.reindex(columns=cols + ["speedup"]), on=["curve", "threads"],
+                                      suffixes=("_threads", "_processes"))
     out = pd.DataFrame({"curve": m.curve, "workers": m.threads, "threads": m.throughput_threads,
                         "processes": m.throughput_processes,
-                        "processes / threads": m.throughput_processes / m.throughput_threads,
+                        "processes / threads [95% CI]": _paired(m.throughput_reps_processes, m.throughput_reps_threads,
+                                                                m.throughput_processes / m.throughput_threads),
                         "processes: speedup over 1": m.speedup})
     sources = ["scaling.csv", "scaling_processes.csv"]
     note = "the process backend's learners are driver threads, as the thread backend's"
     lp_path = results / "scaling_learner_processes.csv"
     if lp_path.exists():
-        lp = pd.read_csv(lp_path)
+        lp = pd.read_csv(lp_path).reindex(columns=cols)
         lp = lp[lp.curve == "f_l"].set_index("threads")
         fl = out.curve == "f_l"
         out["learner processes"] = out.workers.map(lp.throughput).where(fl)
-        out["learner processes / threads"] = (out["learner processes"] / out.threads).where(fl)
+        ratio = _paired(out.workers.map(lp.throughput_reps), m.throughput_reps_threads,
+                        out["learner processes"] / out.threads)
+        out["learner processes / threads [95% CI]"] = ratio.where(fl, "")
         sources.append("scaling_learner_processes.csv")
         note += "; the last two columns: f_l with learner processes (`learner_processes = true`)"
     return ("DQN on CartPole-v1: f_a (transitions/s, actors only) and f_l (updates/s, learners only) with actor "
-            f"processes on the shared buffer against actor threads ({note}).\n\n" + md(out, ".2f") + "\n\n"
-            + source(results, *sources) + "\n")
+            f"processes on the shared buffer against actor threads ({note}). Throughputs are medians over the "
+            "rounds of `--repeats`; a ratio is the median over rounds of the two measured side by side in that "
+            "round (each round measures every backend at that point, one after the other), with a bootstrap "
+            "interval over rounds.\n\n" + md(out, ".2f") + "\n\n" + source(results, *sources) + "\n")
+
+
+def _paired(mine: pd.Series, ref: pd.Series, plain: pd.Series) -> pd.Series:
+    """Per row: the median over rounds of mine[i] / ref[i] (round i of each stored repetition list) with a
+    bootstrap interval, or ``plain`` (the ratio of medians) where the repetitions are not stored or differ in
+    number."""
+    out = []
+    for a, b, c in zip(mine, ref, plain):
+        a, b = _reps(a), _reps(b)
+        if a and len(a) == len(b):
+            out.append(fmt_ci(*median_ci([x / y for x, y in zip(a, b)])))
+        else:
+            out.append("" if pd.isna(c) else f"{c:.2f}")
+    return pd.Series(out, index=plain.index)
 
 
 # ------------------------------------------------------------------ plug-in benchmark and race
