@@ -64,6 +64,8 @@ def _dse(args) -> int:
         raise UsageError(f"--max-cores {args.max_cores}: a split needs at least 2 cores (one actor, one learner)")
     if args.ratio is not None and not args.ratio > 0:
         raise UsageError(f"--ratio {args.ratio}: updates per transition must be > 0")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: at least 1 round")
     if args.measured and not Path(args.measured).is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
     m = args.max_cores or scaling.usable_cores()
@@ -145,7 +147,8 @@ def _dse(args) -> int:
         validated = Conditions("core-split validation")
         splits = list(zip(table.actors, table.learners))
         with scaling.ray_session(cfg):      # Ray: one session for every split
-            measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr))
+            measured = dse.validate(cfg, splits, args.validate, progress=lambda msg: print(msg, file=sys.stderr),
+                                    repeats=args.repeats)
         v = table.merge(measured, on=["actors", "learners"])
         v["predicted_rank"] = v.transitions_per_s.rank(ascending=False, method="min").astype(int)
         v["chosen"] = (v.actors == best.actors) & (v.learners == best.learners)
@@ -268,6 +271,8 @@ def _main(argv: list[str]) -> int:
     d.add_argument("--validate", type=int, metavar="STEPS", default=0,
                    help="also run the trainer at every split for STEPS transitions and compare "
                         "(results/dse_validation.csv)")
+    d.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="--validate in R rounds (every split once per round), medians per split (default 1)")
     from pal_bench.bench.conditions import add_force_flag
 
     add_force_flag(d)

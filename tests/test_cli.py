@@ -38,6 +38,7 @@ def test_a_run_that_would_never_learn_is_rejected_naming_both_fields(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["dse", "--curves", "missing.csv"], "--curves missing.csv: no such file"),
     (["dse", "--max-cores", "0", "--curves", "x.csv"], "--max-cores 0: a split needs at least 2 cores"),
+    (["dse", "--repeats", "0", "--curves", "x.csv"], "--repeats 0: at least 1 round"),
 ])
 def test_dse_argument_errors(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)

@@ -80,6 +80,22 @@ def test_dse_validate_runs_the_trainer_at_every_split(tmp_path, monkeypatch, cap
     assert not (tmp_path / "results").exists()
 
 
+def test_dse_validate_in_rounds_stores_every_round_and_the_median(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from pal_bench.cli import main
+
+    rows = [{"curve": c, "threads": 1, "throughput": v} for c, v in (("f_a", 1000.0), ("f_l", 100.0))]
+    pd.DataFrame(rows).to_csv(tmp_path / "scaling.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["dse", "--curves", "scaling.csv", "--max-cores", "2", "--validate", "300", "--repeats", "3",
+                 "--force"]) == 0
+    v = pd.read_csv(tmp_path / "pal-bench-out" / "dse_validation.csv")
+    reps = [float(x) for x in v.measured_transitions_per_s_reps.iloc[0].split()]
+    assert len(reps) == 3 and v.measured_transitions_per_s.iloc[0] == pytest.approx(sorted(reps)[1], abs=0.01)
+    assert "(3 rounds, medians)" in capsys.readouterr().out
+
+
 def test_dse_writes_only_under_out_and_follows_the_curves_algo_and_env(tmp_path, monkeypatch, capsys):
     import pandas as pd
 

@@ -80,26 +80,37 @@ def solve(f_a, f_l, ratio: float, max_cores: int) -> tuple[Allocation, pd.DataFr
     return alloc, t.drop(columns="imbalance"), frontier.drop(columns="imbalance")
 
 
-def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print) -> pd.DataFrame:
-    """Run the trainer (``cfg.backend``: threads or Ray) at each (actors, learners) split for ``steps``
-    transitions (after ``learning_starts``) and measure its end-to-end throughput."""
+def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print, repeats: int = 1) -> pd.DataFrame:
+    """Run the trainer (``cfg.backend``) at each (actors, learners) split for ``steps`` transitions (after
+    ``learning_starts``) and measure its end-to-end throughput (transitions/s, updates/s): ``repeats``
+    rounds, each running every split once, so that the splits share the machine's drift; per split the
+    median over rounds, and every round's transitions/s in ``measured_transitions_per_s_reps``."""
     import dataclasses
+    import statistics
     import tempfile
 
     from pal_bench.train import make_trainer
 
+    got: dict[tuple[int, int], list[dict]] = {split: [] for split in splits}
+    for r in range(repeats):
+        for i, (xa, xl) in enumerate(splits, 1):
+            where = f"[validate {i}/{len(splits)}" + (f" round {r + 1}/{repeats}]" if repeats > 1 else "]")
+            progress(f"{where} {xa} actor(s) + {xl} learner(s) ...")
+            with tempfile.TemporaryDirectory(prefix="pal-dse-") as out:
+                c = dataclasses.replace(cfg, actors=xa, learners=xl, steps=cfg.learning_starts + steps,
+                                        progress=False, eval_episodes=0, eval_interval=0, deterministic=False,
+                                        out_dir=out)
+                with make_trainer(c) as tr:
+                    s = tr.run()
+            got[(xa, xl)].append(s)
+            progress(f"{where} {s['env_steps_per_s']:.0f} transitions/s, {s['updates_per_s']:.0f} updates/s")
     rows = []
-    for i, (xa, xl) in enumerate(splits, 1):
-        progress(f"[validate {i}/{len(splits)}] {xa} actor(s) + {xl} learner(s) ...")
-        with tempfile.TemporaryDirectory(prefix="pal-dse-") as out:
-            c = dataclasses.replace(cfg, actors=xa, learners=xl, steps=cfg.learning_starts + steps, progress=False,
-                                    eval_episodes=0, eval_interval=0, deterministic=False, out_dir=out)
-            with make_trainer(c) as tr:     # cfg.backend: threads, or Ray processes
-                s = tr.run()
-        rows.append({"actors": xa, "learners": xl, "measured_transitions_per_s": s["env_steps_per_s"],
-                     "measured_updates_per_s": s["updates_per_s"], "wall_s": s["wall_s"]})
-        progress(f"[validate {i}/{len(splits)}] {s['env_steps_per_s']:.0f} transitions/s, "
-                 f"{s['updates_per_s']:.0f} updates/s")
+    for (xa, xl), runs in got.items():
+        rows.append({"actors": xa, "learners": xl,
+                     "measured_transitions_per_s": statistics.median(s["env_steps_per_s"] for s in runs),
+                     "measured_updates_per_s": statistics.median(s["updates_per_s"] for s in runs),
+                     "wall_s": statistics.median(s["wall_s"] for s in runs),
+                     "measured_transitions_per_s_reps": " ".join(f"{s['env_steps_per_s']:.1f}" for s in runs)})
     return pd.DataFrame(rows)
 
 
@@ -117,8 +128,11 @@ def validation_text(v: pd.DataFrame) -> str:
                                 "measured_transitions_per_s": "measured transitions/s",
                                 "measured_updates_per_s": "measured updates/s"})
     t["chosen"] = t.chosen.map({True: "**chosen**", False: ""})
+    rounds = len(str(v.get("measured_transitions_per_s_reps", pd.Series([""])).iloc[0]).split())
+    runs = f"running the trainer at every split ({rounds} rounds, medians)" if rounds > 1 else \
+        "running the trainer at every split"
     return (f"The solver chose {int(chosen.actors)} actor(s) + {int(chosen.learners)} learner(s) from the f_a / f_l "
-            f"curves ({int(v.cores.max())} cores at most); running the trainer at every split, the chosen one is "
+            f"curves ({int(v.cores.max())} cores at most); {runs}, the chosen one is "
             f"{verdict}, so the choice {holds} (threshold: within 10% of the best).\n\n"
             + t.to_markdown(index=False, floatfmt=".0f") + "\n")
 
