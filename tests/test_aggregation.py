@@ -137,3 +137,38 @@ def test_gloo_allreduce_and_hierarchical_match_the_mean(ray_session):
         ray.get([w.close.remote() for w in workers])
         for w in workers:
             ray.kill(w)
+
+
+def test_the_servers_clip_gives_torchs_bits():
+    """``clip_grad_norm`` scales like ``torch.nn.utils.clip_grad_norm_``, bit for bit, above and below the limit."""
+    from pal_bench.train.param_server import clip_grad_norm
+
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.01, 1.0, 100.0):
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in ((8, 4), (8,), (2, 8), (2,))]
+        grads = [torch.randn(p.shape, generator=gen) * scale for p in params]
+        mine = [torch.nn.Parameter(torch.zeros(p.shape)) for p in params]
+        for p, q, g in zip(params, mine, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        clip_grad_norm(mine, 1.0)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(params, mine)), scale
+
+
+def test_snapshots_share_the_targets_until_a_target_copy():
+    """DQN copies its targets every ``target_update`` steps: the snapshots in between keep the previous target
+    tensors (nothing cloned), a copy gives fresh ones equal to the online weights; they are never written."""
+    cfg, algo, nets, targets, _, _ = agg._setup((8, 8))
+    cfg.target_update = 3
+    ps = ParameterServer(algo, copy.deepcopy(nets), copy.deepcopy(targets), cfg, 1)
+    snaps = [ps.snapshot]
+    for _ in range(4):
+        ps.apply({"q": [g.clone() for g in fixed_grads(1)[0]]})
+        snaps.append(ps.snapshot)
+    first = {k: v.clone() for k, v in snaps[0].target.items()}
+    assert snaps[1].target is snaps[0].target and snaps[2].target is snaps[0].target     # versions 1, 2
+    assert snaps[3].target is not snaps[2].target                                         # version 3 copies
+    assert all(torch.equal(snaps[3].target[k], snaps[3].online[k]) for k in snaps[3].online)
+    assert snaps[4].target is snaps[3].target
+    assert all(torch.equal(first[k], snaps[0].target[k]) for k in first)                  # never written
+    assert not torch.equal(snaps[3].target[next(iter(first))], first[next(iter(first))])

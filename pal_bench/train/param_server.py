@@ -33,6 +33,20 @@ def _clone(state: dict) -> dict:
     return {k: v.detach().clone() for k, v in state.items()}
 
 
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+    """Scale the gradients of ``params`` in place so that their joint L2 norm is at most ``max_norm``: the same
+    bits as ``torch.nn.utils.clip_grad_norm_`` (tested), without its per-call grouping by device and dtype
+    (about 45 instead of 100 µs for DQN's six CPU tensors). Mixed devices or dtypes go to torch's."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    if any(g.device != grads[0].device or g.dtype != grads[0].dtype for g in grads):
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+
+
 class ParameterServer:
     def __init__(self, algo, nets: torch.nn.ModuleDict, targets: torch.nn.ModuleDict, cfg, n_learners: int):
         self.algo, self.nets, self.targets, self.cfg = algo, nets, targets, cfg
@@ -104,15 +118,17 @@ class ParameterServer:
                 p.grad = (contributions[0][i] if len(contributions) == 1
                           else torch.stack([c[i] for c in contributions]).mean(0))
             if self.cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.params[group], self.cfg.grad_clip)
+                clip_grad_norm(self.params[group], self.cfg.grad_clip)
             self.optimizers[group].step()
             self.optimizers[group].zero_grad(set_to_none=True)
         version = self.version + 1
         self.applied += len(grad_list)
-        self.algo.update_targets(self.nets, self.targets, self.cfg, version)
+        targets_changed = self.algo.update_targets(self.nets, self.targets, self.cfg, version) is not False
         t1 = time.perf_counter()
-        # publish: the snapshot first, then the version number that waiters look at
-        self.snapshot = Snapshot(version, _clone(self.nets.state_dict()), _clone(self.targets.state_dict()))
+        # publish: the snapshot first, then the version number that waiters look at; unchanged targets keep
+        # the previous snapshot's tensors (no snapshot's tensors are ever written)
+        target = _clone(self.targets.state_dict()) if targets_changed else self.snapshot.target
+        self.snapshot = Snapshot(version, _clone(self.nets.state_dict()), target)
         with self.changed:
             self.version = version
             self.changed.notify_all()

@@ -8,7 +8,8 @@ Each module defines ``DEFAULT_ENV``, ``DEFAULTS`` and ``ENV_DEFAULTS`` (config f
 - ``act(nets, obs, explore, generator) -> np.ndarray``: actions for a batch of observations;
   ``explore`` is epsilon (DQN family), a noise scale (DDPG/TD3), or True/False (SAC);
 - ``losses(nets, targets, batch, cfg, update) -> (dict[group, loss], |td| per sample)``;
-- ``update_targets(nets, targets, cfg, step)``: after each parameter-server step.
+- ``update_targets(nets, targets, cfg, step) -> bool``: after each parameter-server step; whether it
+  changed the targets (False lets the server's next snapshot share the previous one's target tensors).
 
 A recurrent module (``RECURRENT = True``: r2d2) also defines ``initial_state(nets, batch)`` and its ``act``
 takes and returns the LSTM state: ``act(nets, obs, explore, generator, state) -> (actions, state)``; its

@@ -58,6 +58,7 @@ def losses(nets, targets, batch, cfg, update: int):
     return {"critic": critic, "actor": actor}, td.detach().abs()
 
 
-def update_targets(nets, targets, cfg, step: int) -> None:
+def update_targets(nets, targets, cfg, step: int) -> bool:
     polyak(nets["q"], targets["q"], cfg.tau)
     polyak(nets["pi"], targets["pi"], cfg.tau)
+    return True

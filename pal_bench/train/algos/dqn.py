@@ -73,6 +73,9 @@ def losses(nets, targets, batch, cfg, update: int):
     return {"q": loss}, td.detach().abs()
 
 
-def update_targets(nets, targets, cfg, step: int) -> None:
+def update_targets(nets, targets, cfg, step: int) -> bool:
+    """Hard copy every ``target_update`` steps; True when it copied."""
     if step % cfg.target_update == 0:
         targets.load_state_dict(nets.state_dict())
+        return True
+    return False

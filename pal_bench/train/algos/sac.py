@@ -87,6 +87,7 @@ def losses(nets, targets, batch, cfg, update: int):
     return out, (q1 - y).detach().abs()
 
 
-def update_targets(nets, targets, cfg, step: int) -> None:
+def update_targets(nets, targets, cfg, step: int) -> bool:
     for name in TARGETS:
         polyak(nets[name], targets[name], cfg.tau)
+    return True
