@@ -130,3 +130,46 @@ def test_bad_input_is_rejected_and_close_unlinks():
     with pytest.raises(FileNotFoundError):
         SharedWeights.attach(name, spec)
     assert _shm_names() == before
+
+
+def test_a_partial_publish_keeps_the_other_tensors_of_the_last_version():
+    spec = spec_of(_state(0.0))
+    with SharedWeights.create(spec) as w:
+        w.publish(_state(1.0))
+        assert w.publish({"w1": torch.full((256, 128), 3.0)}, partial=True) == 2
+        version, got = w.read()
+        assert version == 2 and bool((got["w1"] == 3.0).all())
+        assert all(bool((got[k] == 1.0).all()) for k in got if k != "w1")
+        with pytest.raises(KeyError):                                  # an unknown name, even partial
+            w.publish({"nope": torch.zeros(3)}, partial=True)
+        assert w.read()[0] == 2
+
+
+def test_the_driver_copies_the_targets_only_when_the_server_changed_them():
+    """The process backend's driver publishes a snapshot whose target dict is the one it last copied as online
+    weights only; a new target dict (a target copy) goes in whole, and readers see the server's targets."""
+    from types import SimpleNamespace
+
+    from pal_bench.train.backends.processes import ProcessTrainer, _flat_state
+    from pal_bench.train.param_server import Snapshot
+
+    online = {"w": torch.zeros(4, 2), "b": torch.zeros(2)}
+    target = {k: v.clone() for k, v in online.items()}
+    first = Snapshot(0, online, target)
+    with SharedWeights.create(spec_of(_flat_state(first))) as w:
+        calls = []
+        publish = w.publish
+        w.publish = lambda sd, partial=False: calls.append((sorted(sd), partial)) or publish(sd, partial)
+        driver = SimpleNamespace(ps=SimpleNamespace(snapshot=first), _weights=w, _published=-1,
+                                 _published_target=None)
+        ProcessTrainer._publish(driver)
+        driver.ps.snapshot = Snapshot(1, {k: v + 1 for k, v in online.items()}, target)       # targets unchanged
+        ProcessTrainer._publish(driver)
+        new_target = {k: v + 7 for k, v in online.items()}
+        driver.ps.snapshot = Snapshot(2, {k: v + 2 for k, v in online.items()}, new_target)   # a target copy
+        ProcessTrainer._publish(driver)
+        ProcessTrainer._publish(driver)                                                        # same version
+        assert [len(names) for names, _ in calls] == [4, 2, 4]
+        assert [partial for _, partial in calls] == [False, True, False]
+        version, got = w.read()
+        assert version == 3 and bool((got["online.w"] == 2).all()) and bool((got["target.w"] == 7).all())

@@ -123,10 +123,13 @@ class SharedWeights:
         """Versions published so far (the latest complete one); an odd counter means one is being written."""
         return int(self._seq[0]) // 2
 
-    def publish(self, state_dict: dict[str, torch.Tensor]) -> int:
-        """Copy ``state_dict`` in (one writer only); returns the new version."""
+    def publish(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> int:
+        """Copy ``state_dict`` in (one writer only); returns the new version. With ``partial``, ``state_dict`` may
+        name a subset of the block's tensors: the others keep the bytes of the previous version (for tensors the
+        writer knows did not change)."""
         self._check()
-        if len(state_dict) != len(self._views) or any(k not in self._views for k in state_dict):
+        unknown = [k for k in state_dict if k not in self._views]
+        if unknown or (not partial and len(state_dict) != len(self._views)):
             raise KeyError(f"state dict keys {sorted(state_dict)} differ from the shared block's {sorted(self._views)}")
         for k, t in state_dict.items():               # validate everything before the counter goes odd
             if tuple(t.shape) != self._views[k].shape:

@@ -398,6 +398,7 @@ class ProcessTrainer(Trainer):
         self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
         self._sync_lock = threading.Lock()
         self._published = -1
+        self._published_target: dict | None = None  # the snapshot target dict whose tensors the block holds
         self.restarts = [0] * cfg.actors
         self.lost = [0] * cfg.actors
         name = _segment_name(self.run_dir, "w")
@@ -438,10 +439,15 @@ class ProcessTrainer(Trainer):
     # ------------------------------------------------------------------ counters and weights
 
     def _publish(self) -> None:
+        """Copy the server's latest snapshot into the shared block, its targets only when they changed (the server
+        keeps the same target dict until they do)."""
         snap = self.ps.snapshot
         if snap.version != self._published:
-            self._weights.publish(_flat_state(snap))
-            self._published = snap.version
+            if snap.target is self._published_target:
+                self._weights.publish({f"online.{k}": v for k, v in _as_state(snap.online).items()}, partial=True)
+            else:
+                self._weights.publish(_flat_state(snap))
+            self._published, self._published_target = snap.version, snap.target
 
     def _sync(self) -> None:
         """Publish new weights and drain the actors' messages (episodes, timers, errors)."""
