@@ -303,9 +303,12 @@ class _Pair:
         self.online, self.target = online, target
 
 
-def _flat_state(snap) -> dict:
+def _flat_state(snap, targets: bool = True) -> dict:
+    """The shared block's names for a snapshot's tensors (``online.*``, and ``target.*`` unless ``targets`` is
+    False)."""
     out = {f"online.{k}": v for k, v in _as_state(snap.online).items()}
-    out.update({f"target.{k}": v for k, v in _as_state(snap.target).items()})
+    if targets:
+        out.update({f"target.{k}": v for k, v in _as_state(snap.target).items()})
     return out
 
 
@@ -443,10 +446,8 @@ class ProcessTrainer(Trainer):
         keeps the same target dict until they do)."""
         snap = self.ps.snapshot
         if snap.version != self._published:
-            if snap.target is self._published_target:
-                self._weights.publish({f"online.{k}": v for k, v in _as_state(snap.online).items()}, partial=True)
-            else:
-                self._weights.publish(_flat_state(snap))
+            new_targets = snap.target is not self._published_target
+            self._weights.publish(_flat_state(snap, targets=new_targets), partial=not new_targets)
             self._published, self._published_target = snap.version, snap.target
 
     def _sync(self) -> None:
