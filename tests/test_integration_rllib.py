@@ -261,6 +261,68 @@ def test_metrics_have_rllib_keys():
     assert isinstance(buf, PrioritizedEpisodeReplayBuffer)  # RLlib only updates priorities of these
 
 
+TIME_ATTRS = {"_last_throughput_measure_time", "_last_reduce_time", "_last_restore_time"}
+
+
+def _leaves(result: dict, path: tuple = ()) -> list:
+    """``(path, Stats)`` of a nested ``get_metrics`` result, in its key order."""
+    out = []
+    for key, value in result.items():
+        out += _leaves(value, path + (key,)) if isinstance(value, dict) else [(path + (key,), value)]
+    return out
+
+
+def _same_stats(a, b) -> None:
+    assert type(a) is type(b)
+    va, vb = ({k: v for k, v in vars(s).items() if k not in TIME_ATTRS} for s in (a, b))
+    assert va.keys() == vb.keys()
+    for k in va:
+        if k == "values":  # same numbers of the same types, NaN equal to NaN
+            assert [type(x) for x in va[k]] == [type(x) for x in vb[k]], k
+            np.testing.assert_array_equal(np.asarray(va[k], dtype=float), np.asarray(vb[k], dtype=float))
+        else:
+            assert va[k] == vb[k] or (va[k] != va[k] and vb[k] != vb[k]), k
+
+
+def test_cheap_metrics_logger_returns_what_rllibs_logger_returns():
+    """The drop-in's ``CheapMetricsLogger`` against RLlib's ``MetricsLogger`` on the same stream of buffer calls
+    (interleaved chunks, evictions, n-step ranges, one or two samples between two ``get_metrics``): every result
+    has the same keys in the same order, and each leaf the same class and state; aggregated into one root logger
+    each, as RLlib's algorithms do, the compiled results are equal."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    from pal_bench.integrations.rllib_metrics import CheapMetricsLogger
+
+    ref, buf = make(capacity=30), make(capacity=30)
+    assert isinstance(buf.metrics, CheapMetricsLogger)
+    ref.metrics = MetricsLogger(root=False)
+    roots = MetricsLogger(root=True), MetricsLogger(root=True)
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        e = step % 7
+        for b in (ref, buf):
+            b.add([chunk(e, step, 1 + step % 3, terminated=step % 5 == 4), chunk(100 + e, step, 2)])
+        for _ in range(1 + step % 2):
+            n_step = (1, 4) if step % 3 else 2
+            state = rng.bit_generator.state
+            for b in (ref, buf):
+                b.rng.bit_generator.state = state
+                b.sample(num_items=8, n_step=n_step, **SAMPLE_KW)
+                b.update_priorities(np.arange(8.0) + step)
+            rng.random()
+        results = ref.get_metrics(), buf.get_metrics()
+        (paths_a, stats_a), (paths_b, stats_b) = (zip(*_leaves(r)) for r in results)
+        assert paths_a == paths_b
+        for a, b in zip(stats_a, stats_b):
+            _same_stats(a, b)
+        for root, r in zip(roots, results):
+            root.aggregate([r], key="replay")
+    compiled = [root.reduce(compile=True) for root in roots]
+    assert [p for p, _ in _leaves(compiled[0])] == [p for p, _ in _leaves(compiled[1])]
+    for (_, a), (_, b) in zip(_leaves(compiled[0]), _leaves(compiled[1])):
+        assert type(a) is type(b) and (a == b or (a != a and b != b))
+
+
 # ---------------------------------------------------------------------------------------------- DQN
 
 BUFFER_TYPE = "pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from ray.rllib.utils.serialization import gym_space_from_dict, gym_space_to_dict
 from ray.rllib.utils.spaces.space_utils import get_base_struct_from_space
 
 from pal_bench import PrioritizedReplayBuffer
+from pal_bench.integrations.rllib_metrics import CheapMetricsLogger
 
 STATE_VERSION = 1
 
@@ -208,6 +210,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         EpisodeReplayBuffer.__init__(self, capacity=int(capacity), batch_size_B=batch_size_B,
                                      batch_length_T=batch_length_T,
                                      metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing)
+        self.metrics = CheapMetricsLogger(root=False)  # RLlib's stats and results, less bookkeeping per value
         self._alpha, self._beta, self._eps, self._fanout, self._seed = float(alpha), float(beta), eps, fanout, seed
         self._columnar = bool(columnar)
         self.rng = np.random.default_rng(seed)
@@ -275,7 +278,8 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         if not chunks:
             return
         try:
-            rows = {k: np.concatenate([c[k] for _, c in chunks]) for k in chunks[0][1]}
+            rows = (chunks[0][1] if len(chunks) == 1
+                    else {k: np.concatenate([c[k] for _, c in chunks]) for k in chunks[0][1]})
         except ValueError as e:
             raise ValueError(f"episode chunks have inconsistent shapes: {e}") from None
         created = self._buf is None
@@ -310,20 +314,23 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             if not eps.is_done:
                 self._open[eps.id_] = (int(serial[pos]), int(ids[pos + n - 1]))
             pos += n
-        live = ids >= oldest
-        slots = ids[live] % self.capacity
+        if ids[0] < oldest:  # more rows than the capacity: only the last ones stay
+            live = ids >= oldest
+            ids, serial, succ = ids[live], serial[live], succ[live]
+        slots = ids % self.capacity
         old = self._episode[slots]
-        evicted_rows, n_evicted = int((old >= 0).sum()), 0
-        for s, k in zip(*np.unique(old[old >= 0], return_counts=True)):
-            left = self._episode_rows.pop(int(s)) - int(k)
+        old = old[old >= 0]
+        evicted_rows, n_evicted = len(old), 0
+        for s, k in Counter(old.tolist()).items():  # Counter: a few rows per add, np.unique's 15 µs
+            left = self._episode_rows.pop(s) - k
             if left > 0:
-                self._episode_rows[int(s)] = left
+                self._episode_rows[s] = left
             else:
                 n_evicted += 1
-        self._episode[slots] = serial[live]
-        self._succ[slots] = succ[live]
-        for s, k in zip(*np.unique(serial[live], return_counts=True)):
-            self._episode_rows[int(s)] = self._episode_rows.get(int(s), 0) + int(k)
+        self._episode[slots] = serial
+        self._succ[slots] = succ
+        for s, k in Counter(serial.tolist()).items():
+            self._episode_rows[s] = self._episode_rows.get(s, 0) + k
         for prev, nxt in links:
             if prev >= oldest:
                 self._succ[prev % self.capacity] = nxt
@@ -383,11 +390,16 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             # (RLlib takes terminated/truncated per episode); batch rows come in this order, so the ids too
             cols = self._episodes.columns
             done = term | trunc
-            live, ends = np.flatnonzero(~done), np.flatnonzero(done)
-            episodes = [cols(obs[live], next_obs[live], act[live], ret[live], w[live], k[live])] if len(live) else []
-            episodes += [cols(obs[i:i + 1], next_obs[i:i + 1], act[i:i + 1], ret[i:i + 1], w[i:i + 1], k[i:i + 1],
-                              bool(term[i]), bool(trunc[i])) for i in ends]
-            self._last_sampled_ids = ids[np.concatenate([live, ends])]
+            if not done.any():  # the usual batch: one columnar episode of the rows as sampled
+                live, ends = slice(None), np.empty(0, dtype=np.int64)
+            else:
+                live, ends = np.flatnonzero(~done), np.flatnonzero(done)
+            episodes = [cols(obs[live], next_obs[live], act[live], ret[live], w[live], k[live])] if len(ret[live]) \
+                else []
+            if len(ends):  # rows of shape (1, ...): views into one gathered copy per column
+                rows = [a[ends][:, None] for a in (obs, next_obs, act, ret, w, k)]
+                episodes += [cols(*r, te, tr) for *r, te, tr in zip(*rows, term[ends].tolist(), trunc[ends].tolist())]
+                self._last_sampled_ids = ids[np.concatenate([live, ends])]
         else:
             episodes = [make(obs[i], next_obs[i], act[i], ret[i], bool(term[i]), bool(trunc[i]), w[i], int(k[i]),
                              int(t[i])) for i in range(B)]
@@ -396,8 +408,8 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
         self.sampled_timesteps += B
         self._update_sample_metrics(**_metric_kwargs(
-            num_env_steps_sampled=B, num_episodes_per_sample=len(np.unique(self._episode[ids % self.capacity])),
-            num_env_steps_per_sample=len(np.unique(ids)), sampled_n_step=float(k.mean()), num_resamples=0))
+            num_env_steps_sampled=B, num_episodes_per_sample=len(set(self._episode[ids % self.capacity].tolist())),
+            num_env_steps_per_sample=len(set(ids.tolist())), sampled_n_step=float(k.mean()), num_resamples=0))
         return episodes
 
     def _n_step(self, out: dict, n: np.ndarray, gamma: float) -> tuple:
@@ -407,6 +419,8 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         truncated bool[B])``.
         """
         B = len(n)
+        if n.max() <= 1:  # 1-step: the sampled rows as they are (fresh arrays from PAL's sample)
+            return out["reward"], out["next_obs"], np.ones(B, dtype=np.int64), out["terminated"], out["truncated"]
         ret = out["reward"].astype(np.float64)
         k = np.ones(B, dtype=np.int64)
         cur = out["indices"].copy()
