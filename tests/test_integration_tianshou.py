@@ -232,3 +232,39 @@ def test_prioritized_dqn_learns_cartpole():
     buf = r["buffer"]
     assert buf._max_prio > 1.0 and np.unique(leaves(buf)[leaves(buf) > 0]).size > 100
     buf.weight.tree.check()
+
+
+def test_segment_tree_fast_paths_match_the_general_ones():
+    """Batches of slots (1-D arrays, read-only too) take PALSegmentTree's direct SumTree calls; they store and return
+    what the general path (any shape, negative slots, broadcast values) does, and bad input still raises."""
+    fast, general = PALSegmentTree(20), PALSegmentTree(20)
+    idx = np.array([3, 7, 3, 19])
+    idx.flags.writeable = False
+    fast[idx] = np.array([1.0, 2.0, 5.0, 4.0])        # last write wins for slot 3
+    general[idx.reshape(2, 2)] = np.array([[1.0, 2.0], [5.0, 4.0]])
+    fast[np.array([0, 1])] = 0.5                       # one value for new slots, as init_weight
+    general[[0, 1]] = [0.5, 0.5]
+    np.testing.assert_array_equal(fast[np.arange(20)], general[np.arange(20)])
+    np.testing.assert_array_equal(fast[np.array([-1, 3])], [4.0, 5.0])  # negative slots: the general path
+    targets = np.array([0.1, 2.0, 9.9])
+    np.testing.assert_array_equal(fast.get_prefix_sum_idx(targets),
+                                  general.get_prefix_sum_idx(targets.reshape(3, 1))[:, 0])
+    with pytest.raises(IndexError):
+        fast[np.array([0, 20])] = np.array([1.0, 1.0])
+    with pytest.raises(ValueError):
+        fast[np.array([0, 1])] = np.array([1.0, np.nan])
+    np.testing.assert_array_equal(fast[np.arange(20)], general[np.arange(20)])
+
+
+def test_plugin_profile_times_the_tree_calls_and_forwards_them():
+    import collections
+
+    from pal_bench.studies.plugin_profile import _TimedTree
+
+    seconds, calls = collections.Counter(), collections.Counter()
+    tree = _TimedTree(PALSegmentTree(8), seconds, calls)
+    tree[np.arange(8)] = np.arange(8.0)
+    assert tree.reduce() == 28.0 and len(tree) == 8
+    assert tree.get_prefix_sum_idx(np.array([0.5])).tolist() == [1]
+    np.testing.assert_array_equal(tree[np.array([2, 3])], [2.0, 3.0])
+    assert calls["segment tree"] == 4 and seconds["segment tree"] > 0

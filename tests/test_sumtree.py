@@ -184,3 +184,13 @@ def test_minima_stay_exact_when_sorted_batches_skip_unchanged_ones(fanout):
             nz = leaves[leaves > 0]
             assert t.min_nonzero() == (nz.min() if nz.size else np.inf)
             np.testing.assert_array_equal(t.leaves(), leaves)
+
+
+def test_read_only_index_and_value_arrays_are_accepted():
+    t = SumTree(10, fanout=4)
+    idx, val = np.arange(10), np.arange(10, dtype=float)
+    idx.flags.writeable = val.flags.writeable = False
+    t.update(idx, val)
+    np.testing.assert_array_equal(t.get(idx), val)
+    assert t.total() == 45.0
+    t.check()

@@ -57,8 +57,13 @@ class PALSegmentTree:
 
     def __getitem__(self, index: int | np.ndarray) -> float | np.ndarray:
         """Leaves at ``index`` (an int, or ints of any shape; negative counts from the end)."""
+        if type(index) is np.ndarray and index.ndim == 1:  # a batch of slots: SumTree checks the range in C
+            try:
+                return self.tree.get(index)
+            except (IndexError, TypeError):
+                pass  # negative slots count from the end; anything else raises below as it would
         idx = np.asarray(index)
-        idx = np.where(idx < 0, idx + len(self), idx)  # a fresh array: SumTree needs writeable input
+        idx = np.where(idx < 0, idx + len(self), idx)
         out = self.tree.get(idx.reshape(-1)).reshape(idx.shape)
         return out[()] if out.ndim == 0 else out
 
@@ -67,7 +72,14 @@ class PALSegmentTree:
 
         Last write wins for repeated indices. Invalid input raises and changes nothing.
         """
-        idx = np.array(index).reshape(-1)  # copies: SumTree rejects read-only arrays
+        if type(index) is np.ndarray and index.ndim == 1:  # SumTree validates both
+            if type(value) is np.ndarray and value.shape == index.shape:
+                self.tree.update(index, value)
+                return
+            if type(value) in (float, np.float64):  # init_weight: one priority for the new slots
+                self.tree.update(index, np.full(index.shape, value))
+                return
+        idx = np.asarray(index).reshape(-1)
         val = np.empty(np.shape(index), dtype=np.float64)
         val[...] = value  # broadcasts, or raises ValueError
         self.tree.update(idx, val.reshape(-1))
@@ -82,6 +94,8 @@ class PALSegmentTree:
         """Leaf ``i`` with ``prefix(i) <= v < prefix(i) + leaf(i)`` for each ``v`` in ``value``
         (in ``[0, total]``; any shape) -> int or int64 array. Zero leaves are never returned."""
         v = np.asarray(value, dtype=np.float64)
+        if v.ndim == 1:
+            return self.tree.find(v)
         out = self.tree.find(v.reshape(-1)).reshape(v.shape)
         return int(out) if v.ndim == 0 else out
 

@@ -2,9 +2,10 @@
 
 Builds the benchmark's run for one configuration (framework, train batch, env runners, buffer "default" or
 "pal"), fills it past learning_starts, then times ``--iterations`` training iterations with each buffer method
-timed separately (µs per call and share of the iterations). ``--cprofile`` runs them under cProfile instead and
-prints the entries with the most cumulative time (cProfile inflates Python-heavy code: compare shares, not
-seconds).
+timed separately (µs per call and share of the iterations). For tianshou, the calls into the buffer's segment
+tree (``buffer.weight``: tianshou's ``SegmentTree`` or PAL's ``PALSegmentTree``) are timed too: what a faster tree
+can save at most. ``--cprofile`` runs them under cProfile instead and prints the entries with the most cumulative
+time (cProfile inflates Python-heavy code: compare shares, not seconds).
 """
 
 from __future__ import annotations
@@ -18,6 +19,37 @@ import sys
 import time
 
 from pal_bench.studies.plugin import ENVS, Case, RLlibRun
+
+
+class _TimedTree:
+    """Forwards tianshou's segment-tree calls (``[]``, ``[] =``, ``reduce``, ``get_prefix_sum_idx``) to ``tree``,
+    adding their time to ``seconds["segment tree"]``."""
+
+    def __init__(self, tree, seconds: collections.Counter, calls: collections.Counter):
+        self._tree, self._seconds, self._calls = tree, seconds, calls
+
+    def _timed(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._seconds["segment tree"] += time.perf_counter() - t0
+            self._calls["segment tree"] += 1
+
+    def __getitem__(self, index):
+        return self._timed(self._tree.__getitem__, index)
+
+    def __setitem__(self, index, value):
+        self._timed(self._tree.__setitem__, index, value)
+
+    def reduce(self, *args):
+        return self._timed(self._tree.reduce, *args)
+
+    def get_prefix_sum_idx(self, value):
+        return self._timed(self._tree.get_prefix_sum_idx, value)
+
+    def __len__(self) -> int:
+        return len(self._tree)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                     seconds[_name] += time.perf_counter() - t0
                     calls[_name] += 1
             setattr(run.buffer, name, timed)
+        if hasattr(getattr(run.buffer, "weight", None), "get_prefix_sum_idx"):  # tianshou: inside those calls
+            run.buffer.weight = _TimedTree(run.buffer.weight, seconds, calls)
         prof = cProfile.Profile() if args.cprofile else None
         t0 = time.perf_counter()
         if prof:
