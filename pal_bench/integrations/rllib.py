@@ -390,16 +390,16 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             # (RLlib takes terminated/truncated per episode); batch rows come in this order, so the ids too
             cols = self._episodes.columns
             done = term | trunc
-            if not done.any():  # the usual batch: one columnar episode of the rows as sampled
-                live, ends = slice(None), np.empty(0, dtype=np.int64)
-            else:
-                live, ends = np.flatnonzero(~done), np.flatnonzero(done)
-            episodes = [cols(obs[live], next_obs[live], act[live], ret[live], w[live], k[live])] if len(ret[live]) \
-                else []
-            if len(ends):  # rows of shape (1, ...): views into one gathered copy per column
-                rows = [a[ends][:, None] for a in (obs, next_obs, act, ret, w, k)]
-                episodes += [cols(*r, te, tr) for *r, te, tr in zip(*rows, term[ends].tolist(), trunc[ends].tolist())]
-                self._last_sampled_ids = ids[np.concatenate([live, ends])]
+            columns = (obs, next_obs, act, ret, w, k)
+            n_live = B - int(np.count_nonzero(done))
+            if n_live < B:  # one gather per column puts the live rows first (in order), then the ends
+                order = np.argsort(done, kind="stable")
+                columns = tuple(a[order] for a in columns)
+                term, trunc, self._last_sampled_ids = term[order], trunc[order], ids[order]
+            episodes = [cols(*(a[:n_live] for a in columns))] if n_live else []
+            # each end its own 1-step episode: rows of shape (1, ...), views into the gathered columns
+            episodes += [cols(*r, te, tr) for *r, te, tr in zip(*(a[n_live:, None] for a in columns),
+                                                                   term[n_live:].tolist(), trunc[n_live:].tolist())]
         else:
             episodes = [make(obs[i], next_obs[i], act[i], ret[i], bool(term[i]), bool(trunc[i]), w[i], int(k[i]),
                              int(t[i])) for i in range(B)]
