@@ -21,32 +21,34 @@ import time
 from pal_bench.studies.plugin import ENVS, Case, RLlibRun
 
 
-class _TimedTree:
-    """Forwards tianshou's segment-tree calls (``[]``, ``[] =``, ``reduce``, ``get_prefix_sum_idx``) to ``tree``,
-    adding their time to ``seconds["segment tree"]``."""
+def _timed(fn, name: str, seconds: collections.Counter, calls: collections.Counter):
+    """``fn`` wrapped so that each call adds its seconds to ``seconds[name]`` and one to ``calls[name]``."""
 
-    def __init__(self, tree, seconds: collections.Counter, calls: collections.Counter):
-        self._tree, self._seconds, self._calls = tree, seconds, calls
-
-    def _timed(self, fn, *args):
+    def timed(*args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
-            self._seconds["segment tree"] += time.perf_counter() - t0
-            self._calls["segment tree"] += 1
+            seconds[name] += time.perf_counter() - t0
+            calls[name] += 1
+    return timed
+
+
+class _TimedTree:
+    """Forwards tianshou's segment-tree calls (``[]``, ``[] =``, ``reduce``, ``get_prefix_sum_idx``) to ``tree``,
+    timed as ``"segment tree"``."""
+
+    def __init__(self, tree, seconds: collections.Counter, calls: collections.Counter):
+        self._tree = tree
+        self._get, self._set, self.reduce, self.get_prefix_sum_idx = (
+            _timed(fn, "segment tree", seconds, calls)
+            for fn in (tree.__getitem__, tree.__setitem__, tree.reduce, tree.get_prefix_sum_idx))
 
     def __getitem__(self, index):
-        return self._timed(self._tree.__getitem__, index)
+        return self._get(index)
 
     def __setitem__(self, index, value):
-        self._timed(self._tree.__setitem__, index, value)
-
-    def reduce(self, *args):
-        return self._timed(self._tree.reduce, *args)
-
-    def get_prefix_sum_idx(self, value):
-        return self._timed(self._tree.get_prefix_sum_idx, value)
+        self._set(index, value)
 
     def __len__(self) -> int:
         return len(self._tree)
@@ -74,17 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds, calls = collections.Counter(), collections.Counter()
         for name in run.methods:
             fn = getattr(run.buffer, name, None)
-            if fn is None:
-                continue
-
-            def timed(*a, _fn=fn, _name=name, **k):
-                t0 = time.perf_counter()
-                try:
-                    return _fn(*a, **k)
-                finally:
-                    seconds[_name] += time.perf_counter() - t0
-                    calls[_name] += 1
-            setattr(run.buffer, name, timed)
+            if fn is not None:
+                setattr(run.buffer, name, _timed(fn, name, seconds, calls))
         if hasattr(getattr(run.buffer, "weight", None), "get_prefix_sum_idx"):  # tianshou: inside those calls
             run.buffer.weight = _TimedTree(run.buffer.weight, seconds, calls)
         prof = cProfile.Profile() if args.cprofile else None
