@@ -10,6 +10,7 @@ pytest.importorskip("tianshou")
 torch = pytest.importorskip("torch")
 from scipy.stats import chisquare  # noqa: E402
 from tianshou.data import Batch, PrioritizedReplayBuffer, PrioritizedVectorReplayBuffer  # noqa: E402
+from tianshou.data.buffer.manager import ReplayBufferManager  # noqa: E402
 
 from pal_bench.integrations.tianshou import (  # noqa: E402
     PALPrioritizedReplayBuffer,
@@ -43,9 +44,21 @@ def assert_same(ts, pal, seed: int = 0) -> None:
     idx = ts.sample_indices(256)
     np.random.seed(seed)
     np.testing.assert_array_equal(pal.sample_indices(256), idx)
-    got, want = pal[idx], ts[idx]
-    np.testing.assert_array_equal(got.weight, want.weight)
-    np.testing.assert_array_equal(got.obs, want.obs)
+    assert_equal_values(pal[idx], ts[idx])
+
+
+def assert_equal_values(got, want) -> None:
+    """Equal types, keys (in order), dtypes, shapes and values, nested batches included."""
+    assert type(got) is type(want)
+    if isinstance(want, Batch):
+        assert list(got.__dict__) == list(want.__dict__)
+        for key, value in want.__dict__.items():
+            assert_equal_values(got.__dict__[key], value)
+    elif isinstance(want, np.ndarray):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert got == want
 
 
 def signed_errors(rng, n: int):
@@ -98,6 +111,51 @@ def test_vector_buffer_matches_tianshou():
     np.testing.assert_array_equal(pal.unfinished_index(), ts.unfinished_index())
     assert_same(ts, pal)
     assert_frequencies(pal)
+
+
+def collected(rng, ids, ep_end: float, rew_dtype=np.float64, info_keys=("env_id",)) -> Batch:
+    """A collector's batch for sub-buffers ``ids``: one row each, info a batch of per-env values."""
+    n = len(ids)
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    return Batch(obs=obs, act=rng.integers(0, 4, n), rew=rng.normal(size=n).astype(rew_dtype),
+                 terminated=rng.random(n) < ep_end, truncated=rng.random(n) < ep_end / 4, obs_next=obs + 1,
+                 info=Batch({key: np.asarray(ids) * (i + 1) for i, key in enumerate(info_keys)}), policy=Batch())
+
+
+@pytest.mark.parametrize("ignore_obs_next", [False, True])
+def test_vector_add_and_batches_are_tianshous(ignore_obs_next, monkeypatch):
+    """PAL's column-by-column add and direct gather give tianshou's storage, episode bookkeeping,
+    return values and batches; batches it cannot write plainly (another dtype, a new info key,
+    the first one) go through tianshou's add, and the rest do not."""
+    ts = PrioritizedVectorReplayBuffer(40, 4, alpha=ALPHA, beta=BETA, ignore_obs_next=ignore_obs_next)
+    pal = PALPrioritizedVectorReplayBuffer(40, 4, alpha=ALPHA, beta=BETA, ignore_obs_next=ignore_obs_next)
+    tianshou_adds = []
+    manager_add = ReplayBufferManager.add
+    monkeypatch.setattr(ReplayBufferManager, "add",
+                        lambda self, *a: tianshou_adds.append(self is pal) or manager_add(self, *a))
+    rng = np.random.default_rng(2)
+    for step in range(120):  # every sub-buffer wraps; episodes of a few steps
+        ids = [0, 1, 2, 3] if step % 3 else sorted(rng.choice(4, 2, replace=False).tolist())
+        kwargs = {"rew_dtype": np.float32} if step == 50 else {"info_keys": ("env_id", "x")} if step >= 70 else {}
+        batch = collected(rng, ids, ep_end=0.3, **kwargs)
+        got, want = pal.add(batch, buffer_ids=ids), ts.add(copy.deepcopy(batch), buffer_ids=ids)
+        for g, w in zip(got, want, strict=True):
+            assert_equal_values(g, w)
+        assert_equal_values(pal._meta, ts._meta)
+        for a, b in zip(pal.buffers, ts.buffers, strict=True):
+            assert [a._size, a._insertion_idx, a._ep_len, a._ep_start_idx, a.last_index[0]] == \
+                   [b._size, b._insertion_idx, b._ep_len, b._ep_start_idx, b.last_index[0]]
+            assert type(a._ep_return) is type(b._ep_return) and a._ep_return == b._ep_return
+        np.testing.assert_array_equal(pal._lengths, ts._lengths)
+        np.testing.assert_array_equal(pal.last_index, ts.last_index)
+        idx = rng.choice(ts.sample_indices(0), 16)
+        assert_equal_values(pal[idx], ts[idx])
+        if step % 4 == 3:
+            err = signed_errors(rng, 16)
+            ts.update_weight(idx, err)
+            pal.update_weight(idx, err)
+    assert_same(ts, pal)
+    assert tianshou_adds.count(True) == 3  # the first add, the float32 rewards, the first with a new info key
 
 
 def filled(n: int = 20, size: int = 32) -> PALPrioritizedReplayBuffer:

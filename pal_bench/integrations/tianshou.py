@@ -20,6 +20,11 @@ Where tianshou 2.0.1 is wrong, these classes differ from it:
   own ``weight_norm`` is always True, and ``set_beta`` only reaches the sub-buffers).
 - bad ``alpha`` / ``beta`` raise ``ValueError`` (tianshou asserts).
 
+Both classes read a batch (``buffer[indices]``, and so ``sample``) without tianshou's per-key parsing,
+and the vector buffer's ``add`` writes a collector's batch column by column, whenever the result is
+provably tianshou's (frame stack 1, plain numeric arrays of the stored dtypes; anything else takes
+tianshou's own code): same storage, episode bookkeeping, return values and batches (tested).
+
 Neither class builds tianshou's ``SegmentTree``, so neither pays its numba compilation (seconds;
 the vector buffer still compiles tianshou's numba index helpers, as ``VectorReplayBuffer`` does).
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tianshou.data import PrioritizedReplayBuffer, PrioritizedVectorReplayBuffer, ReplayBuffer, to_numpy
+from tianshou.data import Batch, PrioritizedReplayBuffer, PrioritizedVectorReplayBuffer, ReplayBuffer, to_numpy
 from tianshou.data.buffer.manager import ReplayBufferManager
 
 from pal_bench import DEFAULT_FANOUT, SumTree
@@ -40,6 +45,71 @@ if TYPE_CHECKING:
 __all__ = ["PALPrioritizedReplayBuffer", "PALPrioritizedVectorReplayBuffer", "PALSegmentTree"]
 
 _EPS = np.finfo(np.float32).eps.item()  # tianshou's floor on |w|, so no slot gets priority 0
+_NUMERIC = frozenset("biufc")  # dtype kinds tianshou's Batch keeps as they are (np.bool_ | np.number)
+_RESERVED = frozenset(ReplayBuffer._reserved_keys)
+_GATHERED = frozenset(("obs", "act", "rew", "terminated", "truncated", "done"))  # always stored
+
+
+def _plain(value: object) -> bool:
+    """A value tianshou's ``Batch`` stores unparsed: a numeric array or a ``Batch``."""
+    return type(value) is Batch or (type(value) is np.ndarray and value.dtype.kind in _NUMERIC)
+
+
+def _rows(stored: dict, key: str, index: np.ndarray) -> Any:
+    """``ReplayBuffer.get(index, key, Batch())`` at frame stack 1: rows ``index`` of column ``key``;
+    an empty ``Batch`` for a missing key or an empty nested batch."""
+    if key not in stored:
+        return Batch()
+    column = stored[key]
+    if type(column) is not Batch:
+        return column[index]
+    nested = column.__dict__
+    if not nested:
+        return Batch()
+    if not all(type(value) is np.ndarray for value in nested.values()):
+        return column[index]
+    rows = Batch()  # Batch.__getitem__ for a batch of arrays
+    rows.__dict__.update({name: value[index] for name, value in nested.items()})
+    return rows
+
+
+def _next_slot(buffer: ReplayBuffer, rew: Any, done: Any) -> tuple[int, Any, int, int]:
+    """``buffer._update_state_pre_add(rew, done)`` (tianshou 2.0.1) without its ``__setattr__``
+    checks: the slot the next row goes to, and the episode's return, length (0, 0 unless ``done``)
+    and start slot; advances the slot and the episode."""
+    state = buffer.__dict__
+    slot, size = state["_insertion_idx"], min(state["_size"] + 1, buffer.maxsize)
+    if state["_ep_start_idx"] > size:
+        return buffer._update_state_pre_add(rew, done)  # raises tianshou's MalformedBufferError
+    buffer.last_index[0] = slot
+    state["_size"], state["_insertion_idx"] = size, (slot + 1) % buffer.maxsize
+    state["_ep_return"] += rew
+    state["_ep_len"] += 1
+    start = state["_ep_start_idx"]
+    if not done:
+        return slot, np.zeros_like(state["_ep_return"]), 0, start
+    ep_return, ep_len = state["_ep_return"], state["_ep_len"]
+    state["_ep_return"], state["_ep_len"], state["_ep_start_idx"] = 0.0, 0, state["_insertion_idx"]
+    return slot, ep_return, ep_len, start
+
+
+def _column_writes(stored: dict, new: dict, rows: int, writes: list) -> bool:
+    """Append ``(column, values)`` to ``writes`` for ``Batch(stored)[index] = Batch(new)`` when that
+    assignment is plain numpy assignment per column (same keys, same dtypes, ``rows`` rows of the
+    stored row shape; nested batches alike). False, with nothing written, when it is not."""
+    if stored.keys() != new.keys():
+        return False
+    for key, value in new.items():
+        column = stored[key]
+        if type(value) is np.ndarray:
+            if (type(column) is not np.ndarray or value.dtype != column.dtype or value.dtype.kind not in _NUMERIC
+                    or value.shape != (rows, *column.shape[1:])):
+                return False
+            writes.append((column, value))
+        elif not (type(value) is Batch and type(column) is Batch
+                  and _column_writes(column.__dict__, value.__dict__, rows, writes)):
+            return False
+    return True
 
 
 class PALSegmentTree:
@@ -76,8 +146,8 @@ class PALSegmentTree:
             if type(value) is np.ndarray and value.shape == index.shape:
                 self.tree.update(index, value)
                 return
-            if type(value) in (float, np.float64):  # init_weight: one priority for the new slots
-                self.tree.update(index, np.full(index.shape, value))
+            if isinstance(value, float | np.floating):  # init_weight: one priority for the new slots
+                self.tree.update(index, np.full(index.shape, value, dtype=np.float64))
                 return
         idx = np.asarray(index).reshape(-1)
         val = np.empty(np.shape(index), dtype=np.float64)
@@ -157,13 +227,15 @@ class _PALPriorities:
         weight = np.abs(to_numpy(new_weight)).reshape(-1) + _EPS  # same dtype and rounding as tianshou
         if weight.shape != idx.shape:
             raise ValueError(f"{idx.size} indices but {weight.size} weights")
-        if not np.isfinite(weight).all():
-            raise ValueError("new_weight must be finite")
         if idx.size == 0:
             return
+        high = weight.max()  # NaN if any is NaN; weight >= eps otherwise
+        if not np.isfinite(high):
+            raise ValueError("new_weight must be finite")
+        low = weight.min()
         self.weight[idx] = weight**self._alpha  # validates first (indices; leaves finite after ** alpha)
-        self._max_prio = max(self._max_prio, weight.max())
-        self._min_prio = min(self._min_prio, weight.min())
+        self._max_prio = max(self._max_prio, high)
+        self._min_prio = min(self._min_prio, low)
 
     def sample_indices(self, batch_size: int | None) -> np.ndarray:
         """``batch_size`` slots (int64[batch_size]), each drawn with probability leaf / total;
@@ -171,6 +243,30 @@ class _PALPriorities:
         if batch_size is not None and batch_size > 0 and len(self) > 0:
             return self.weight.get_prefix_sum_idx(np.random.rand(batch_size) * self.weight.reduce())
         return super().sample_indices(batch_size)
+
+    def __getitem__(self, index: Any) -> Batch:
+        """tianshou's batch of rows ``index`` with their importance weights (``weight``, float64[B]).
+
+        For an integer array and frame stack 1 it indexes the stored columns directly (what
+        ``ReplayBuffer.__getitem__`` does, less its per-key ``get`` and ``Batch`` parsing);
+        anything else goes through tianshou's code.
+        """
+        stored = self._meta.__dict__
+        if (type(index) is not np.ndarray or index.dtype.kind not in "iu" or self.stack_num != 1
+                or not _GATHERED <= stored.keys() or not all(_plain(value) for value in stored.values())):
+            return super().__getitem__(index)  # rows of plain columns are plain: Batch() would not parse them
+        obs_next = _rows(stored, "obs_next", index) if self._save_obs_next else stored["obs"][self.next(index)]
+        rows = {"obs": stored["obs"][index], "act": stored["act"][index], "rew": stored["rew"][index],
+                "terminated": stored["terminated"][index], "truncated": stored["truncated"][index],
+                "done": stored["done"][index], "obs_next": obs_next,
+                "info": _rows(stored, "info", index), "policy": _rows(stored, "policy", index)}
+        for key in stored.keys() - self._input_keys:
+            rows[key] = stored[key][index]
+        batch = Batch()
+        batch.__dict__.update(rows)
+        weight = self.get_weight(index)
+        batch.__dict__["weight"] = weight / np.max(weight) if self._weight_norm else weight
+        return batch
 
     def reset(self, keep_statistics: bool = False) -> None:
         """Clear the data, as tianshou, and the priorities, which tianshou keeps."""
@@ -236,6 +332,45 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
         for buf in buffers:  # as tianshou's PrioritizedReplayBufferManager: only the manager has a tree
             del buf.weight
         self._init_priorities(self.maxsize, alpha, beta, weight_norm, fanout)
+
+    def add(self, batch: Batch, buffer_ids: np.ndarray | list[int] | None = None,
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """tianshou's ``add``: one row of ``batch`` per sub-buffer in ``buffer_ids`` (default: all),
+        each new slot at priority ``max_prio ** alpha``; returns (slots, episode returns, episode
+        lengths, episode start slots), returns and lengths 0 for unfinished episodes.
+
+        When every stored key arrives as a numeric array of the stored dtype and row shape (a
+        collector's batch after the first), the rows are written column by column; else, and for
+        bad input, tianshou's ``ReplayBufferManager.add`` runs.
+        """
+        new = batch.__dict__ if type(batch) is Batch else {}
+        new = {key: value for key, value in new.items() if key in _RESERVED}
+        ids = np.arange(self.buffer_num) if buffer_ids is None else buffer_ids
+        writes: list[tuple[np.ndarray, np.ndarray]] = []
+        if (self._save_only_last_obs or type(new.get("terminated")) is not np.ndarray
+                or type(new.get("truncated")) is not np.ndarray):
+            return super().add(batch, buffer_ids)
+        new["done"] = np.logical_or(new["terminated"], new["truncated"])
+        if not self._save_obs_next:
+            new.pop("obs_next", None)
+        if not _column_writes(self._meta.__dict__, new, len(ids), writes):
+            return super().add(batch, buffer_ids)
+        slots, returns, lengths, starts = [], [], [], []
+        rew, done = new["rew"], new["done"]
+        for row, buffer_id in enumerate(ids):
+            slot, ep_return, ep_len, ep_start = _next_slot(self.buffers[buffer_id], rew[row], done[row])
+            offset = self._offset[buffer_id]
+            slots.append(slot + offset)
+            returns.append(ep_return)
+            lengths.append(ep_len)
+            starts.append(ep_start + offset)
+            self.last_index[buffer_id] = slot + offset
+            self._lengths[buffer_id] = len(self.buffers[buffer_id])
+        index = np.array(slots)
+        for column, values in writes:
+            column[index] = values
+        self.init_weight(index)
+        return index, np.array(returns), np.array(lengths), np.array(starts)
 
     def set_beta(self, beta: float) -> None:
         """Set beta here (which ``get_weight`` uses; tianshou 2.0.1 forgets it) and in the sub-buffers."""
