@@ -50,11 +50,6 @@ _RESERVED = frozenset(ReplayBuffer._reserved_keys)
 _GATHERED = frozenset(("obs", "act", "rew", "terminated", "truncated", "done"))  # always stored
 
 
-def _plain(value: object) -> bool:
-    """A value tianshou's ``Batch`` stores unparsed: a numeric array or a ``Batch``."""
-    return type(value) is Batch or (type(value) is np.ndarray and value.dtype.kind in _NUMERIC)
-
-
 def _rows(stored: dict, key: str, index: np.ndarray) -> Any:
     """``ReplayBuffer.get(index, key, Batch())`` at frame stack 1: rows ``index`` of column ``key``;
     an empty ``Batch`` for a missing key or an empty nested batch."""
@@ -223,14 +218,15 @@ class _PALPriorities:
         Raises ``ValueError`` (non-finite weight, length mismatch) or ``IndexError`` (slot out of
         range) and then changes nothing.
         """
-        idx = np.asarray(index).reshape(-1)
-        weight = np.abs(to_numpy(new_weight)).reshape(-1) + _EPS  # same dtype and rounding as tianshou
+        idx = index if type(index) is np.ndarray and index.ndim == 1 else np.asarray(index).reshape(-1)
+        weight = np.abs(to_numpy(new_weight))
+        weight = (weight if weight.ndim == 1 else weight.reshape(-1)) + _EPS  # same dtype and rounding as tianshou
         if weight.shape != idx.shape:
             raise ValueError(f"{idx.size} indices but {weight.size} weights")
         if idx.size == 0:
             return
         high = weight.max()  # NaN if any is NaN; weight >= eps otherwise
-        if not np.isfinite(high):
+        if not high < np.inf:
             raise ValueError("new_weight must be finite")
         low = weight.min()
         self.weight[idx] = weight**self._alpha  # validates first (indices; leaves finite after ** alpha)
@@ -253,7 +249,9 @@ class _PALPriorities:
         """
         stored = self._meta.__dict__
         if (type(index) is not np.ndarray or index.dtype.kind not in "iu" or self.stack_num != 1
-                or not _GATHERED <= stored.keys() or not all(_plain(value) for value in stored.values())):
+                or not _GATHERED <= stored.keys()
+                or not all(type(v) is Batch or (type(v) is np.ndarray and v.dtype.kind in _NUMERIC)
+                           for v in stored.values())):
             return super().__getitem__(index)  # rows of plain columns are plain: Batch() would not parse them
         obs_next = _rows(stored, "obs_next", index) if self._save_obs_next else stored["obs"][self.next(index)]
         rows = {"obs": stored["obs"][index], "act": stored["act"][index], "rew": stored["rew"][index],
@@ -265,7 +263,7 @@ class _PALPriorities:
         batch = Batch()
         batch.__dict__.update(rows)
         weight = self.get_weight(index)
-        batch.__dict__["weight"] = weight / np.max(weight) if self._weight_norm else weight
+        batch.__dict__["weight"] = weight / weight.max() if self._weight_norm else weight
         return batch
 
     def reset(self, keep_statistics: bool = False) -> None:
