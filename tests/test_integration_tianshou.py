@@ -326,3 +326,23 @@ def test_plugin_profile_times_the_tree_calls_and_forwards_them():
     assert tree.get_prefix_sum_idx(np.array([0.5])).tolist() == [1]
     np.testing.assert_array_equal(tree[np.array([2, 3])], [2.0, 3.0])
     assert calls["segment tree"] == 4 and seconds["segment tree"] > 0
+
+
+def test_plugin_profile_cold_probe_times_each_probe_twice_and_updates_once():
+    import collections
+
+    from pal_bench.studies.plugin_profile import _cold_probe
+
+    probed, plain = (PALPrioritizedVectorReplayBuffer(2_000, 1, alpha=ALPHA, beta=BETA) for _ in range(2))
+    for buf in (probed, plain):
+        for step in range(1_200):
+            buf.add(transitions([step], done=[step % 50 == 49]), buffer_ids=[0])
+    samples = collections.defaultdict(list)
+    _cold_probe(probed, samples)
+    idx, err = np.array([3, 7, 900]), np.array([0.5, -2.0, 1.0], np.float32)
+    probed.update_weight(idx, err)
+    plain.update_weight(idx, err)
+    labels = ("np.abs(32 floats)", "tree get_prefix_sum_idx(32)", "tree[32 slots]", "update_weight")
+    assert sorted(samples) == sorted(f"{label} {state}" for label in labels for state in ("cold", "warm"))
+    assert all(len(v) == 1 and v[0] > 0 for v in samples.values())
+    assert_same(plain, probed)
