@@ -341,16 +341,16 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
         collector's batch after the first), the rows are written column by column; else, and for
         bad input, tianshou's ``ReplayBufferManager.add`` runs.
         """
-        new = batch.__dict__ if type(batch) is Batch else {}
-        new = {key: value for key, value in new.items() if key in _RESERVED}
-        ids = np.arange(self.buffer_num) if buffer_ids is None else buffer_ids
-        writes: list[tuple[np.ndarray, np.ndarray]] = []
+        given = batch.__dict__ if type(batch) is Batch else {}
+        new = {key: value for key, value in given.items() if key in _RESERVED}
         if (self._save_only_last_obs or type(new.get("terminated")) is not np.ndarray
                 or type(new.get("truncated")) is not np.ndarray):
             return super().add(batch, buffer_ids)
         new["done"] = np.logical_or(new["terminated"], new["truncated"])
         if not self._save_obs_next:
             new.pop("obs_next", None)
+        ids = np.arange(self.buffer_num) if buffer_ids is None else buffer_ids
+        writes: list[tuple[np.ndarray, np.ndarray]] = []
         if not _column_writes(self._meta.__dict__, new, len(ids), writes):
             return super().add(batch, buffer_ids)
         slots, returns, lengths, starts = [], [], [], []

@@ -114,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         samples: collections.defaultdict = collections.defaultdict(list)
         if args.cold_probe:
             _cold_probe(run.buffer, samples)
-        for name in run.methods if not args.cold_probe else ():
-            fn = getattr(run.buffer, name, None)
-            if fn is not None:
-                setattr(run.buffer, name, _timed(fn, name, seconds, calls))
-        if not args.cold_probe and hasattr(getattr(run.buffer, "weight", None), "get_prefix_sum_idx"):  # tianshou
-            run.buffer.weight = _TimedTree(run.buffer.weight, seconds, calls)
+        else:
+            for name in run.methods:
+                fn = getattr(run.buffer, name, None)
+                if fn is not None:
+                    setattr(run.buffer, name, _timed(fn, name, seconds, calls))
+            if hasattr(getattr(run.buffer, "weight", None), "get_prefix_sum_idx"):  # tianshou: inside those calls
+                run.buffer.weight = _TimedTree(run.buffer.weight, seconds, calls)
         prof = cProfile.Profile() if args.cprofile else None
         t0 = time.perf_counter()
         if prof:
