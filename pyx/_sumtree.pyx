@@ -39,6 +39,15 @@ cdef extern from "<float.h>":
     double DBL_MAX
 
 
+cdef inline bint _plain_1d(object a, int typenum):
+    """``a`` is an exact 1-D ndarray of ``typenum``, C-contiguous and aligned: its data can be read in place."""
+    if not cnp.PyArray_CheckExact(a):
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_TYPE(arr) == typenum and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            and cnp.PyArray_ISALIGNED(arr))
+
+
 cdef class SumTree:
     """K-ary sum tree over ``capacity`` non-negative float64 leaves.
 
@@ -118,14 +127,17 @@ cdef class SumTree:
     def _check_indices(self, indices):
         """``indices`` as a C-contiguous int64 array (read-only accepted, copied only to convert), every one in
         ``[0, capacity)``; the range check is one C pass (numpy's min and max cost more at batch sizes of 32)."""
-        idx = np.ascontiguousarray(indices)
-        if idx.ndim != 1:
-            raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
-        if idx.size and idx.dtype.kind not in "iu":
-            raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
-        cdef const int64_t[::1] iv = idx
-        cdef int64_t b, n = idx.shape[0], cap = self._t.capacity
+        if _plain_1d(indices, cnp.NPY_INT64):  # the usual case: no conversion call
+            idx = indices
+        else:
+            idx = np.ascontiguousarray(indices)
+            if idx.ndim != 1:
+                raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
+            if idx.size and idx.dtype.kind not in "iu":
+                raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+            idx = idx.astype(np.int64, copy=False)
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0], cap = self._t.capacity
         cdef bint bad = False
         with nogil:
             for b in range(n):
@@ -137,17 +149,32 @@ cdef class SumTree:
         return idx
 
     def update(self, indices, values) -> None:
-        """Set leaves ``indices`` (int[B]) to ``values`` (float[B], finite, >= 0).
+        """Set leaves ``indices`` (int[B]) to ``values`` (float[B], finite, >= 0; or one Python or numpy float
+        for all B).
 
         Duplicate indices: the last one in the batch wins. Invalid input raises and changes nothing.
         """
         idx = self._check_indices(indices)
-        val = np.ascontiguousarray(values, dtype=np.float64)
-        if val.ndim != 1 or val.shape[0] != idx.shape[0]:
-            raise ValueError(f"values must have shape ({idx.shape[0]},), got {val.shape}")
-        cdef const int64_t[::1] iv = idx
-        cdef const double[::1] vv = val
-        cdef int64_t b, n = idx.shape[0]
+        cdef cnp.npy_intp j, size = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
+        cdef double one
+        cdef double* fill
+        if isinstance(values, (float, np.floating)):
+            one = values  # exact for float16/32/64, rounded for longdouble (as numpy's cast to float64)
+            val = cnp.PyArray_EMPTY(1, &size, cnp.NPY_FLOAT64, 0)
+            fill = <double*>cnp.PyArray_DATA(<cnp.ndarray>val)
+            for j in range(size):
+                fill[j] = one
+        elif _plain_1d(values, cnp.NPY_FLOAT64):
+            val = values
+        elif _plain_1d(values, cnp.NPY_FLOAT32):  # widened exactly, as numpy's cast does
+            val = cnp.PyArray_Cast(<cnp.ndarray>values, cnp.NPY_FLOAT64)
+        else:
+            val = np.ascontiguousarray(values, dtype=np.float64)
+        cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
+        if val.ndim != 1 or val.shape[0] != n:
+            raise ValueError(f"values must have shape ({n},), got {val.shape}")
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        cdef const double* vv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>val)
         cdef double limit = self._limit
         cdef bint bad = False
         with nogil:  # one pass: NaN fails both comparisons, inf the second
@@ -168,17 +195,18 @@ cdef class SumTree:
             raise MemoryError()
         self._lock()
         with nogil:
-            tree_set_batch(&self._t, &iv[0], &vv[0], n, scratch)
+            tree_set_batch(&self._t, iv, vv, n, scratch)
             self._unlock()
         free(scratch)
 
     def get(self, indices) -> np.ndarray:
         """Leaf values at ``indices`` (int[B]) -> float64[B]."""
         idx = self._check_indices(indices)
-        out = np.empty(idx.shape[0], dtype=np.float64)
-        cdef const int64_t[::1] iv = idx
-        cdef double[::1] ov = out
-        cdef int64_t b, n = idx.shape[0]
+        cdef cnp.npy_intp n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
+        out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        cdef double* ov = <double*>cnp.PyArray_DATA(<cnp.ndarray>out)
+        cdef cnp.npy_intp b
         self._lock()
         with nogil:
             for b in range(n):
@@ -192,14 +220,17 @@ cdef class SumTree:
         Leaf i is returned for prefix(i) <= target < prefix(i) + leaf(i); a target equal to the
         total (or past it by rounding) gives the last non-zero leaf. Zero leaves are never returned.
         """
-        tg = np.ascontiguousarray(prefix_targets, dtype=np.float64)
-        if tg.ndim != 1:
-            raise ValueError(f"prefix_targets must be 1-D, got shape {tg.shape}")
-        out = np.empty(tg.shape[0], dtype=np.int64)
-        work = tg.copy()
-        cdef double[::1] wv = work
-        cdef int64_t[::1] ov = out
-        cdef int64_t b, n = tg.shape[0]
+        if _plain_1d(prefix_targets, cnp.NPY_FLOAT64):  # the usual case: one copy, which the descent works on
+            work = cnp.PyArray_NewCopy(<cnp.ndarray>prefix_targets, cnp.NPY_CORDER)
+        else:
+            work = np.array(prefix_targets, dtype=np.float64, order="C")  # always a copy
+            if work.ndim != 1:
+                raise ValueError(f"prefix_targets must be 1-D, got shape {work.shape}")
+        cdef cnp.npy_intp n = cnp.PyArray_DIMS(<cnp.ndarray>work)[0]
+        out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
+        cdef double* wv = <double*>cnp.PyArray_DATA(<cnp.ndarray>work)
+        cdef int64_t* ov = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out)
+        cdef cnp.npy_intp b
         cdef double total
         cdef bint bad = False, ascending = True
         self._lock()
@@ -219,9 +250,9 @@ cdef class SumTree:
             if n:
                 with nogil:
                     if ascending:
-                        tree_find_sorted(&self._t, &wv[0], &ov[0], n)
+                        tree_find_sorted(&self._t, wv, ov, n)
                     else:
-                        tree_find_batch(&self._t, &wv[0], &ov[0], n)
+                        tree_find_batch(&self._t, wv, ov, n)
         finally:
             self._unlock()
         return out

@@ -206,6 +206,28 @@ def test_negative_td_errors_use_their_magnitude_as_tianshou():
     np.testing.assert_array_equal(leaves(a), leaves(b))
 
 
+@pytest.mark.parametrize("make", [
+    lambda w: torch.from_numpy(w.astype(np.float32)),  # the DQN's TD errors (one compiled pass)
+    lambda w: w,                                        # float64 (one compiled pass)
+    lambda w: np.round(w).astype(np.int64),            # numpy's path from here on
+    lambda w: w.tolist(),
+])
+def test_update_weight_matches_tianshou_for_any_weight_type(make):
+    """Leaves, running extremes (their values and numpy types) and weights equal tianshou's."""
+    ts = PrioritizedReplayBuffer(40, alpha=ALPHA, beta=BETA)
+    pal = PALPrioritizedReplayBuffer(40, alpha=ALPHA, beta=BETA)
+    rng = np.random.default_rng(3)
+    for step in range(30):
+        for buf in (ts, pal):
+            buf.add(transitions([step]))
+        idx = rng.integers(0, len(ts), 8)
+        err = make(rng.normal(0, 2, 8))
+        ts.update_weight(idx, err)
+        pal.update_weight(idx, err)
+        assert [type(pal._max_prio), type(pal._min_prio)] == [type(ts._max_prio), type(ts._min_prio)]
+    assert_same(ts, pal)
+
+
 def test_bad_exponents_raise():
     with pytest.raises(ValueError):
         PALPrioritizedReplayBuffer(8, alpha=0.0, beta=BETA)
@@ -326,6 +348,9 @@ def test_plugin_profile_times_the_tree_calls_and_forwards_them():
     assert tree.get_prefix_sum_idx(np.array([0.5])).tolist() == [1]
     np.testing.assert_array_equal(tree[np.array([2, 3])], [2.0, 3.0])
     assert calls["segment tree"] == 4 and seconds["segment tree"] > 0
+    # the drop-in's direct SumTree calls are timed too; other attributes pass through
+    assert tree.tree.total() == 28.0 and tree.tree.find(np.array([0.5])).tolist() == [1]
+    assert tree.tree.capacity == 8 and calls["segment tree"] == 6
 
 
 def test_plugin_profile_cold_probe_times_each_probe_twice_and_updates_once():

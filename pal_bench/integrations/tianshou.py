@@ -20,10 +20,13 @@ Where tianshou 2.0.1 is wrong, these classes differ from it:
   own ``weight_norm`` is always True, and ``set_beta`` only reaches the sub-buffers).
 - bad ``alpha`` / ``beta`` raise ``ValueError`` (tianshou asserts).
 
-Both classes read a batch (``buffer[indices]``, and so ``sample``) without tianshou's per-key parsing,
-and the vector buffer's ``add`` writes a collector's batch column by column, whenever the result is
-provably tianshou's (frame stack 1, plain numeric arrays of the stored dtypes; anything else takes
-tianshou's own code): same storage, episode bookkeeping, return values and batches (tested).
+Both classes read a batch (``buffer[indices]``, and so ``sample``) in one compiled gather without
+tianshou's per-key parsing, the vector buffer's ``add`` writes a collector's batch in one compiled row
+copy, and ``update_weight`` computes ``|w| + eps`` with its extremes in one pass (``pal_bench._dropin``),
+whenever the result is provably tianshou's (frame stack 1, plain numeric arrays of the stored dtypes;
+anything else takes tianshou's own code): same storage, episode bookkeeping, return values, batches and
+priorities, bit for bit (tested). The powers (``** alpha``, ``** -beta``) stay numpy's, whose SIMD code
+may round differently from libm's.
 
 Neither class builds tianshou's ``SegmentTree``, so neither pays its numba compilation (seconds;
 the vector buffer still compiles tianshou's numba index helpers, as ``VectorReplayBuffer`` does).
@@ -38,6 +41,7 @@ from tianshou.data import Batch, PrioritizedReplayBuffer, PrioritizedVectorRepla
 from tianshou.data.buffer.manager import ReplayBufferManager
 
 from pal_bench import DEFAULT_FANOUT, SumTree
+from pal_bench._dropin import abs_plus_eps, divide_by_max, match_columns, put_rows, take_numeric_columns
 
 if TYPE_CHECKING:
     import torch
@@ -45,27 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["PALPrioritizedReplayBuffer", "PALPrioritizedVectorReplayBuffer", "PALSegmentTree"]
 
 _EPS = np.finfo(np.float32).eps.item()  # tianshou's floor on |w|, so no slot gets priority 0
-_NUMERIC = frozenset("biufc")  # dtype kinds tianshou's Batch keeps as they are (np.bool_ | np.number)
 _RESERVED = frozenset(ReplayBuffer._reserved_keys)
 _GATHERED = frozenset(("obs", "act", "rew", "terminated", "truncated", "done"))  # always stored
-
-
-def _rows(stored: dict, key: str, index: np.ndarray) -> Any:
-    """``ReplayBuffer.get(index, key, Batch())`` at frame stack 1: rows ``index`` of column ``key``;
-    an empty ``Batch`` for a missing key or an empty nested batch."""
-    if key not in stored:
-        return Batch()
-    column = stored[key]
-    if type(column) is not Batch:
-        return column[index]
-    nested = column.__dict__
-    if not nested:
-        return Batch()
-    if not all(type(value) is np.ndarray for value in nested.values()):
-        return column[index]
-    rows = Batch()  # Batch.__getitem__ for a batch of arrays
-    rows.__dict__.update({name: value[index] for name, value in nested.items()})
-    return rows
 
 
 def _next_slot(buffer: ReplayBuffer, rew: Any, done: Any) -> tuple[int, Any, int, int]:
@@ -86,25 +71,6 @@ def _next_slot(buffer: ReplayBuffer, rew: Any, done: Any) -> tuple[int, Any, int
     ep_return, ep_len = state["_ep_return"], state["_ep_len"]
     state["_ep_return"], state["_ep_len"], state["_ep_start_idx"] = 0.0, 0, state["_insertion_idx"]
     return slot, ep_return, ep_len, start
-
-
-def _column_writes(stored: dict, new: dict, rows: int, writes: list) -> bool:
-    """Append ``(column, values)`` to ``writes`` for ``Batch(stored)[index] = Batch(new)`` when that
-    assignment is plain numpy assignment per column (same keys, same dtypes, ``rows`` rows of the
-    stored row shape; nested batches alike). False, with nothing written, when it is not."""
-    if stored.keys() != new.keys():
-        return False
-    for key, value in new.items():
-        column = stored[key]
-        if type(value) is np.ndarray:
-            if (type(column) is not np.ndarray or value.dtype != column.dtype or value.dtype.kind not in _NUMERIC
-                    or value.shape != (rows, *column.shape[1:])):
-                return False
-            writes.append((column, value))
-        elif not (type(value) is Batch and type(column) is Batch
-                  and _column_writes(column.__dict__, value.__dict__, rows, writes)):
-            return False
-    return True
 
 
 class PALSegmentTree:
@@ -219,51 +185,78 @@ class _PALPriorities:
         range) and then changes nothing.
         """
         idx = index if type(index) is np.ndarray and index.ndim == 1 else np.asarray(index).reshape(-1)
-        weight = np.abs(to_numpy(new_weight))
-        weight = (weight if weight.ndim == 1 else weight.reshape(-1)) + _EPS  # same dtype and rounding as tianshou
+        raw = to_numpy(new_weight)
+        fast = abs_plus_eps(raw, _EPS)  # float32/64[B]: tianshou's np.abs(w) + eps, its min and max, in one pass
+        if fast is not None:
+            weight, low, high = fast
+        else:
+            weight = np.abs(raw)
+            weight = (weight if weight.ndim == 1 else weight.reshape(-1)) + _EPS  # same dtype and rounding
+            low, high = (weight.min(), weight.max()) if weight.size else (None, None)
         if weight.shape != idx.shape:
             raise ValueError(f"{idx.size} indices but {weight.size} weights")
         if idx.size == 0:
             return
-        high = weight.max()  # NaN if any is NaN; weight >= eps otherwise
-        if not high < np.inf:
+        if not high < np.inf:  # NaN or inf
             raise ValueError("new_weight must be finite")
-        low = weight.min()
-        self.weight[idx] = weight**self._alpha  # validates first (indices; leaves finite after ** alpha)
-        self._max_prio = max(self._max_prio, high)
-        self._min_prio = min(self._min_prio, low)
+        self.weight.tree.update(idx, weight**self._alpha)  # validates first (indices; leaves finite)
+        if high > self._max_prio:  # tianshou's max(_max_prio, high) and min(_min_prio, low), the same objects
+            self._max_prio = high
+        if low < self._min_prio:
+            self._min_prio = low
+
+    def init_weight(self, index: int | np.ndarray) -> None:
+        """tianshou's: new slots get priority ``max_prio ** alpha``."""
+        priority = self._max_prio**self._alpha
+        if type(index) is np.ndarray and index.ndim == 1:
+            self.weight.tree.update(index, priority)  # one value for all: no array to build
+        else:
+            self.weight[index] = priority
 
     def sample_indices(self, batch_size: int | None) -> np.ndarray:
         """``batch_size`` slots (int64[batch_size]), each drawn with probability leaf / total;
         ``0`` or ``None``: all valid slots, as tianshou."""
         if batch_size is not None and batch_size > 0 and len(self) > 0:
-            return self.weight.get_prefix_sum_idx(np.random.rand(batch_size) * self.weight.reduce())
+            tree = self.weight.tree
+            return tree.find(np.random.rand(batch_size) * tree.total())
         return super().sample_indices(batch_size)
+
+    def get_weight(self, index: int | np.ndarray) -> float | np.ndarray:
+        """tianshou's importance weights ``(leaf / _min_prio) ** -beta`` of slots ``index``."""
+        try:  # a batch of slots in range: straight to the tree
+            leaf = self.weight.tree.get(index)
+        except (IndexError, TypeError, ValueError):
+            leaf = self.weight[index]  # an int, another shape, negative slots: PALSegmentTree's indexing
+        return (leaf / self._min_prio) ** (-self._beta)
 
     def __getitem__(self, index: Any) -> Batch:
         """tianshou's batch of rows ``index`` with their importance weights (``weight``, float64[B]).
 
-        For an integer array and frame stack 1 it indexes the stored columns directly (what
-        ``ReplayBuffer.__getitem__`` does, less its per-key ``get`` and ``Batch`` parsing);
-        anything else goes through tianshou's code.
+        For int64 indices in range, frame stack 1 and stored columns that are numeric arrays or batches, it
+        gathers the arrays in one compiled call (what ``ReplayBuffer.__getitem__`` does, less its per-key
+        ``get`` and ``Batch`` parsing); anything else goes through tianshou's code.
         """
         stored = self._meta.__dict__
-        if (type(index) is not np.ndarray or index.dtype.kind not in "iu" or self.stack_num != 1
-                or not _GATHERED <= stored.keys()
-                or not all(type(v) is Batch or (type(v) is np.ndarray and v.dtype.kind in _NUMERIC)
-                           for v in stored.values())):
+        got = take_numeric_columns(stored, index, Batch) if self.stack_num == 1 else None
+        if got is None or not _GATHERED <= got.keys():
             return super().__getitem__(index)  # rows of plain columns are plain: Batch() would not parse them
-        obs_next = _rows(stored, "obs_next", index) if self._save_obs_next else stored["obs"][self.next(index)]
-        rows = {"obs": stored["obs"][index], "act": stored["act"][index], "rew": stored["rew"][index],
-                "terminated": stored["terminated"][index], "truncated": stored["truncated"][index],
-                "done": stored["done"][index], "obs_next": obs_next,
-                "info": _rows(stored, "info", index), "policy": _rows(stored, "policy", index)}
+        if self._save_obs_next:
+            obs_next = got["obs_next"] if "obs_next" in got else Batch()
+        else:
+            obs_next = stored["obs"][self.next(index)]
+        rows = {"obs": got["obs"], "act": got["act"], "rew": got["rew"], "terminated": got["terminated"],
+                "truncated": got["truncated"], "done": got["done"], "obs_next": obs_next,
+                "info": got["info"] if "info" in got else Batch(),
+                "policy": got["policy"] if "policy" in got else Batch()}
         for key in stored.keys() - self._input_keys:
-            rows[key] = stored[key][index]
+            rows[key] = got[key]
         batch = Batch()
         batch.__dict__.update(rows)
         weight = self.get_weight(index)
-        batch.__dict__["weight"] = weight / weight.max() if self._weight_norm else weight
+        if self._weight_norm:
+            normed = divide_by_max(weight)  # in place: weight is get_weight's own new array
+            weight = weight / weight.max() if normed is None else normed
+        batch.__dict__["weight"] = weight
         return batch
 
     def reset(self, keep_statistics: bool = False) -> None:
@@ -338,7 +331,7 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
         lengths, episode start slots), returns and lengths 0 for unfinished episodes.
 
         When every stored key arrives as a numeric array of the stored dtype and row shape (a
-        collector's batch after the first), the rows are written column by column; else, and for
+        collector's batch after the first), the rows are copied in one compiled call; else, and for
         bad input, tianshou's ``ReplayBufferManager.add`` runs.
         """
         given = batch.__dict__ if type(batch) is Batch else {}
@@ -350,8 +343,8 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
         if not self._save_obs_next:
             new.pop("obs_next", None)
         ids = np.arange(self.buffer_num) if buffer_ids is None else buffer_ids
-        writes: list[tuple[np.ndarray, np.ndarray]] = []
-        if not _column_writes(self._meta.__dict__, new, len(ids), writes):
+        writes = match_columns(self._meta.__dict__, new, len(ids), Batch)  # checks, writes nothing
+        if writes is None:
             return super().add(batch, buffer_ids)
         slots, returns, lengths, starts = [], [], [], []
         rew, done = new["rew"], new["done"]
@@ -364,9 +357,8 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
             starts.append(ep_start + offset)
             self.last_index[buffer_id] = slot + offset
             self._lengths[buffer_id] = len(self.buffers[buffer_id])
-        index = np.array(slots)
-        for column, values in writes:
-            column[index] = values
+        index = np.array(slots, dtype=np.int64)
+        put_rows(writes, index)
         self.init_weight(index)
         return index, np.array(returns), np.array(lengths), np.array(starts)
 

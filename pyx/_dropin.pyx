@@ -1,0 +1,297 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""One-pass kernels for the framework drop-ins (``pal_bench.integrations``).
+
+Inside a training loop every buffer call runs with cold caches, and then each numpy call costs ~10 µs
+whatever its size (docs/plugin.md, "tianshou"). These kernels do in one C call what the drop-ins did
+in several numpy calls, with bit-identical results (each one's docstring says which numpy expression
+it equals). Input they do not cover returns ``None``, and the caller runs the numpy expression.
+"""
+
+import math
+
+import numpy as np
+
+cimport numpy as cnp
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
+from libc.math cimport fabs, fabsf, isfinite, isnan
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcpy
+
+cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    PyTypeObject PyArray_Type
+    # steals a reference to ``descr``
+    object _new_from_descr "PyArray_NewFromDescr" (PyTypeObject* subtype, PyObject* descr, int nd,
+                                                   cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
+                                                   int flags, PyObject* obj)
+    int NPY_ITEM_REFCOUNT  # dtype flag: items hold object references
+
+cdef extern from *:
+    void __builtin_prefetch(const void*) nogil
+
+cdef enum:
+    PREFETCH_AHEAD = 8  # rows ahead that a gather prefetches
+
+
+cdef inline bint _plain(object a, int typenum, int ndim):
+    """``a`` is an exact ndarray, C-contiguous and aligned, of ``typenum`` (-1: any dtype without object
+    references) and ``ndim`` dimensions (-1: at least one)."""
+    if not cnp.PyArray_CheckExact(a):
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr)):
+        return False
+    if ndim < 0:
+        if cnp.PyArray_NDIM(arr) < 1:
+            return False
+    elif cnp.PyArray_NDIM(arr) != ndim:
+        return False
+    if typenum < 0:
+        return not (cnp.PyDataType_FLAGS(<cnp.dtype><PyObject*>cnp.PyArray_DESCR(arr)) & NPY_ITEM_REFCOUNT)
+    return cnp.PyArray_TYPE(arr) == typenum
+
+
+cdef inline bint _int64_range(object index, const int64_t** data, cnp.npy_intp* n, int64_t* hi):
+    """``index`` is a plain int64[B] whose values are all >= 0: its data, B and its largest value (-1 if B = 0)."""
+    if not _plain(index, cnp.NPY_INT64, 1):
+        return False
+    cdef const int64_t* ip = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>index)
+    cdef cnp.npy_intp i, size = cnp.PyArray_DIMS(<cnp.ndarray>index)[0]
+    cdef int64_t lo = 0, top = -1
+    for i in range(size):
+        if ip[i] < lo:
+            lo = ip[i]
+        if ip[i] > top:
+            top = ip[i]
+    data[0], n[0], hi[0] = ip, size, top
+    return lo >= 0
+
+
+cdef object _gather(cnp.ndarray col, const int64_t* ip, cnp.npy_intp n):
+    """``col[index]`` for a plain column and in-range indices: a new C-contiguous array of ``col``'s dtype."""
+    cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
+    cdef cnp.npy_intp i, d, row = cnp.PyArray_ITEMSIZE(col)
+    dims[0] = n
+    for d in range(1, cnp.PyArray_NDIM(col)):
+        dims[d] = cnp.PyArray_DIMS(col)[d]
+        row *= dims[d]
+    descr = <object><PyObject*>cnp.PyArray_DESCR(col)
+    Py_INCREF(descr)
+    rows = _new_from_descr(&PyArray_Type, <PyObject*>descr, cnp.PyArray_NDIM(col), dims, NULL, NULL, 0, NULL)
+    cdef const char* src = <const char*>cnp.PyArray_DATA(col)
+    cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>rows)
+    with nogil:  # rows a few places ahead are prefetched, so that their cache misses overlap
+        for i in range(n):
+            if i + PREFETCH_AHEAD < n:
+                __builtin_prefetch(src + ip[i + PREFETCH_AHEAD] * row)
+            if row == 8:
+                (<uint64_t*>(dst + i * 8))[0] = (<const uint64_t*>(src + ip[i] * 8))[0]
+            elif row == 1:
+                dst[i] = src[ip[i]]
+            else:
+                memcpy(dst + i * row, src + ip[i] * row, <size_t>row)
+    return rows
+
+
+def take_rows(tuple columns, index):
+    """``[column[index] for column in columns]`` (new C-contiguous arrays, dtypes kept), one C call.
+
+    ``index``: int64[B], C-contiguous, every value in ``[0, len(column))``; each column an ndarray with at
+    least one dimension, C-contiguous, aligned, without object references. Anything else (negative
+    indices included, which numpy counts from the end): ``None``, nothing allocated.
+    """
+    cdef const int64_t* ip
+    cdef cnp.npy_intp n
+    cdef int64_t hi
+    if not _int64_range(index, &ip, &n, &hi):
+        return None
+    for c in columns:
+        if not _plain(c, -1, -1) or hi >= cnp.PyArray_DIMS(<cnp.ndarray>c)[0]:
+            return None
+    return [_gather(<cnp.ndarray>c, ip, n) for c in columns]
+
+
+cdef bint _gatherable(dict columns, int64_t hi, object nested) except -1:
+    """Every value of ``columns`` is a plain numeric ndarray with more than ``hi`` rows, or a ``nested`` store
+    whose values are (recursively)."""
+    for value in columns.values():
+        if type(value) is nested:
+            if not _gatherable(value.__dict__, hi, nested):
+                return False
+        elif (not _plain(value, -1, -1) or not cnp.PyTypeNum_ISNUMBER(cnp.PyArray_TYPE(<cnp.ndarray>value))
+                or hi >= cnp.PyArray_DIMS(<cnp.ndarray>value)[0]):
+            return False
+    return True
+
+
+cdef dict _gather_all(dict columns, const int64_t* ip, cnp.npy_intp n, object nested):
+    out = {}
+    for key, value in columns.items():
+        if type(value) is nested:
+            rows = nested.__new__(nested)
+            rows.__dict__.update(_gather_all(value.__dict__, ip, n, nested))
+            out[key] = rows
+        else:
+            out[key] = _gather(<cnp.ndarray>value, ip, n)
+    return out
+
+
+def take_numeric_columns(dict columns, index, object nested):
+    """``{key: value[index]}`` for a dict-of-columns store, in its order, in one C call: each ndarray value's rows,
+    and for each value of type ``nested`` (e.g. tianshou's ``Batch``, a store in its ``__dict__``) a new
+    ``nested`` instance holding its rows, built the same way (an empty one stays empty).
+
+    ``None``, nothing allocated, unless every array (nested ones too) is numeric (bool, integer, floating,
+    complex), C-contiguous, aligned and at least 1-D, every other value is ``nested``, and ``index`` is
+    int64[B] (C-contiguous) with every value in range.
+    """
+    cdef const int64_t* ip
+    cdef cnp.npy_intp n
+    cdef int64_t hi
+    if not _int64_range(index, &ip, &n, &hi) or not _gatherable(columns, hi, nested):
+        return None
+    return _gather_all(columns, ip, n, nested)
+
+
+def abs_plus_eps(weights, double eps):
+    """``w = np.abs(weights) + eps`` in ``weights``' dtype, with ``w.min()`` and ``w.max()``: ``(w, min, max)``.
+
+    ``weights``: float32[B] or float64[B], C-contiguous (``eps`` is rounded to float32 for float32 input, as
+    numpy does with a Python float). ``min`` and ``max`` are numpy scalars of that dtype, both ``math.inf``
+    when any ``w`` is not finite, both ``None`` for B = 0. Anything else: ``None``.
+    """
+    cdef int typenum
+    if _plain(weights, cnp.NPY_FLOAT32, 1):
+        typenum = cnp.NPY_FLOAT32
+    elif _plain(weights, cnp.NPY_FLOAT64, 1):
+        typenum = cnp.NPY_FLOAT64
+    else:
+        return None
+    cdef cnp.ndarray src = <cnp.ndarray>weights
+    cdef cnp.npy_intp n = cnp.PyArray_DIMS(src)[0], i, i_lo = 0, i_hi = 0
+    cdef cnp.npy_intp dims[1]
+    dims[0] = n
+    out = cnp.PyArray_EMPTY(1, dims, typenum, 0)
+    cdef const float* sf
+    cdef float* of
+    cdef float ef = <float>eps
+    cdef const double* sd
+    cdef double* od
+    cdef bint finite = True
+    if typenum == cnp.NPY_FLOAT32:
+        sf, of = <const float*>cnp.PyArray_DATA(src), <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
+        with nogil:
+            for i in range(n):
+                of[i] = fabsf(sf[i]) + ef
+                if not isfinite(of[i]):
+                    finite = False
+                elif of[i] < of[i_lo]:
+                    i_lo = i
+                elif of[i] > of[i_hi]:
+                    i_hi = i
+    else:
+        sd, od = <const double*>cnp.PyArray_DATA(src), <double*>cnp.PyArray_DATA(<cnp.ndarray>out)
+        with nogil:
+            for i in range(n):
+                od[i] = fabs(sd[i]) + eps
+                if not isfinite(od[i]):
+                    finite = False
+                elif od[i] < od[i_lo]:
+                    i_lo = i
+                elif od[i] > od[i_hi]:
+                    i_hi = i
+    if not finite:
+        return out, math.inf, math.inf
+    if n == 0:
+        return out, None, None
+    return out, out[i_lo], out[i_hi]
+
+
+def divide_by_max(weights):
+    """``weights / weights.max()``, in place, for float64[B] (B >= 1), C-contiguous and writeable; returns it.
+
+    NaN anywhere makes every value NaN, as numpy's max would. Anything else: ``None``, nothing changed.
+    """
+    if not _plain(weights, cnp.NPY_FLOAT64, 1) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>weights):
+        return None
+    cdef cnp.ndarray arr = <cnp.ndarray>weights
+    cdef cnp.npy_intp n = cnp.PyArray_DIMS(arr)[0], i
+    if n == 0:
+        return None
+    cdef double* w = <double*>cnp.PyArray_DATA(arr)
+    cdef double top = w[0]
+    with nogil:
+        for i in range(n):
+            if isnan(w[i]):
+                top = w[i]
+                break
+            if w[i] > top:
+                top = w[i]
+        for i in range(n):
+            w[i] = w[i] / top
+    return weights
+
+
+cdef bint _match(dict stored, dict new, cnp.npy_intp rows, object nested, list pairs) except -1:
+    """``match_columns``' recursion: appends to ``pairs``; False as soon as a column does not match."""
+    if stored.keys() != new.keys():
+        return False
+    cdef cnp.ndarray col, val
+    cdef int d
+    for key, value in new.items():
+        column = stored[key]
+        if type(value) is nested:
+            if type(column) is not nested or not _match(column.__dict__, value.__dict__, rows, nested, pairs):
+                return False
+            continue
+        if not (_plain(value, -1, -1) and _plain(column, -1, -1)):
+            return False
+        col, val = <cnp.ndarray>column, <cnp.ndarray>value
+        if (not cnp.PyTypeNum_ISNUMBER(cnp.PyArray_TYPE(val)) or not cnp.PyArray_ISWRITEABLE(col)
+                or not cnp.PyArray_EquivTypes(<cnp.dtype><PyObject*>cnp.PyArray_DESCR(val),
+                                          <cnp.dtype><PyObject*>cnp.PyArray_DESCR(col))
+                or cnp.PyArray_NDIM(val) != cnp.PyArray_NDIM(col) or cnp.PyArray_DIMS(val)[0] != rows):
+            return False
+        for d in range(1, cnp.PyArray_NDIM(col)):
+            if cnp.PyArray_DIMS(val)[d] != cnp.PyArray_DIMS(col)[d]:
+                return False
+        pairs.append((column, value))
+    return True
+
+
+def match_columns(dict stored, dict new, Py_ssize_t rows, object nested):
+    """``[(column, values), ...]`` such that ``column[index] = values`` for each pair is ``stored[index] = new``
+    for a dict-of-columns store (``nested``: the type whose ``__dict__`` holds a nested store, e.g. tianshou's
+    ``Batch``); ``None`` when that is not plain row copying: other keys, a value not an ndarray of a numeric dtype
+    equivalent to its column's with ``rows`` rows of the column's row shape, either side not C-contiguous and
+    aligned, a read-only column. Nothing is written; ``put_rows`` writes the pairs.
+    """
+    pairs = []
+    return pairs if _match(stored, new, rows, nested, pairs) else None
+
+
+def put_rows(list pairs, index):
+    """``column[index] = values`` for each ``(column, values)`` of ``match_columns`` (rows in order, so the last
+    of repeated indices wins, as in numpy). ``index``: int64[rows], every value in range, else ``ValueError``
+    with nothing written."""
+    cdef const int64_t* ip
+    cdef cnp.npy_intp n, i, d, row
+    cdef int64_t hi
+    if not _int64_range(index, &ip, &n, &hi):
+        raise ValueError("index must be a C-contiguous int64[rows] array of slots >= 0")
+    for column, values in pairs:
+        if (cnp.PyArray_DIMS(<cnp.ndarray>values)[0] != n or hi >= cnp.PyArray_DIMS(<cnp.ndarray>column)[0]):
+            raise ValueError("index does not match the rows or exceeds a column")
+    cdef const char* src
+    cdef char* dst
+    for column, values in pairs:
+        row = cnp.PyArray_ITEMSIZE(<cnp.ndarray>column)
+        for d in range(1, cnp.PyArray_NDIM(<cnp.ndarray>column)):
+            row *= cnp.PyArray_DIMS(<cnp.ndarray>column)[d]
+        src = <const char*>cnp.PyArray_DATA(<cnp.ndarray>values)
+        dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>column)
+        with nogil:
+            for i in range(n):
+                memcpy(dst + ip[i] * row, src + i * row, <size_t>row)
