@@ -155,6 +155,33 @@ def take_numeric_columns(dict columns, index, object nested):
     return _gather_all(columns, ip, n, nested)
 
 
+ctypedef fused real:
+    float
+    double
+
+
+cdef bint _abs_plus_eps(const real* w, real* out, cnp.npy_intp n, real eps, cnp.npy_intp* i_lo,
+                        cnp.npy_intp* i_hi) noexcept nogil:
+    """``out = |w| + eps`` in ``real`` arithmetic (as numpy's in that dtype); the positions of its min and max.
+    False if any ``out`` is not finite."""
+    cdef cnp.npy_intp i
+    cdef real a
+    cdef bint finite = True
+    for i in range(n):
+        if real is float:
+            a = fabsf(w[i])
+        else:
+            a = fabs(w[i])
+        out[i] = a + eps
+        if not isfinite(out[i]):
+            finite = False
+        elif out[i] < out[i_lo[0]]:
+            i_lo[0] = i
+        elif out[i] > out[i_hi[0]]:
+            i_hi[0] = i
+    return finite
+
+
 def abs_plus_eps(weights, double eps):
     """``w = np.abs(weights) + eps`` in ``weights``' dtype, with ``w.min()`` and ``w.max()``: ``(w, min, max)``.
 
@@ -174,34 +201,13 @@ def abs_plus_eps(weights, double eps):
     cdef cnp.npy_intp dims[1]
     dims[0] = n
     out = cnp.PyArray_EMPTY(1, dims, typenum, 0)
-    cdef const float* sf
-    cdef float* of
-    cdef float ef = <float>eps
-    cdef const double* sd
-    cdef double* od
-    cdef bint finite = True
+    cdef bint finite
     if typenum == cnp.NPY_FLOAT32:
-        sf, of = <const float*>cnp.PyArray_DATA(src), <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
-        with nogil:
-            for i in range(n):
-                of[i] = fabsf(sf[i]) + ef
-                if not isfinite(of[i]):
-                    finite = False
-                elif of[i] < of[i_lo]:
-                    i_lo = i
-                elif of[i] > of[i_hi]:
-                    i_hi = i
+        finite = _abs_plus_eps(<const float*>cnp.PyArray_DATA(src), <float*>cnp.PyArray_DATA(<cnp.ndarray>out),
+                               n, <float>eps, &i_lo, &i_hi)
     else:
-        sd, od = <const double*>cnp.PyArray_DATA(src), <double*>cnp.PyArray_DATA(<cnp.ndarray>out)
-        with nogil:
-            for i in range(n):
-                od[i] = fabs(sd[i]) + eps
-                if not isfinite(od[i]):
-                    finite = False
-                elif od[i] < od[i_lo]:
-                    i_lo = i
-                elif od[i] > od[i_hi]:
-                    i_hi = i
+        finite = _abs_plus_eps(<const double*>cnp.PyArray_DATA(src), <double*>cnp.PyArray_DATA(<cnp.ndarray>out),
+                               n, eps, &i_lo, &i_hi)
     if not finite:
         return out, math.inf, math.inf
     if n == 0:
