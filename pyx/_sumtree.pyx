@@ -223,7 +223,7 @@ cdef class SumTree:
         if _plain_1d(prefix_targets, cnp.NPY_FLOAT64):  # the usual case: one copy, which the descent works on
             work = cnp.PyArray_NewCopy(<cnp.ndarray>prefix_targets, cnp.NPY_CORDER)
         else:
-            work = np.array(prefix_targets, dtype=np.float64, order="C")  # always a copy
+            work = np.ascontiguousarray(prefix_targets, dtype=np.float64).copy()  # a scalar becomes [scalar]
             if work.ndim != 1:
                 raise ValueError(f"prefix_targets must be 1-D, got shape {work.shape}")
         cdef cnp.npy_intp n = cnp.PyArray_DIMS(<cnp.ndarray>work)[0]

@@ -173,6 +173,7 @@ def test_sum_tree_find_and_get_accept_any_array_like():
     want = t.find(targets)
     for variant in (targets.tolist(), targets.astype(np.float32).astype(np.float64), np.repeat(targets, 2)[::2]):
         np.testing.assert_array_equal(t.find(variant), want)
+    np.testing.assert_array_equal(t.find(float(targets[3])), want[3:4])  # a scalar is one target
     targets.flags.writeable = False
     np.testing.assert_array_equal(t.find(targets), want)
     np.testing.assert_array_equal(targets, np.linspace(0, t.total(), 9))  # the descent works on its own copy
