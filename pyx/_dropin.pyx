@@ -218,7 +218,8 @@ def abs_plus_eps(weights, double eps):
 def divide_by_max(weights):
     """``weights / weights.max()``, in place, for float64[B] (B >= 1), C-contiguous and writeable; returns it.
 
-    NaN anywhere makes every value NaN, as numpy's max would. Anything else: ``None``, nothing changed.
+    NaN anywhere makes every value NaN, as numpy's max would. A maximum of zero (whose sign numpy's max leaves
+    to its SIMD code) or anything else: ``None``, nothing changed.
     """
     if not _plain(weights, cnp.NPY_FLOAT64, 1) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>weights):
         return None
@@ -235,6 +236,9 @@ def divide_by_max(weights):
                 break
             if w[i] > top:
                 top = w[i]
+    if top == 0:  # +0 or -0: which one numpy's max returns is its SIMD code's choice
+        return None
+    with nogil:
         for i in range(n):
             w[i] = w[i] / top
     return weights

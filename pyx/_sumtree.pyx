@@ -135,7 +135,7 @@ cdef class SumTree:
                 raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
             if idx.size and idx.dtype.kind not in "iu":
                 raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-            idx = idx.astype(np.int64, copy=False)
+            idx = np.require(idx, np.int64, ["C", "A"])  # read in place below: aligned too
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0], cap = self._t.capacity
         cdef bint bad = False
@@ -169,7 +169,7 @@ cdef class SumTree:
         elif _plain_1d(values, cnp.NPY_FLOAT32):  # widened exactly, as numpy's cast does
             val = cnp.PyArray_Cast(<cnp.ndarray>values, cnp.NPY_FLOAT64)
         else:
-            val = np.ascontiguousarray(values, dtype=np.float64)
+            val = np.require(np.ascontiguousarray(values, dtype=np.float64), None, ["A"])
         cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
         if val.ndim != 1 or val.shape[0] != n:
             raise ValueError(f"values must have shape ({n},), got {val.shape}")
@@ -223,7 +223,7 @@ cdef class SumTree:
         if _plain_1d(prefix_targets, cnp.NPY_FLOAT64):  # the usual case: one copy, which the descent works on
             work = cnp.PyArray_NewCopy(<cnp.ndarray>prefix_targets, cnp.NPY_CORDER)
         else:
-            work = np.ascontiguousarray(prefix_targets, dtype=np.float64).copy()  # a scalar becomes [scalar]
+            work = np.array(np.ascontiguousarray(prefix_targets, dtype=np.float64))  # aligned copy; scalar -> [scalar]
             if work.ndim != 1:
                 raise ValueError(f"prefix_targets must be 1-D, got shape {work.shape}")
         cdef cnp.npy_intp n = cnp.PyArray_DIMS(<cnp.ndarray>work)[0]

@@ -133,6 +133,9 @@ def test_divide_by_max_equals_numpy(w):
     with np.errstate(all="ignore"):  # a zero, tiny or infinite max: numpy's inf and NaN
         want = w / w.max()
     got = divide_by_max(w)
+    if w.max() == 0:  # declined: numpy's choice of +0 or -0
+        assert got is None
+        return
     assert got is w
     np.testing.assert_array_equal(got, want)  # NaN where numpy has NaN
     assert got.tobytes() == want.tobytes() or np.isnan(want).any()
