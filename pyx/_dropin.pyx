@@ -12,21 +12,13 @@ import math
 import numpy as np
 
 cimport numpy as cnp
-from cpython.object cimport PyObject, PyTypeObject
-from cpython.ref cimport Py_INCREF
 from libc.math cimport fabs, fabsf, isfinite, isnan
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 
-cnp.import_array()
+from _ndarray cimport new_array, plain_array, row_bytes
 
-cdef extern from "numpy/arrayobject.h":
-    PyTypeObject PyArray_Type
-    # steals a reference to ``descr``
-    object _new_from_descr "PyArray_NewFromDescr" (PyTypeObject* subtype, PyObject* descr, int nd,
-                                                   cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
-                                                   int flags, PyObject* obj)
-    int NPY_ITEM_REFCOUNT  # dtype flag: items hold object references
+cnp.import_array()
 
 cdef extern from *:
     void __builtin_prefetch(const void*) nogil
@@ -35,27 +27,9 @@ cdef enum:
     PREFETCH_AHEAD = 8  # rows ahead that a gather prefetches
 
 
-cdef inline bint _plain(object a, int typenum, int ndim):
-    """``a`` is an exact ndarray, C-contiguous and aligned, of ``typenum`` (-1: any dtype without object
-    references) and ``ndim`` dimensions (-1: at least one)."""
-    if not cnp.PyArray_CheckExact(a):
-        return False
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    if not (cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr)):
-        return False
-    if ndim < 0:
-        if cnp.PyArray_NDIM(arr) < 1:
-            return False
-    elif cnp.PyArray_NDIM(arr) != ndim:
-        return False
-    if typenum < 0:
-        return not (cnp.PyDataType_FLAGS(<cnp.dtype><PyObject*>cnp.PyArray_DESCR(arr)) & NPY_ITEM_REFCOUNT)
-    return cnp.PyArray_TYPE(arr) == typenum
-
-
 cdef inline bint _int64_range(object index, const int64_t** data, cnp.npy_intp* n, int64_t* hi):
     """``index`` is a plain int64[B] whose values are all >= 0: its data, B and its largest value (-1 if B = 0)."""
-    if not _plain(index, cnp.NPY_INT64, 1):
+    if not plain_array(index, cnp.NPY_INT64, 1):
         return False
     cdef const int64_t* ip = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>index)
     cdef cnp.npy_intp i, size = cnp.PyArray_DIMS(<cnp.ndarray>index)[0]
@@ -72,14 +46,11 @@ cdef inline bint _int64_range(object index, const int64_t** data, cnp.npy_intp* 
 cdef object _gather(cnp.ndarray col, const int64_t* ip, cnp.npy_intp n):
     """``col[index]`` for a plain column and in-range indices: a new C-contiguous array of ``col``'s dtype."""
     cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
-    cdef cnp.npy_intp i, d, row = cnp.PyArray_ITEMSIZE(col)
+    cdef cnp.npy_intp i, d, row = row_bytes(col)
     dims[0] = n
     for d in range(1, cnp.PyArray_NDIM(col)):
         dims[d] = cnp.PyArray_DIMS(col)[d]
-        row *= dims[d]
-    descr = <object><PyObject*>cnp.PyArray_DESCR(col)
-    Py_INCREF(descr)
-    rows = _new_from_descr(&PyArray_Type, <PyObject*>descr, cnp.PyArray_NDIM(col), dims, NULL, NULL, 0, NULL)
+    rows = new_array(col.dtype, cnp.PyArray_NDIM(col), dims)
     cdef const char* src = <const char*>cnp.PyArray_DATA(col)
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>rows)
     with nogil:  # rows a few places ahead are prefetched, so that their cache misses overlap
@@ -95,24 +66,6 @@ cdef object _gather(cnp.ndarray col, const int64_t* ip, cnp.npy_intp n):
     return rows
 
 
-def take_rows(tuple columns, index):
-    """``[column[index] for column in columns]`` (new C-contiguous arrays, dtypes kept), one C call.
-
-    ``index``: int64[B], C-contiguous, every value in ``[0, len(column))``; each column an ndarray with at
-    least one dimension, C-contiguous, aligned, without object references. Anything else (negative
-    indices included, which numpy counts from the end): ``None``, nothing allocated.
-    """
-    cdef const int64_t* ip
-    cdef cnp.npy_intp n
-    cdef int64_t hi
-    if not _int64_range(index, &ip, &n, &hi):
-        return None
-    for c in columns:
-        if not _plain(c, -1, -1) or hi >= cnp.PyArray_DIMS(<cnp.ndarray>c)[0]:
-            return None
-    return [_gather(<cnp.ndarray>c, ip, n) for c in columns]
-
-
 cdef bint _gatherable(dict columns, int64_t hi, object nested) except -1:
     """Every value of ``columns`` is a plain numeric ndarray with more than ``hi`` rows, or a ``nested`` store
     whose values are (recursively)."""
@@ -120,7 +73,7 @@ cdef bint _gatherable(dict columns, int64_t hi, object nested) except -1:
         if type(value) is nested:
             if not _gatherable(value.__dict__, hi, nested):
                 return False
-        elif (not _plain(value, -1, -1) or not cnp.PyTypeNum_ISNUMBER(cnp.PyArray_TYPE(<cnp.ndarray>value))
+        elif (not plain_array(value, -1, -1) or not cnp.PyTypeNum_ISNUMBER(cnp.PyArray_TYPE(<cnp.ndarray>value))
                 or hi >= cnp.PyArray_DIMS(<cnp.ndarray>value)[0]):
             return False
     return True
@@ -190,9 +143,9 @@ def abs_plus_eps(weights, double eps):
     when any ``w`` is not finite, both ``None`` for B = 0. Anything else: ``None``.
     """
     cdef int typenum
-    if _plain(weights, cnp.NPY_FLOAT32, 1):
+    if plain_array(weights, cnp.NPY_FLOAT32, 1):
         typenum = cnp.NPY_FLOAT32
-    elif _plain(weights, cnp.NPY_FLOAT64, 1):
+    elif plain_array(weights, cnp.NPY_FLOAT64, 1):
         typenum = cnp.NPY_FLOAT64
     else:
         return None
@@ -221,7 +174,7 @@ def divide_by_max(weights):
     NaN anywhere makes every value NaN, as numpy's max would. A maximum of zero (whose sign numpy's max leaves
     to its SIMD code) or anything else: ``None``, nothing changed.
     """
-    if not _plain(weights, cnp.NPY_FLOAT64, 1) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>weights):
+    if not plain_array(weights, cnp.NPY_FLOAT64, 1) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>weights):
         return None
     cdef cnp.ndarray arr = <cnp.ndarray>weights
     cdef cnp.npy_intp n = cnp.PyArray_DIMS(arr)[0], i
@@ -256,12 +209,11 @@ cdef bint _match(dict stored, dict new, cnp.npy_intp rows, object nested, list p
             if type(column) is not nested or not _match(column.__dict__, value.__dict__, rows, nested, pairs):
                 return False
             continue
-        if not (_plain(value, -1, -1) and _plain(column, -1, -1)):
+        if not (plain_array(value, -1, -1) and plain_array(column, -1, -1)):
             return False
         col, val = <cnp.ndarray>column, <cnp.ndarray>value
         if (not cnp.PyTypeNum_ISNUMBER(cnp.PyArray_TYPE(val)) or not cnp.PyArray_ISWRITEABLE(col)
-                or not cnp.PyArray_EquivTypes(<cnp.dtype><PyObject*>cnp.PyArray_DESCR(val),
-                                          <cnp.dtype><PyObject*>cnp.PyArray_DESCR(col))
+                or not cnp.PyArray_EquivTypes(val.dtype, col.dtype)
                 or cnp.PyArray_NDIM(val) != cnp.PyArray_NDIM(col) or cnp.PyArray_DIMS(val)[0] != rows):
             return False
         for d in range(1, cnp.PyArray_NDIM(col)):
@@ -287,7 +239,7 @@ def put_rows(list pairs, index):
     of repeated indices wins, as in numpy). ``index``: int64[rows], every value in range, else ``ValueError``
     with nothing written."""
     cdef const int64_t* ip
-    cdef cnp.npy_intp n, i, d, row
+    cdef cnp.npy_intp n, i, row
     cdef int64_t hi
     if not _int64_range(index, &ip, &n, &hi):
         raise ValueError("index must be a C-contiguous int64[rows] array of slots >= 0")
@@ -297,9 +249,7 @@ def put_rows(list pairs, index):
     cdef const char* src
     cdef char* dst
     for column, values in pairs:
-        row = cnp.PyArray_ITEMSIZE(<cnp.ndarray>column)
-        for d in range(1, cnp.PyArray_NDIM(<cnp.ndarray>column)):
-            row *= cnp.PyArray_DIMS(<cnp.ndarray>column)[d]
+        row = row_bytes(<cnp.ndarray>column)
         src = <const char*>cnp.PyArray_DATA(<cnp.ndarray>values)
         dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>column)
         with nogil:

@@ -96,16 +96,7 @@ cnp.import_array()
 _INT64 = np.dtype(np.int64)
 _FLOAT64 = np.dtype(np.float64)
 
-from cpython.object cimport PyObject, PyTypeObject
-from cpython.ref cimport Py_INCREF
-
-
-cdef extern from "numpy/arrayobject.h":
-    PyTypeObject PyArray_Type
-    # steals a reference to ``descr``
-    object _new_from_descr "PyArray_NewFromDescr" (PyTypeObject* subtype, PyObject* descr, int nd,
-                                                   cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
-                                                   int flags, PyObject* obj)
+from _ndarray cimport new_array
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -1196,9 +1187,7 @@ cdef class _ReplayCore:
         dims[0] = B
         for d in range(self._ndim[f]):
             dims[d + 1] = self._dims[f * MAX_DIMS + d]
-        descr = self._dtypes[f]
-        Py_INCREF(descr)
-        return _new_from_descr(&PyArray_Type, <PyObject*>descr, self._ndim[f] + 1, dims, NULL, NULL, 0, NULL)
+        return new_array(self._dtypes[f], self._ndim[f] + 1, dims)
 
     cdef object _out_array(self, dict out, str name, object dtype, int ndim, const int64_t* dims, int64_t B):
         """``out[name]`` if it is a writable C-contiguous ndarray of ``dtype`` and shape [B, *dims], else

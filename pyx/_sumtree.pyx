@@ -10,6 +10,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
 from _common cimport DEFAULT_FANOUT_C
+from _ndarray cimport plain_array
 from _lock cimport mutex_init, mutex_lock_gil, pthread_mutex_lock, pthread_mutex_t, pthread_mutex_unlock
 from _tree_core cimport (
     TreeLayout,
@@ -37,15 +38,6 @@ DEFAULT_FANOUT = DEFAULT_FANOUT_C
 
 cdef extern from "<float.h>":
     double DBL_MAX
-
-
-cdef inline bint _plain_1d(object a, int typenum):
-    """``a`` is an exact 1-D ndarray of ``typenum``, C-contiguous and aligned: its data can be read in place."""
-    if not cnp.PyArray_CheckExact(a):
-        return False
-    cdef cnp.ndarray arr = <cnp.ndarray>a
-    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_TYPE(arr) == typenum and cnp.PyArray_IS_C_CONTIGUOUS(arr)
-            and cnp.PyArray_ISALIGNED(arr))
 
 
 cdef class SumTree:
@@ -127,7 +119,7 @@ cdef class SumTree:
     def _check_indices(self, indices):
         """``indices`` as a C-contiguous int64 array (read-only accepted, copied only to convert), every one in
         ``[0, capacity)``; the range check is one C pass (numpy's min and max cost more at batch sizes of 32)."""
-        if _plain_1d(indices, cnp.NPY_INT64):  # the usual case: no conversion call
+        if plain_array(indices, cnp.NPY_INT64, 1):  # the usual case: no conversion call
             idx = indices
         else:
             idx = np.ascontiguousarray(indices)
@@ -164,9 +156,9 @@ cdef class SumTree:
             fill = <double*>cnp.PyArray_DATA(<cnp.ndarray>val)
             for j in range(size):
                 fill[j] = one
-        elif _plain_1d(values, cnp.NPY_FLOAT64):
+        elif plain_array(values, cnp.NPY_FLOAT64, 1):
             val = values
-        elif _plain_1d(values, cnp.NPY_FLOAT32):  # widened exactly, as numpy's cast does
+        elif plain_array(values, cnp.NPY_FLOAT32, 1):  # widened exactly, as numpy's cast does
             val = cnp.PyArray_Cast(<cnp.ndarray>values, cnp.NPY_FLOAT64)
         else:
             val = np.require(np.ascontiguousarray(values, dtype=np.float64), None, ["A"])
@@ -220,7 +212,7 @@ cdef class SumTree:
         Leaf i is returned for prefix(i) <= target < prefix(i) + leaf(i); a target equal to the
         total (or past it by rounding) gives the last non-zero leaf. Zero leaves are never returned.
         """
-        if _plain_1d(prefix_targets, cnp.NPY_FLOAT64):  # the usual case: one copy, which the descent works on
+        if plain_array(prefix_targets, cnp.NPY_FLOAT64, 1):  # the usual case: one copy, which the descent works on
             work = cnp.PyArray_NewCopy(<cnp.ndarray>prefix_targets, cnp.NPY_CORDER)
         else:
             work = np.array(np.ascontiguousarray(prefix_targets, dtype=np.float64))  # aligned copy; scalar -> [scalar]

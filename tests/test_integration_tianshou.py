@@ -348,9 +348,6 @@ def test_plugin_profile_times_the_tree_calls_and_forwards_them():
     assert tree.get_prefix_sum_idx(np.array([0.5])).tolist() == [1]
     np.testing.assert_array_equal(tree[np.array([2, 3])], [2.0, 3.0])
     assert calls["segment tree"] == 4 and seconds["segment tree"] > 0
-    # the drop-in's direct SumTree calls are timed too; other attributes pass through
-    assert tree.tree.total() == 28.0 and tree.tree.find(np.array([0.5])).tolist() == [1]
-    assert tree.tree.capacity == 8 and calls["segment tree"] == 6
 
 
 def test_plugin_profile_cold_probe_times_each_probe_twice_and_updates_once():

@@ -104,11 +104,8 @@ class PALSegmentTree:
         Last write wins for repeated indices. Invalid input raises and changes nothing.
         """
         if type(index) is np.ndarray and index.ndim == 1:  # SumTree validates both
-            if type(value) is np.ndarray and value.shape == index.shape:
-                self.tree.update(index, value)
-                return
-            if isinstance(value, float | np.floating):  # init_weight: one priority for the new slots
-                self.tree.update(index, np.full(index.shape, value, dtype=np.float64))
+            if (type(value) is np.ndarray and value.shape == index.shape) or isinstance(value, float | np.floating):
+                self.tree.update(index, value)  # one float: every slot of the batch (init_weight)
                 return
         idx = np.asarray(index).reshape(-1)
         val = np.empty(np.shape(index), dtype=np.float64)
@@ -124,9 +121,9 @@ class PALSegmentTree:
     def get_prefix_sum_idx(self, value: float | np.ndarray) -> int | np.ndarray:
         """Leaf ``i`` with ``prefix(i) <= v < prefix(i) + leaf(i)`` for each ``v`` in ``value``
         (in ``[0, total]``; any shape) -> int or int64 array. Zero leaves are never returned."""
+        if type(value) is np.ndarray and value.ndim == 1:  # a batch: SumTree converts it if needed
+            return self.tree.find(value)
         v = np.asarray(value, dtype=np.float64)
-        if v.ndim == 1:
-            return self.tree.find(v)
         out = self.tree.find(v.reshape(-1)).reshape(v.shape)
         return int(out) if v.ndim == 0 else out
 
@@ -199,35 +196,18 @@ class _PALPriorities:
             return
         if not high < np.inf:  # NaN or inf
             raise ValueError("new_weight must be finite")
-        self.weight.tree.update(idx, weight**self._alpha)  # validates first (indices; leaves finite)
+        self.weight[idx] = weight**self._alpha  # validates first (indices; leaves finite)
         if high > self._max_prio:  # tianshou's max(_max_prio, high) and min(_min_prio, low), the same objects
             self._max_prio = high
         if low < self._min_prio:
             self._min_prio = low
 
-    def init_weight(self, index: int | np.ndarray) -> None:
-        """tianshou's: new slots get priority ``max_prio ** alpha``."""
-        priority = self._max_prio**self._alpha
-        if type(index) is np.ndarray and index.ndim == 1:
-            self.weight.tree.update(index, priority)  # one value for all: no array to build
-        else:
-            self.weight[index] = priority
-
     def sample_indices(self, batch_size: int | None) -> np.ndarray:
         """``batch_size`` slots (int64[batch_size]), each drawn with probability leaf / total;
         ``0`` or ``None``: all valid slots, as tianshou."""
         if batch_size is not None and batch_size > 0 and len(self) > 0:
-            tree = self.weight.tree
-            return tree.find(np.random.rand(batch_size) * tree.total())
+            return self.weight.get_prefix_sum_idx(np.random.rand(batch_size) * self.weight.reduce())
         return super().sample_indices(batch_size)
-
-    def get_weight(self, index: int | np.ndarray) -> float | np.ndarray:
-        """tianshou's importance weights ``(leaf / _min_prio) ** -beta`` of slots ``index``."""
-        try:  # a batch of slots in range: straight to the tree
-            leaf = self.weight.tree.get(index)
-        except (IndexError, TypeError, ValueError):
-            leaf = self.weight[index]  # an int, another shape, negative slots: PALSegmentTree's indexing
-        return (leaf / self._min_prio) ** (-self._beta)
 
     def __getitem__(self, index: Any) -> Batch:
         """tianshou's batch of rows ``index`` with their importance weights (``weight``, float64[B]).

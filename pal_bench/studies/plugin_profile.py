@@ -39,30 +39,15 @@ def _timed(fn, name: str, seconds: collections.Counter, calls: collections.Count
     return timed
 
 
-class _TimedSumTree:
-    """PAL's ``SumTree`` with ``get``, ``update``, ``find`` and ``total`` timed as ``"segment tree"`` (the drop-in
-    calls these directly on its hot paths); every other attribute is the tree's."""
-
-    def __init__(self, tree, seconds: collections.Counter, calls: collections.Counter):
-        self._tree = tree
-        for name in ("get", "update", "find", "total"):
-            setattr(self, name, _timed(getattr(tree, name), "segment tree", seconds, calls))
-
-    def __getattr__(self, name: str):
-        return getattr(self._tree, name)
-
-
 class _TimedTree:
     """Forwards tianshou's segment-tree calls (``[]``, ``[] =``, ``reduce``, ``get_prefix_sum_idx``) to ``tree``,
-    timed as ``"segment tree"``; for PAL's ``PALSegmentTree`` also the calls into its ``SumTree`` (``.tree``)."""
+    timed as ``"segment tree"``."""
 
     def __init__(self, tree, seconds: collections.Counter, calls: collections.Counter):
         self._tree = tree
         self._get, self._set, self.reduce, self.get_prefix_sum_idx = (
             _timed(fn, "segment tree", seconds, calls)
             for fn in (tree.__getitem__, tree.__setitem__, tree.reduce, tree.get_prefix_sum_idx))
-        if hasattr(tree, "tree"):
-            self.tree = _TimedSumTree(tree.tree, seconds, calls)
 
     def __getitem__(self, index):
         return self._get(index)
