@@ -12,9 +12,12 @@ import math
 import numpy as np
 
 cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.math cimport fabs, fabsf, isfinite, isnan
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
+
+from numpy.random cimport bitgen_t
 
 from _ndarray cimport new_array, plain_array, row_bytes
 
@@ -168,13 +171,24 @@ def abs_plus_eps(weights, double eps):
     return out, out[i_lo], out[i_hi]
 
 
+cdef inline bint _scalable(object values):
+    """``values`` is float64[B], C-contiguous, aligned and writeable: it can be scaled in place."""
+    return plain_array(values, cnp.NPY_FLOAT64, 1) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>values)
+
+
+cdef void _divide(double* v, cnp.npy_intp n, double divisor) noexcept nogil:
+    cdef cnp.npy_intp i
+    for i in range(n):
+        v[i] = v[i] / divisor
+
+
 def divide_by_max(weights):
     """``weights / weights.max()``, in place, for float64[B] (B >= 1), C-contiguous and writeable; returns it.
 
     NaN anywhere makes every value NaN, as numpy's max would. A maximum of zero (whose sign numpy's max leaves
     to its SIMD code) or anything else: ``None``, nothing changed.
     """
-    if not plain_array(weights, cnp.NPY_FLOAT64, 1) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>weights):
+    if not _scalable(weights):
         return None
     cdef cnp.ndarray arr = <cnp.ndarray>weights
     cdef cnp.npy_intp n = cnp.PyArray_DIMS(arr)[0], i
@@ -191,10 +205,52 @@ def divide_by_max(weights):
                 top = w[i]
     if top == 0:  # +0 or -0: which one numpy's max returns is its SIMD code's choice
         return None
-    with nogil:
-        for i in range(n):
-            w[i] = w[i] / top
+    _divide(w, n, top)
     return weights
+
+
+def divide_by(values, double divisor):
+    """``values / divisor``, in place, for float64[B], C-contiguous and writeable; returns it (else ``None``).
+
+    One IEEE quotient per value, as numpy's (``divisor`` widened to float64 exactly).
+    """
+    if not _scalable(values):
+        return None
+    _divide(<double*>cnp.PyArray_DATA(<cnp.ndarray>values), cnp.PyArray_DIMS(<cnp.ndarray>values)[0], divisor)
+    return values
+
+
+def either(a, b):
+    """``np.logical_or(a, b)`` (bool[B]) for two bool[B] arrays, C-contiguous; anything else: ``None``."""
+    if not (plain_array(a, cnp.NPY_BOOL, 1) and plain_array(b, cnp.NPY_BOOL, 1)):
+        return None
+    cdef cnp.npy_intp i, n = cnp.PyArray_DIMS(<cnp.ndarray>a)[0]
+    if cnp.PyArray_DIMS(<cnp.ndarray>b)[0] != n:
+        return None
+    out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_BOOL, 0)
+    cdef const char* x = <const char*>cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef const char* y = <const char*>cnp.PyArray_DATA(<cnp.ndarray>b)
+    cdef char* o = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    for i in range(n):
+        o[i] = (x[i] != 0) | (y[i] != 0)  # numpy's bools may hold any non-zero byte (views of uint8)
+    return out
+
+
+def uniforms_times(random_state, cnp.npy_intp n, double scale):
+    """``random_state.random_sample(n) * scale`` (float64[n]) in one call: the same draws from the same bit
+    generator, under its lock, leaving it in the same state, each times ``scale`` (one IEEE product, as numpy's).
+
+    ``random_state``: a ``numpy.random.RandomState`` (``np.random.rand.__self__`` for the global one).
+    """
+    bit_generator = random_state._bit_generator
+    cdef bitgen_t* bitgen = <bitgen_t*>PyCapsule_GetPointer(bit_generator.capsule, "BitGenerator")
+    out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT64, 0)
+    cdef double* o = <double*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef cnp.npy_intp i
+    with bit_generator.lock, nogil:
+        for i in range(n):
+            o[i] = bitgen.next_double(bitgen.state) * scale
+    return out
 
 
 cdef bint _match(dict stored, dict new, cnp.npy_intp rows, object nested, list pairs) except -1:

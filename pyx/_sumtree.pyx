@@ -8,6 +8,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from _common cimport DEFAULT_FANOUT_C
 from _ndarray cimport plain_array
@@ -116,7 +117,7 @@ cdef class SumTree:
         """A copy of the leaves, float64[capacity]."""
         return self.get(np.arange(self._t.capacity, dtype=np.int64))
 
-    def _check_indices(self, indices):
+    cdef object _check_indices(self, object indices):
         """``indices`` as a C-contiguous int64 array (read-only accepted, copied only to convert), every one in
         ``[0, capacity)``; the range check is one C pass (numpy's min and max cost more at batch sizes of 32)."""
         if plain_array(indices, cnp.NPY_INT64, 1):  # the usual case: no conversion call
@@ -147,47 +148,52 @@ cdef class SumTree:
         Duplicate indices: the last one in the batch wins. Invalid input raises and changes nothing.
         """
         idx = self._check_indices(indices)
-        cdef cnp.npy_intp j, size = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
+        cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
         cdef double one
-        cdef double* fill
+        cdef const double* vv
+        cdef bint bad = False
         if isinstance(values, (float, np.floating)):
             one = values  # exact for float16/32/64, rounded for longdouble (as numpy's cast to float64)
-            val = cnp.PyArray_EMPTY(1, &size, cnp.NPY_FLOAT64, 0)
-            fill = <double*>cnp.PyArray_DATA(<cnp.ndarray>val)
-            for j in range(size):
-                fill[j] = one
-        elif plain_array(values, cnp.NPY_FLOAT64, 1):
-            val = values
-        elif plain_array(values, cnp.NPY_FLOAT32, 1):  # widened exactly, as numpy's cast does
-            val = cnp.PyArray_Cast(<cnp.ndarray>values, cnp.NPY_FLOAT64)
+            bad = not (one >= 0 and one <= self._limit)  # NaN fails both comparisons, inf the second
+            vv = &one  # read as values[0] only when n == 1; a batch gets a filled copy below
         else:
-            val = np.require(np.ascontiguousarray(values, dtype=np.float64), None, ["A"])
-        cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
-        if val.ndim != 1 or val.shape[0] != n:
-            raise ValueError(f"values must have shape ({n},), got {val.shape}")
-        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
-        cdef const double* vv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>val)
-        cdef double limit = self._limit
-        cdef bint bad = False
-        with nogil:  # one pass: NaN fails both comparisons, inf the second
-            for b in range(n):
-                if not (vv[b] >= 0 and vv[b] <= limit):
-                    bad = True
-                    break
+            if plain_array(values, cnp.NPY_FLOAT64, 1):
+                val = values
+            elif plain_array(values, cnp.NPY_FLOAT32, 1):  # widened exactly, as numpy's cast does
+                val = cnp.PyArray_Cast(<cnp.ndarray>values, cnp.NPY_FLOAT64)
+            else:
+                val = np.require(np.ascontiguousarray(values, dtype=np.float64), None, ["A"])
+            if cnp.PyArray_NDIM(<cnp.ndarray>val) != 1 or cnp.PyArray_DIMS(<cnp.ndarray>val)[0] != n:
+                raise ValueError(f"values must have shape ({n},), got {val.shape}")
+            vv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>val)
+            with nogil:  # one pass: NaN fails both comparisons, inf the second
+                for b in range(n):
+                    if not (vv[b] >= 0 and vv[b] <= self._limit):
+                        bad = True
+                        break
         if bad:
-            if not (np.isfinite(val).all() and (val >= 0).all()):
+            bad_values = np.asarray(values if vv != &one else [one], dtype=np.float64)
+            if not (np.isfinite(bad_values).all() and (bad_values >= 0).all()):
                 raise ValueError("values must be finite and >= 0")
             raise ValueError(f"values must be at most {self._limit:.3g} (DBL_MAX / (2 capacity)), so that the "
-                             f"total cannot overflow; got {val.max()!r}")
-        cdef int64_t* scratch
+                             f"total cannot overflow; got {bad_values.max()!r}")
         if n == 0:
             return
-        scratch = <int64_t*>malloc(n * sizeof(int64_t))
-        if scratch == NULL:
-            raise MemoryError()
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        cdef int64_t* scratch = NULL
+        cdef double* fill
+        if n > 1:  # scratch for the batch update, and the one value repeated if one was given
+            scratch = <int64_t*>malloc(n * (sizeof(int64_t) + (sizeof(double) if vv == &one else 0)))
+            if scratch == NULL:
+                raise MemoryError()
+            if vv == &one:
+                fill = <double*>(scratch + n)
+                for b in range(n):
+                    fill[b] = one
+                vv = fill
         self._lock()
         with nogil:
-            tree_set_batch(&self._t, iv, vv, n, scratch)
+            tree_set_batch(&self._t, iv, vv, n, scratch)  # n == 1: one tree_set, scratch unused
             self._unlock()
         free(scratch)
 
@@ -212,41 +218,41 @@ cdef class SumTree:
         Leaf i is returned for prefix(i) <= target < prefix(i) + leaf(i); a target equal to the
         total (or past it by rounding) gives the last non-zero leaf. Zero leaves are never returned.
         """
-        if plain_array(prefix_targets, cnp.NPY_FLOAT64, 1):  # the usual case: one copy, which the descent works on
-            work = cnp.PyArray_NewCopy(<cnp.ndarray>prefix_targets, cnp.NPY_CORDER)
+        if plain_array(prefix_targets, cnp.NPY_FLOAT64, 1):  # the usual case: read in place, no conversion call
+            src = prefix_targets
         else:
-            work = np.array(np.ascontiguousarray(prefix_targets, dtype=np.float64))  # aligned copy; scalar -> [scalar]
-            if work.ndim != 1:
-                raise ValueError(f"prefix_targets must be 1-D, got shape {work.shape}")
-        cdef cnp.npy_intp n = cnp.PyArray_DIMS(<cnp.ndarray>work)[0]
+            src = np.array(np.ascontiguousarray(prefix_targets, dtype=np.float64))  # aligned; scalar -> [scalar]
+            if src.ndim != 1:
+                raise ValueError(f"prefix_targets must be 1-D, got shape {src.shape}")
+        cdef cnp.npy_intp b, n = cnp.PyArray_DIMS(<cnp.ndarray>src)[0]
         out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
-        cdef double* wv = <double*>cnp.PyArray_DATA(<cnp.ndarray>work)
         cdef int64_t* ov = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out)
-        cdef cnp.npy_intp b
-        cdef double total
+        cdef double* wv = <double*>malloc(n * sizeof(double) + 1)  # the descent's work copy of the targets
+        if wv == NULL:
+            raise MemoryError()
+        memcpy(wv, cnp.PyArray_DATA(<cnp.ndarray>src), n * sizeof(double))
         cdef bint bad = False, ascending = True
-        self._lock()
-        try:        # checked under the lock: the total is the one the descent sees
-            total = tree_total(&self._t)
-            if not total > 0:
-                raise ValueError("find on a tree whose leaves are all zero")
-            with nogil:  # one pass: range (NaN fails it) and order
-                for b in range(n):
+        self._lock()  # checked under the lock: the total is the one the descent sees
+        cdef double total = tree_total(&self._t)
+        with nogil:
+            if total > 0:
+                for b in range(n):  # one pass: range (NaN fails it) and order
                     if not (wv[b] >= 0 and wv[b] <= total):
                         bad = True
                         break
                     if b and wv[b] < wv[b - 1]:
                         ascending = False
-            if bad:
-                raise ValueError(f"prefix_targets must be finite and within [0, total={total!r}]")
-            if n:
-                with nogil:
+                if not bad and n:
                     if ascending:
                         tree_find_sorted(&self._t, wv, ov, n)
                     else:
                         tree_find_batch(&self._t, wv, ov, n)
-        finally:
             self._unlock()
+        free(wv)
+        if not total > 0:
+            raise ValueError("find on a tree whose leaves are all zero")
+        if bad:
+            raise ValueError(f"prefix_targets must be finite and within [0, total={total!r}]")
         return out
 
     def check(self) -> None:

@@ -7,7 +7,16 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pal_bench import SumTree
-from pal_bench._dropin import abs_plus_eps, divide_by_max, match_columns, put_rows, take_numeric_columns
+from pal_bench._dropin import (
+    abs_plus_eps,
+    divide_by,
+    divide_by_max,
+    either,
+    match_columns,
+    put_rows,
+    take_numeric_columns,
+    uniforms_times,
+)
 
 NUMERIC = [np.dtype(c).newbyteorder(o) for c in "?bhilqBHILQefdgFDG" for o in "<>"]
 
@@ -147,6 +156,63 @@ def test_divide_by_max_declines_other_input():
     np.testing.assert_array_equal(read_only, 1.0)
 
 
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.float64, st.integers(0, 40)),
+       st.one_of(st.floats(), st.floats(width=32).map(np.float32), st.floats().map(np.float64)))
+def test_divide_by_equals_numpy(w, divisor):
+    with np.errstate(all="ignore"):
+        want = w / divisor
+    got = divide_by(w, divisor)
+    assert got is w and got.dtype == want.dtype == np.float64
+    np.testing.assert_array_equal(got, want)
+    assert got.tobytes() == want.tobytes() or np.isnan(want).any()
+
+
+def test_divide_by_declines_other_input():
+    read_only = np.ones(3)
+    read_only.flags.writeable = False
+    for w in (np.ones(3, np.float32), read_only, np.ones(6)[::2], np.ones((2, 2)), [1.0, 2.0]):
+        assert divide_by(w, 2.0) is None
+    np.testing.assert_array_equal(read_only, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.uint8, st.integers(0, 40)), st.data())
+def test_either_equals_logical_or_for_any_bool_bytes(raw, data):
+    """Bools viewed from arbitrary bytes (numpy treats any non-zero byte as True)."""
+    a = raw.view(bool)
+    b = data.draw(hnp.arrays(np.uint8, raw.shape)).view(bool)
+    want = np.logical_or(a, b)
+    got = either(a, b)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+def test_either_declines_other_input():
+    yes = np.ones(3, bool)
+    for a, b in ((yes, np.ones(2, bool)), (yes, np.ones(3, np.uint8)), (yes[::2], yes[:2]), (yes.reshape(1, 3), yes),
+                 ([True], [False])):
+        assert either(a, b) is None
+
+
+@pytest.mark.parametrize("make", [lambda: np.random.RandomState(7), lambda: np.random.RandomState(np.random.PCG64(7))])
+@pytest.mark.parametrize("n", [0, 1, 33])
+def test_uniforms_times_is_random_sample_times_scale(make, n):
+    """Same draws and products as ``random_sample(n) * scale``, and the generator left where numpy leaves it."""
+    for scale in (1.0, 0.1, 123.456, np.float32(3.3)):
+        ours, theirs = make(), make()
+        got, want = uniforms_times(ours, n, scale), theirs.random_sample(n) * scale
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+        assert ours.random_sample(5).tobytes() == theirs.random_sample(5).tobytes()
+
+
+def test_uniforms_times_of_the_global_generator_is_np_random_rand():
+    np.random.seed(11)
+    want, after = np.random.rand(64) * 2.5, np.random.rand(3)
+    np.random.seed(11)
+    got = uniforms_times(np.random.rand.__self__, 64, 2.5)
+    assert got.tobytes() == want.tobytes() and np.random.rand(3).tobytes() == after.tobytes()
+
+
 def test_sum_tree_takes_float32_values_and_one_value_for_all():
     """Float32 values widen exactly; one float (Python or numpy) fills every index; bad ones change nothing."""
     a, b = SumTree(10), SumTree(10)
@@ -159,9 +225,14 @@ def test_sum_tree_takes_float32_values_and_one_value_for_all():
     a.update(np.array([8]), 2.5)
     b.update(np.array([8]), np.array([2.5]))
     np.testing.assert_array_equal(a.leaves(), b.leaves())
-    for bad in (np.nan, -1.0, np.float32(np.inf)):
-        with pytest.raises(ValueError):
-            a.update(np.array([0, 1]), bad)
+    for index in (np.array([0, 1]), np.array([4]), np.array([], np.int64)):
+        for bad in (np.nan, -1.0, np.float32(np.inf), np.longdouble("inf")):
+            with pytest.raises(ValueError, match="finite and >= 0"):
+                a.update(index, bad)
+        with pytest.raises(ValueError, match="at most"):  # DBL_MAX / 20: ten of them could overflow the total
+            a.update(index, 1e308)
+    with pytest.raises(ValueError, match="shape"):
+        a.update(np.array([0, 1]), np.ones(3))
     np.testing.assert_array_equal(a.leaves(), b.leaves())
     a.check()
 

@@ -148,6 +148,7 @@ def test_vector_add_and_batches_are_tianshous(ignore_obs_next, monkeypatch):
             assert type(a._ep_return) is type(b._ep_return) and a._ep_return == b._ep_return
         np.testing.assert_array_equal(pal._lengths, ts._lengths)
         np.testing.assert_array_equal(pal.last_index, ts.last_index)
+        assert type(len(pal)) is int and len(pal) == len(ts)
         idx = rng.choice(ts.sample_indices(0), 16)
         assert_equal_values(pal[idx], ts[idx])
         if step % 4 == 3:

@@ -22,8 +22,9 @@ Where tianshou 2.0.1 is wrong, these classes differ from it:
 
 Both classes read a batch (``buffer[indices]``, and so ``sample``) in one compiled gather without
 tianshou's per-key parsing, the vector buffer's ``add`` writes a collector's batch in one compiled row
-copy, and ``update_weight`` computes ``|w| + eps`` with its extremes in one pass (``pal_bench._dropin``),
-whenever the result is provably tianshou's (frame stack 1, plain numeric arrays of the stored dtypes;
+copy, ``update_weight`` computes ``|w| + eps`` with its extremes in one pass, ``sample_indices`` draws
+``np.random.rand(B) * total`` in one call and ``get_weight`` divides the leaves by ``_min_prio`` in place
+(``pal_bench._dropin``), whenever the result is provably tianshou's (frame stack 1, plain numeric arrays of the stored dtypes;
 anything else takes tianshou's own code): same storage, episode bookkeeping, return values, batches and
 priorities, bit for bit (tested). The powers (``** alpha``, ``** -beta``) stay numpy's, whose SIMD code
 may round differently from libm's.
@@ -41,7 +42,16 @@ from tianshou.data import Batch, PrioritizedReplayBuffer, PrioritizedVectorRepla
 from tianshou.data.buffer.manager import ReplayBufferManager
 
 from pal_bench import DEFAULT_FANOUT, SumTree
-from pal_bench._dropin import abs_plus_eps, divide_by_max, match_columns, put_rows, take_numeric_columns
+from pal_bench._dropin import (
+    abs_plus_eps,
+    divide_by,
+    divide_by_max,
+    either,
+    match_columns,
+    put_rows,
+    take_numeric_columns,
+    uniforms_times,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +61,8 @@ __all__ = ["PALPrioritizedReplayBuffer", "PALPrioritizedVectorReplayBuffer", "PA
 _EPS = np.finfo(np.float32).eps.item()  # tianshou's floor on |w|, so no slot gets priority 0
 _RESERVED = frozenset(ReplayBuffer._reserved_keys)
 _GATHERED = frozenset(("obs", "act", "rew", "terminated", "truncated", "done"))  # always stored
+_GLOBAL_RANDOM = np.random.rand.__self__  # the RandomState behind np.random.rand, whose draws tianshou samples with
+_WIDENED = (float, np.float64, np.float32)  # a float64 array divided by one of these stays float64
 
 
 def _next_slot(buffer: ReplayBuffer, rew: Any, done: Any) -> tuple[int, Any, int, int]:
@@ -66,8 +78,9 @@ def _next_slot(buffer: ReplayBuffer, rew: Any, done: Any) -> tuple[int, Any, int
     state["_ep_return"] += rew
     state["_ep_len"] += 1
     start = state["_ep_start_idx"]
-    if not done:
-        return slot, np.zeros_like(state["_ep_return"]), 0, start
+    if not done:  # np.zeros_like(ep_return): a numpy scalar's own zero goes into np.array() the same
+        ep_return = state["_ep_return"]
+        return slot, type(ep_return)(0) if isinstance(ep_return, np.number) else np.zeros_like(ep_return), 0, start
     ep_return, ep_len = state["_ep_return"], state["_ep_len"]
     state["_ep_return"], state["_ep_len"], state["_ep_start_idx"] = 0.0, 0, state["_insertion_idx"]
     return slot, ep_return, ep_len, start
@@ -205,9 +218,17 @@ class _PALPriorities:
     def sample_indices(self, batch_size: int | None) -> np.ndarray:
         """``batch_size`` slots (int64[batch_size]), each drawn with probability leaf / total;
         ``0`` or ``None``: all valid slots, as tianshou."""
-        if batch_size is not None and batch_size > 0 and len(self) > 0:
-            return self.weight.get_prefix_sum_idx(np.random.rand(batch_size) * self.weight.reduce())
+        if batch_size is not None and batch_size > 0 and len(self) > 0:  # np.random.rand(B) * total, in one call
+            return self.weight.get_prefix_sum_idx(uniforms_times(_GLOBAL_RANDOM, batch_size, self.weight.reduce()))
         return super().sample_indices(batch_size)
+
+    def get_weight(self, index: int | np.ndarray) -> float | np.ndarray:
+        """tianshou's importance weights ``(leaf / _min_prio) ** -beta`` of slots ``index``; for a batch of
+        slots the division runs in place in one compiled pass."""
+        leaf = self.weight[index]
+        if type(self._min_prio) in _WIDENED and divide_by(leaf, self._min_prio) is not None:
+            return leaf ** (-self._beta)
+        return (leaf / self._min_prio) ** (-self._beta)
 
     def __getitem__(self, index: Any) -> Batch:
         """tianshou's batch of rows ``index`` with their importance weights (``weight``, float64[B]).
@@ -319,10 +340,11 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
         if (self._save_only_last_obs or type(new.get("terminated")) is not np.ndarray
                 or type(new.get("truncated")) is not np.ndarray):
             return super().add(batch, buffer_ids)
-        new["done"] = np.logical_or(new["terminated"], new["truncated"])
+        done = either(new["terminated"], new["truncated"])  # np.logical_or of two bool[B], in one call
+        new["done"] = np.logical_or(new["terminated"], new["truncated"]) if done is None else done
         if not self._save_obs_next:
             new.pop("obs_next", None)
-        ids = np.arange(self.buffer_num) if buffer_ids is None else buffer_ids
+        ids = range(self.buffer_num) if buffer_ids is None else buffer_ids
         writes = match_columns(self._meta.__dict__, new, len(ids), Batch)  # checks, writes nothing
         if writes is None:
             return super().add(batch, buffer_ids)
@@ -341,6 +363,10 @@ class PALPrioritizedVectorReplayBuffer(_PALPriorities, PrioritizedVectorReplayBu
         put_rows(writes, index)
         self.init_weight(index)
         return index, np.array(returns), np.array(lengths), np.array(starts)
+
+    def __len__(self) -> int:
+        """Transitions in all sub-buffers: tianshou's ``int(self._lengths.sum())`` without a numpy reduction."""
+        return sum(self._lengths.tolist())
 
     def set_beta(self, beta: float) -> None:
         """Set beta here (which ``get_weight`` uses; tianshou 2.0.1 forgets it) and in the sub-buffers."""
