@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -165,6 +164,16 @@ def _field_spec(data: np.ndarray, space: Any) -> tuple[tuple[int, ...], np.dtype
     dtype = getattr(space, "dtype", None)
     dtype = np.dtype(dtype) if dtype is not None and np.dtype(dtype).kind in "biuf" else data.dtype
     return data.shape[1:], dtype
+
+
+def _counts(serials: list[int]) -> dict[int, int]:
+    """Rows per episode serial, ignoring negative (empty-slot) ones: a few rows per call, where ``np.unique``
+    costs ~15 µs and ``Counter``'s constructor ~15 µs cold inside a training loop."""
+    out: dict[int, int] = {}
+    for s in serials:
+        if s >= 0:
+            out[s] = out.get(s, 0) + 1
+    return out
 
 
 def _metric_kwargs(**totals: float) -> dict[str, Any]:
@@ -318,10 +327,9 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             live = ids >= oldest
             ids, serial, succ = ids[live], serial[live], succ[live]
         slots = ids % self.capacity
-        old = self._episode[slots]
-        old = old[old >= 0]
-        evicted_rows, n_evicted = len(old), 0
-        for s, k in Counter(old.tolist()).items():  # Counter: a few rows per add, np.unique's 15 µs
+        evicted = _counts(self._episode[slots].tolist())  # the episodes whose rows these slots held
+        evicted_rows, n_evicted = sum(evicted.values()), 0
+        for s, k in evicted.items():
             left = self._episode_rows.pop(s) - k
             if left > 0:
                 self._episode_rows[s] = left
@@ -329,7 +337,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 n_evicted += 1
         self._episode[slots] = serial
         self._succ[slots] = succ
-        for s, k in Counter(serial.tolist()).items():
+        for s, k in _counts(serial.tolist()).items():
             self._episode_rows[s] = self._episode_rows.get(s, 0) + k
         for prev, nxt in links:
             if prev >= oldest:
@@ -373,10 +381,10 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             if not 1 <= n_step[0] < n_step[1]:
                 raise ValueError(f"n_step range must satisfy 1 <= low < high, got {n_step!r}")
             n = self.rng.integers(n_step[0], n_step[1], size=B)
+        elif (n_step or 1) < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step!r}")
         else:
-            if (n_step or 1) < 1:
-                raise ValueError(f"n_step must be >= 1, got {n_step!r}")
-            n = np.full(B, n_step or 1, dtype=np.int64)
+            n = None if (n_step or 1) == 1 else np.full(B, n_step, dtype=np.int64)  # None: 1-step
         out = self._buf.sample(B, beta)
         ids = out["indices"]
         ret, next_obs, k, term, trunc = self._n_step(out, n, gamma)
@@ -409,18 +417,21 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.sampled_timesteps += B
         self._update_sample_metrics(**_metric_kwargs(
             num_env_steps_sampled=B, num_episodes_per_sample=len(set(self._episode[ids % self.capacity].tolist())),
-            num_env_steps_per_sample=len(set(ids.tolist())), sampled_n_step=float(k.mean()), num_resamples=0))
+            num_env_steps_per_sample=len(set(ids.tolist())), sampled_n_step=1.0 if n is None else float(k.mean()),
+            num_resamples=0))
         return episodes
 
-    def _n_step(self, out: dict, n: np.ndarray, gamma: float) -> tuple:
-        """Walk successor links from the sampled rows for up to ``n - 1`` steps (all B rows at once).
+    def _n_step(self, out: dict, n: np.ndarray | None, gamma: float) -> tuple:
+        """Walk successor links from the sampled rows for up to ``n - 1`` steps (all B rows at once; ``n`` None:
+        1 step for all).
 
         Returns ``(discounted return float64[B], o_{t+k} array[B, *obs], k int64[B], terminated bool[B],
         truncated bool[B])``.
         """
+        if n is None or n.max() <= 1:  # 1-step: the sampled rows as they are (fresh arrays from PAL's sample)
+            ones = np.ones(len(out["indices"]), dtype=np.int64)
+            return out["reward"], out["next_obs"], ones, out["terminated"], out["truncated"]
         B = len(n)
-        if n.max() <= 1:  # 1-step: the sampled rows as they are (fresh arrays from PAL's sample)
-            return out["reward"], out["next_obs"], np.ones(B, dtype=np.int64), out["terminated"], out["truncated"]
         ret = out["reward"].astype(np.float64)
         k = np.ones(B, dtype=np.int64)
         cur = out["indices"].copy()
@@ -456,9 +467,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         if p.ndim != 1 or len(p) != len(self._last_sampled_ids):
             raise ValueError(f"priorities must have shape ({len(self._last_sampled_ids)},) (the last sampled "
                              f"batch), got {p.shape}")
-        if not (np.isfinite(p).all() and (p >= 0).all()):
-            raise ValueError("priorities (TD errors) must be finite and >= 0: got NaN, inf or negative values")
-        self._buf.update_priorities(self._last_sampled_ids, p)
+        self._buf.update_priorities(self._last_sampled_ids, p)  # raises on NaN, inf or < 0, changing nothing
         self._last_sampled_ids = np.empty(0, dtype=np.int64)
 
     # ------------------------------------------------------------------ state
