@@ -236,6 +236,69 @@ def either(a, b):
     return out
 
 
+cdef cnp.PyUFuncGenericFunction _power_loops[2]  # numpy's own power loops: float32, float64
+cdef void* _power_data[2]
+
+
+cdef void _find_power_loops():
+    """The first ``ff->f`` and ``dd->d`` loops registered on ``np.power``: the ones numpy's type resolution
+    picks for same-dtype operands (its dispatch to the CPU's SIMD code happened when numpy loaded them)."""
+    cdef cnp.ufunc power = np.power
+    cdef int i, slot
+    cdef const char* t
+    for i in range(power.ntypes):
+        t = power.types + i * power.nargs
+        if t[0] == t[1] == t[2] and (t[0] == cnp.NPY_FLOAT or t[0] == cnp.NPY_DOUBLE):
+            slot = 0 if t[0] == cnp.NPY_FLOAT else 1
+            if _power_loops[slot] == NULL:
+                _power_loops[slot] = power.functions[i]
+                _power_data[slot] = power.data[i]
+
+
+_find_power_loops()
+_FAST_EXPONENTS = frozenset((1.0, -1.0, 0.0, 0.5, 2.0))  # ndarray.__pow__ hands these to other ufuncs
+
+
+def power_of(values, exponent):
+    """``values ** exponent`` (a new array of ``values``' dtype) for float32[B] or float64[B], C-contiguous, and a
+    Python float ``exponent``, through numpy's own inner loop for that dtype called as ``**`` calls it (the
+    exponent cast to the dtype, stride 0): the same results on any CPU, without the ufunc's dispatch.
+
+    ``None`` for other input, for the exponents numpy's ``**`` sends elsewhere (1, -1, 0, 0.5, 2), and whenever
+    a result is not finite (numpy then computes it again, and warns as it does).
+    """
+    if type(exponent) is not float or exponent in _FAST_EXPONENTS:
+        return None
+    cdef int slot
+    if plain_array(values, cnp.NPY_FLOAT32, 1):
+        slot = 0
+    elif plain_array(values, cnp.NPY_FLOAT64, 1):
+        slot = 1
+    else:
+        return None
+    if _power_loops[slot] == NULL:
+        return None
+    cdef cnp.ndarray src = <cnp.ndarray>values
+    cdef cnp.npy_intp i, n = cnp.PyArray_DIMS(src)[0]
+    out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_FLOAT32 if slot == 0 else cnp.NPY_FLOAT64, 0)
+    cdef float e32 = <float>(<double>exponent)
+    cdef double e64 = exponent
+    cdef char* args[3]
+    cdef cnp.npy_intp steps[3]
+    args[0] = <char*>cnp.PyArray_DATA(src)
+    args[1] = <char*>&e32 if slot == 0 else <char*>&e64
+    args[2] = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    steps[0] = steps[2] = cnp.PyArray_ITEMSIZE(src)
+    steps[1] = 0
+    _power_loops[slot](args, &n, steps, _power_data[slot])
+    cdef const float* o32 = <const float*>args[2]
+    cdef const double* o64 = <const double*>args[2]
+    for i in range(n):
+        if not (isfinite(o32[i]) if slot == 0 else isfinite(o64[i])):
+            return None
+    return out
+
+
 def uniforms_times(random_state, cnp.npy_intp n, double scale):
     """``random_state.random_sample(n) * scale`` (float64[n]) in one call: the same draws from the same bit
     generator, under its lock, leaving it in the same state, each times ``scale`` (one IEEE product, as numpy's).

@@ -149,30 +149,34 @@ cdef class SumTree:
         """
         idx = self._check_indices(indices)
         cdef int64_t b, n = cnp.PyArray_DIMS(<cnp.ndarray>idx)[0]
-        cdef double one
-        cdef const double* vv
-        cdef bint bad = False
-        if isinstance(values, (float, np.floating)):
+        cdef double one = 0, x, limit = self._limit
+        cdef const float* fv = NULL      # float32 values, widened exactly below (as numpy's cast)
+        cdef const double* vv = NULL     # float64 values, read in place
+        cdef bint single = isinstance(values, (float, np.floating)), bad = False
+        if single:
             one = values  # exact for float16/32/64, rounded for longdouble (as numpy's cast to float64)
-            bad = not (one >= 0 and one <= self._limit)  # NaN fails both comparisons, inf the second
-            vv = &one  # read as values[0] only when n == 1; a batch gets a filled copy below
         else:
-            if plain_array(values, cnp.NPY_FLOAT64, 1):
+            if plain_array(values, cnp.NPY_FLOAT64, 1) or plain_array(values, cnp.NPY_FLOAT32, 1):
                 val = values
-            elif plain_array(values, cnp.NPY_FLOAT32, 1):  # widened exactly, as numpy's cast does
-                val = cnp.PyArray_Cast(<cnp.ndarray>values, cnp.NPY_FLOAT64)
             else:
                 val = np.require(np.ascontiguousarray(values, dtype=np.float64), None, ["A"])
             if cnp.PyArray_NDIM(<cnp.ndarray>val) != 1 or cnp.PyArray_DIMS(<cnp.ndarray>val)[0] != n:
                 raise ValueError(f"values must have shape ({n},), got {val.shape}")
-            vv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>val)
-            with nogil:  # one pass: NaN fails both comparisons, inf the second
+            if cnp.PyArray_TYPE(<cnp.ndarray>val) == cnp.NPY_FLOAT32:
+                fv = <const float*>cnp.PyArray_DATA(<cnp.ndarray>val)
+            else:
+                vv = <const double*>cnp.PyArray_DATA(<cnp.ndarray>val)
+        with nogil:  # one pass: NaN fails both comparisons, inf the second
+            if single:
+                bad = not (one >= 0 and one <= limit)
+            else:
                 for b in range(n):
-                    if not (vv[b] >= 0 and vv[b] <= self._limit):
+                    x = fv[b] if fv != NULL else vv[b]
+                    if not (x >= 0 and x <= limit):
                         bad = True
                         break
         if bad:
-            bad_values = np.asarray(values if vv != &one else [one], dtype=np.float64)
+            bad_values = np.asarray([one] if single else val, dtype=np.float64)
             if not (np.isfinite(bad_values).all() and (bad_values >= 0).all()):
                 raise ValueError("values must be finite and >= 0")
             raise ValueError(f"values must be at most {self._limit:.3g} (DBL_MAX / (2 capacity)), so that the "
@@ -181,16 +185,19 @@ cdef class SumTree:
             return
         cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
         cdef int64_t* scratch = NULL
-        cdef double* fill
-        if n > 1:  # scratch for the batch update, and the one value repeated if one was given
-            scratch = <int64_t*>malloc(n * (sizeof(int64_t) + (sizeof(double) if vv == &one else 0)))
+        cdef double* wide
+        if n == 1 and vv == NULL:  # one value: a single tree_set, no scratch
+            one = fv[0] if fv != NULL else one
+            vv = &one
+        elif n > 1:  # the batch update's scratch, then the values as float64 if they are not already
+            scratch = <int64_t*>malloc(n * (sizeof(int64_t) + (sizeof(double) if vv == NULL else 0)))
             if scratch == NULL:
                 raise MemoryError()
-            if vv == &one:
-                fill = <double*>(scratch + n)
+            if vv == NULL:
+                wide = <double*>(scratch + n)
                 for b in range(n):
-                    fill[b] = one
-                vv = fill
+                    wide[b] = fv[b] if fv != NULL else one
+                vv = wide
         self._lock()
         with nogil:
             tree_set_batch(&self._t, iv, vv, n, scratch)  # n == 1: one tree_set, scratch unused

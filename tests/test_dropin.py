@@ -13,6 +13,7 @@ from pal_bench._dropin import (
     divide_by_max,
     either,
     match_columns,
+    power_of,
     put_rows,
     take_numeric_columns,
     uniforms_times,
@@ -192,6 +193,35 @@ def test_either_declines_other_input():
     for a, b in ((yes, np.ones(2, bool)), (yes, np.ones(3, np.uint8)), (yes[::2], yes[:2]), (yes.reshape(1, 3), yes),
                  ([True], [False])):
         assert either(a, b) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([np.float32, np.float64]).flatmap(
+           lambda dt: hnp.arrays(dt, st.integers(0, 300), elements=st.floats(0, 1e6, width=np.dtype(dt).itemsize * 8))),
+       st.floats(-4, 4))
+def test_power_of_equals_numpy_power(w, exponent):
+    """Bit for bit what ``w ** exponent`` gives on this CPU (numpy's SIMD power, where it has one, included);
+    declined where numpy's result is not finite or ``**`` takes another ufunc."""
+    with np.errstate(all="ignore"):
+        want = w**exponent
+    got = power_of(w, exponent)
+    if exponent in (1.0, -1.0, 0.0, 0.5, 2.0) or not np.isfinite(want).all():
+        assert got is None
+        return
+    assert type(got) is np.ndarray and got is not w and got.dtype == want.dtype == w.dtype
+    assert got.tobytes() == want.tobytes()
+
+
+def test_power_of_matches_over_many_values_and_declines_other_input():
+    rng = np.random.default_rng(3)
+    for dt in (np.float32, np.float64):
+        w = (rng.random(100_003) * 50 + 1e-6).astype(dt)
+        for exponent in (0.6, -0.4, 0.123, 3.3):
+            assert power_of(w, exponent).tobytes() == (w**exponent).tobytes()
+    w = np.ones(4)
+    for values, exponent in ((w, np.float64(0.6)), (w, 1), (w.astype(np.float16), 0.6), (w[::2], 0.6),
+                             (w.reshape(2, 2), 0.6), ([1.0], 0.6)):
+        assert power_of(values, exponent) is None
 
 
 @pytest.mark.parametrize("make", [lambda: np.random.RandomState(7), lambda: np.random.RandomState(np.random.PCG64(7))])

@@ -23,11 +23,12 @@ Where tianshou 2.0.1 is wrong, these classes differ from it:
 Both classes read a batch (``buffer[indices]``, and so ``sample``) in one compiled gather without
 tianshou's per-key parsing, the vector buffer's ``add`` writes a collector's batch in one compiled row
 copy, ``update_weight`` computes ``|w| + eps`` with its extremes in one pass, ``sample_indices`` draws
-``np.random.rand(B) * total`` in one call and ``get_weight`` divides the leaves by ``_min_prio`` in place
-(``pal_bench._dropin``), whenever the result is provably tianshou's (frame stack 1, plain numeric arrays of the stored dtypes;
-anything else takes tianshou's own code): same storage, episode bookkeeping, return values, batches and
-priorities, bit for bit (tested). The powers (``** alpha``, ``** -beta``) stay numpy's, whose SIMD code
-may round differently from libm's.
+``np.random.rand(B) * total`` in one call, ``get_weight`` divides the leaves by ``_min_prio`` in place,
+and both powers (``** alpha``, ``** -beta``) call numpy's own power loop for the dtype directly (SIMD
+code on some CPUs, which can differ from libm's ``pow`` by an ulp, so not a C ``pow``); all in
+``pal_bench._dropin``, and only where the result is provably tianshou's (frame stack 1, plain numeric
+arrays of the stored dtypes; anything else takes tianshou's own code): same storage, episode
+bookkeeping, return values, batches and priorities, bit for bit (tested).
 
 Neither class builds tianshou's ``SegmentTree``, so neither pays its numba compilation (seconds;
 the vector buffer still compiles tianshou's numba index helpers, as ``VectorReplayBuffer`` does).
@@ -48,6 +49,7 @@ from pal_bench._dropin import (
     divide_by_max,
     either,
     match_columns,
+    power_of,
     put_rows,
     take_numeric_columns,
     uniforms_times,
@@ -209,7 +211,8 @@ class _PALPriorities:
             return
         if not high < np.inf:  # NaN or inf
             raise ValueError("new_weight must be finite")
-        self.weight[idx] = weight**self._alpha  # validates first (indices; leaves finite)
+        leaf = power_of(weight, self._alpha)  # numpy's own power loop, called directly
+        self.weight[idx] = weight**self._alpha if leaf is None else leaf  # validates first (indices; leaves finite)
         if high > self._max_prio:  # tianshou's max(_max_prio, high) and min(_min_prio, low), the same objects
             self._max_prio = high
         if low < self._min_prio:
@@ -227,7 +230,8 @@ class _PALPriorities:
         slots the division runs in place in one compiled pass."""
         leaf = self.weight[index]
         if type(self._min_prio) in _WIDENED and divide_by(leaf, self._min_prio) is not None:
-            return leaf ** (-self._beta)
+            weight = power_of(leaf, -self._beta)  # numpy's own power loop, called directly
+            return leaf ** (-self._beta) if weight is None else weight
         return (leaf / self._min_prio) ** (-self._beta)
 
     def __getitem__(self, index: Any) -> Batch:
