@@ -92,3 +92,15 @@ def test_profile_draws_into_out_and_leaves_the_run_alone(tmp_path, capsys):
     assert main(["profile", str(run), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "profile.png").stat().st_size > 1000
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
+
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--iterations", "1"], "at least 2"),
+    (["--only", "tianshou-dqn", "--runners", "1"], "no configuration matches"),
+    (["--batch", "64"], "invalid choice"),
+])
+def test_plugin_bench_rejects_bad_selections_before_measuring(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plugin-bench", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

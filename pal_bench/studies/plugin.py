@@ -15,6 +15,9 @@ Quick (default): 2 warm-up and 5 timed iterations of 200 env
 steps each, env runners 0 and 1; ``--full``: 10 timed iterations of 1000 steps, env runners
 0..cores-1 (at least 0 and 1). tianshou's iterations take about a tenth of RLlib's, so its cases
 time ``TIANSHOU_ITERATIONS`` (4) times as many, for intervals of a useful width at little cost.
+``--only``/``--batch``/``--runners`` pick configurations and ``--iterations`` sets the timed iterations (for
+a narrower interval where the buffer-only bound is small, e.g. SAC at batch 32); a partial run writes only its
+own rows, so give it its own ``--out`` to keep the stored table.
 """
 
 from __future__ import annotations
@@ -249,18 +252,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench plugin-bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="10 iterations of 1000 steps, env runners up to cores-1")
-    ap.add_argument("--only", nargs="+", choices=["rllib-dqn", "rllib-sac", "tianshou-dqn"])
+    ap.add_argument("--only", nargs="+", choices=["rllib-dqn", "rllib-sac", "tianshou-dqn"],
+                    help="these frameworks only")
+    ap.add_argument("--batch", nargs="+", type=int, choices=[32, 256], help="these train batch sizes only")
+    ap.add_argument("--runners", nargs="+", type=int, help="these env-runner counts only (RLlib; tianshou runs 0)")
+    ap.add_argument("--iterations", type=int, help="timed iterations per configuration (default: 5, or 10 with "
+                    "--full; tianshou's cases time 4x as many), for narrower intervals where the bound is small")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     add_force_flag(ap)
     args = ap.parse_args(argv)
+    if args.iterations is not None and args.iterations < 2:
+        ap.error("--iterations must be at least 2 (ABBA order, and a bootstrap interval)")
+    from pal_bench.studies.scaling import usable_cores
+
+    todo = [c for c in cases(args.full, usable_cores()) if (not args.only or c.framework in args.only)
+            and (not args.batch or c.batch_size in args.batch) and (not args.runners or c.env_runners in args.runners)]
+    if not todo:
+        ap.error("no configuration matches --only/--batch/--runners")
     if refuse_if_busy("pal-bench plugin-bench", args.force):
         return 2
     measured = Conditions("plug-in benchmark")
     warmup, iters, steps = (3, 10, 1_000) if args.full else (2, 5, 200)
-    from pal_bench.studies.scaling import usable_cores
-
-    todo = [c for c in cases(args.full, usable_cores()) if not args.only or c.framework in args.only]
+    iters = args.iterations or iters
     rows = []
     t_start = time.perf_counter()
     for i, case in enumerate(todo, 1):
