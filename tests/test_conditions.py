@@ -26,6 +26,8 @@ def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monk
     monkeypatch.setattr(conditions, "_cpu_seconds", lambda: 0.0)      # this process was idle: the load was others
     monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: None)   # no /proc/stat: the load decides
     monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     result = tmp_path / "x.csv"
     result.write_text("a\n1\n")
     with conditions.Conditions("test run", command="cmd --flag") as c:
@@ -35,6 +37,7 @@ def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monk
     assert meta == json.loads((tmp_path / "x.csv.meta.json").read_text())
     assert (meta["load_before"], meta["load_after"], meta["noisy"]) == (0.2, 3.0, True)
     assert meta["command"] == "cmd --flag" and meta["machine"]["cpu"] and meta["versions"]["numpy"]
+    assert meta["threads"]["OMP_NUM_THREADS"] == "1" and "MKL_NUM_THREADS" not in meta["threads"]
     assert "**noisy**" in conditions.describe(meta) and "load 0.2 -> 3.0" in conditions.describe(meta)
     assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".*.tmp"))
 

@@ -95,6 +95,19 @@ def versions() -> dict[str, str]:
     return out
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def threads() -> dict[str, str | int]:
+    """The thread settings a measurement ran with: the variables above as set (unset: each library's default,
+    about one thread per core), and torch's intra-op threads if torch is loaded (``torch``)."""
+    out: dict[str, str | int] = {k: os.environ[k] for k in THREAD_VARIABLES if k in os.environ}
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        out["torch"] = torch.get_num_threads()
+    return out
+
+
 def machine() -> dict:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(), "memory_gib": memory_gib(),
             "system": f"{platform.system()} {platform.release()}", "arch": platform.machine()}
@@ -266,7 +279,7 @@ class Conditions:
             "other_cores": None if self.other_cores is None else round(self.other_cores, 2),
             "noisy": self.noisy(),
             "noisy_limit": noisy_limit(),
-            "commit": self.commit, "machine": machine(), "versions": versions(),
+            "commit": self.commit, "machine": machine(), "versions": versions(), "threads": threads(),
         }
 
     def write(self, result: Path) -> Path:
