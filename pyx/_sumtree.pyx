@@ -228,13 +228,13 @@ cdef class SumTree:
         if plain_array(prefix_targets, cnp.NPY_FLOAT64, 1):  # the usual case: read in place, no conversion call
             src = prefix_targets
         else:
-            src = np.array(np.ascontiguousarray(prefix_targets, dtype=np.float64))  # aligned; scalar -> [scalar]
+            src = np.ascontiguousarray(prefix_targets, dtype=np.float64)  # scalar -> [scalar]; copied below
             if src.ndim != 1:
                 raise ValueError(f"prefix_targets must be 1-D, got shape {src.shape}")
         cdef cnp.npy_intp b, n = cnp.PyArray_DIMS(<cnp.ndarray>src)[0]
         out = cnp.PyArray_EMPTY(1, &n, cnp.NPY_INT64, 0)
         cdef int64_t* ov = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out)
-        cdef double* wv = <double*>malloc(n * sizeof(double) + 1)  # the descent's work copy of the targets
+        cdef double* wv = <double*>malloc(n * sizeof(double) + 1)  # the descent's work copy (+1: never malloc(0))
         if wv == NULL:
             raise MemoryError()
         memcpy(wv, cnp.PyArray_DATA(<cnp.ndarray>src), n * sizeof(double))
