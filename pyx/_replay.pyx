@@ -238,6 +238,30 @@ cdef inline void _gather(char* dst, const char* records, int64_t record_bytes, i
             memcpy(dst + n * k, records + slots[k] * record_bytes + off, n)
 
 
+cdef inline void _scatter(char* records, int64_t record_bytes, int64_t off, int64_t n, const char* src,
+                          int64_t first, int64_t count) noexcept nogil:
+    """Copy ``count`` consecutive field rows of ``n`` bytes from ``src`` into the records of slots
+    ``first .. first + count - 1``, at offset ``off``: the inverse of ``_gather`` for a run of slots, one
+    loop per field with the row size a constant inside it (plain moves)."""
+    cdef int64_t r
+    cdef char* dst = records + first * record_bytes + off
+    if n == 4:
+        for r in range(count):
+            memcpy(dst + r * record_bytes, src + 4 * r, 4)
+    elif n == 8:
+        for r in range(count):
+            memcpy(dst + r * record_bytes, src + 8 * r, 8)
+    elif n == 1:
+        for r in range(count):
+            dst[r * record_bytes] = src[r]
+    elif n == 32:
+        for r in range(count):
+            memcpy(dst + r * record_bytes, src + 32 * r, 32)
+    else:
+        for r in range(count):
+            memcpy(dst + r * record_bytes, src + n * r, n)
+
+
 def _normalise_fields(fields) -> dict:
     if not isinstance(fields, dict) or not fields:
         raise ValueError("fields must be a non-empty dict {name: (shape, dtype)}")
@@ -340,11 +364,14 @@ cdef class _ReplayCore:
     cdef double _alpha
     cdef double _eps
     cdef double _prio_limit       # largest stored priority: capacity of them still sum to a finite total
+    cdef double _max_raw          # the header's max_priority when ``_max_stored`` was computed (NaN: never)
+    cdef double _max_stored       # its stored value (max_priority + eps)^alpha: one pow per change, not per add
     cdef tuple _names
     cdef dict _specs
     cdef dict _storage
     cdef object _slot_ids_arr
     cdef tuple _dtypes            # per field: the numpy dtype (for add's fast path)
+    cdef tuple _scalar_types      # per field: the numpy scalar type whose values are exactly that dtype, or None
     cdef str _name                # shared segment name ('' for a private buffer)
     cdef bint _creator
     cdef bint _closed
@@ -362,6 +389,7 @@ cdef class _ReplayCore:
         self._h = NULL
         self._name = ""
         self._closed = True
+        self._max_raw = NAN
 
     def __dealloc__(self):
         if self._creator and self._name and not self._closed:
@@ -492,6 +520,10 @@ cdef class _ReplayCore:
         self._specs = {n: (tuple(s), np.dtype(d)) for n, s, d, _ in spec}
         self._names = tuple(self._specs)
         self._dtypes = tuple(d for _, (_, d) in self._specs.items())
+        # a numpy scalar of type ``d.type`` has dtype ``d`` exactly when ``d`` is native, of fixed size and
+        # not flexible (no string length, datetime unit or struct to tell apart): add copies its bytes
+        self._scalar_types = tuple(d.type if d.isnative and d.kind not in "SUVOMm" and d.itemsize <= SCALAR_SCRATCH
+                                   else None for d in self._dtypes)
         self._n_fields = len(spec)
         self._off = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
         self._row_bytes = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
@@ -755,7 +787,7 @@ cdef class _ReplayCore:
                 if self._slot_ids[s] == SLOT_EMPTY:
                     self._tree.sums[leaf_pos(&self._tree, s)] = 0.0
                 elif self._slot_ids[s] >= 0 and self._tree.sums[leaf_pos(&self._tree, s)] <= 0 and self._eps > 0:
-                    self._tree.sums[leaf_pos(&self._tree, s)] = self._stored_priority(h.max_priority)
+                    self._tree.sums[leaf_pos(&self._tree, s)] = self._new_priority()
         if self._prioritized:
             tree_rebuild(&self._tree)
         h.size = size
@@ -896,6 +928,15 @@ cdef class _ReplayCore:
     cdef inline double _stored_priority(self, double raw) noexcept nogil:
         return vpow1(raw + self._eps, self._alpha)
 
+    cdef inline double _new_priority(self) noexcept nogil:
+        """(lock held) The stored priority of a new transition, ``_stored_priority(max_priority)``, computed
+        again only when the header's ``max_priority`` changed (any process may raise it)."""
+        cdef double raw = self._h.max_priority
+        if raw != self._max_raw:
+            self._max_stored = self._stored_priority(raw)
+            self._max_raw = raw
+        return self._max_stored
+
     cdef inline void _stored_priorities(self, const double* raw, double* out, int64_t n) noexcept nogil:
         """``_stored_priority`` over an array (``out`` may be ``raw``): the same bits, through one vector pow."""
         cdef int64_t b
@@ -965,7 +1006,7 @@ cdef class _ReplayCore:
         self._slot_ids[slot] = tid
         self._h.size += n_new
         if self._prioritized:
-            tree_set(&self._tree, slot, self._stored_priority(self._h.max_priority))
+            tree_set(&self._tree, slot, self._new_priority())
         self._unlock()
         return tid
 
@@ -1022,6 +1063,9 @@ cdef class _ReplayCore:
                 return NULL
             return out
         # a numpy scalar of exactly the field's dtype (kind, size, byte order, datetime unit), fixed size
+        if t is self._scalar_types[f]:
+            cnp.PyArray_ScalarAsCtype(v, out)
+            return out
         if (isinstance(v, np.generic) and dtype.kind not in "SUVOMm" and dtype.itemsize <= SCALAR_SCRATCH
                 and ((<object>v).dtype is dtype or (<object>v).dtype == dtype)):
             cnp.PyArray_ScalarAsCtype(v, out)
@@ -1081,11 +1125,10 @@ cdef class _ReplayCore:
             free(src); free(slots); free(scratch); free(values)
             raise MemoryError()
         cdef int f, e = -1, busy
-        cdef int64_t first, n_new, r, s, spins = 0, RB = self._rb_total
+        cdef int64_t first, n_new, r, s, run, spins = 0, RB = self._rb_total
         cdef int64_t pause_us = <int64_t>(self._debug_copy_pause_s * 1e6)
         cdef double[::1] sv
         cdef Header* h = self._h
-        cdef char* rec
         for f in range(self._n_fields):
             src[f] = <const char*>cnp.PyArray_DATA(<cnp.ndarray>arrays[f])
         if stored is not None:
@@ -1105,16 +1148,18 @@ cdef class _ReplayCore:
             self._unlock()
             if pause_us > 0:
                 usleep(<unsigned int>pause_us)
-            # copy the kept rows into their records, row by row (the ring may wrap)
+            # copy the kept rows into their records, field by field over at most two runs of slots
+            # (the ring may wrap once: m <= capacity)
+            s = (first + skip) % self.capacity
+            run = m if s + m <= self.capacity else self.capacity - s
             for f in range(self._n_fields):
                 src[f] += skip * self._row_bytes[f]
-            s = (first + skip) % self.capacity
+                _scatter(self._records, RB, self._off[f], self._row_bytes[f], src[f], s, run)
+                if run < m:
+                    _scatter(self._records, RB, self._off[f], self._row_bytes[f],
+                             src[f] + run * self._row_bytes[f], 0, m - run)
             for r in range(m):
                 slots[r] = s
-                rec = self._records + s * RB
-                for f in range(self._n_fields):
-                    _copy(rec + self._off[f], src[f], self._row_bytes[f])
-                    src[f] += self._row_bytes[f]
                 s += 1
                 if s == self.capacity:
                     s = 0
@@ -1124,7 +1169,7 @@ cdef class _ReplayCore:
             h.size += n_new
             if self._prioritized:
                 if stored is None:
-                    values[0] = self._stored_priority(h.max_priority)     # one pow for the batch
+                    values[0] = self._new_priority()
                     for r in range(1, m):
                         values[r] = values[0]
                 elif raw_max > h.max_priority:
@@ -1134,7 +1179,11 @@ cdef class _ReplayCore:
             h.inflight -= 1
             self._unlock()
         free(src); free(slots); free(scratch); free(values)
-        return np.arange(first, first + B, dtype=np.int64)
+        ids = cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0)
+        cdef int64_t* iv = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>ids)
+        for r in range(B):
+            iv[r] = first + r
+        return ids
 
     cdef inline void _tree_set_batch(self, const int64_t* slots, const double* values, int64_t n,
                                      int64_t* scratch) noexcept nogil:

@@ -97,6 +97,24 @@ def test_new_transitions_get_max_priority():
     buf._check_invariants()
 
 
+def test_new_priority_follows_max_priority_raised_through_another_handle():
+    """A handle reuses its last (max_priority + eps)^alpha only while the shared header's max_priority is
+    unchanged: a raise through another handle (another process) reaches its next add and add_batch."""
+    buf = make(PrioritizedReplayBuffer, alpha=0.5, eps=0.0, shared=True)
+    other = PrioritizedReplayBuffer.attach(buf.shared_name)
+    try:
+        row = {k: v[0] for k, v in lunar_batch(1).items()}
+        first = buf.add(**row)                       # computes and keeps 1.0 ** 0.5
+        other.update_priorities([first], [16.0])     # the header's max_priority: 16
+        second = buf.add(**row)
+        (third,) = buf.add_batch(**lunar_batch(1, start=2))
+        np.testing.assert_allclose(buf.get_priorities([first, second, third]), [4.0, 4.0, 4.0])
+        buf._check_invariants()
+    finally:
+        other.close()
+        buf.close()
+
+
 def test_initial_priorities_in_add_batch():
     buf = make(PrioritizedReplayBuffer, alpha=1.0, eps=0.0)
     ids = buf.add_batch(priorities=[1.0, 2.0, 3.0], **lunar_batch(3))
