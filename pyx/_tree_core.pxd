@@ -394,6 +394,49 @@ cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double
     return j * t.fanout + k
 
 
+cdef inline int64_t _find_step16(const double* c, int64_t j, double* target) noexcept nogil:
+    """``_find_step`` for K = 16 (the default fan-out, stride 16): the same quads, unrolled, their running
+    sums formed from four independent quad sums (short dependency chains, as in ``bench/floor.c``), the
+    child group's address and the child index computed with constants. Identical results: the same sums
+    in the same order (``((c0 + c1) + (c2 + c3))`` per quad, running sums left to right)."""
+    cdef double x = target[0]
+    cdef double q0 = (c[0] + c[1]) + (c[2] + c[3])
+    cdef double q1 = (c[4] + c[5]) + (c[6] + c[7])
+    cdef double q2 = (c[8] + c[9]) + (c[10] + c[11])
+    cdef double q3 = (c[12] + c[13]) + (c[14] + c[15])
+    cdef double r1 = q0, r2 = r1 + q1, r3 = r2 + q2, r4 = r3 + q3
+    cdef double before_q[4]
+    cdef double before[4]
+    cdef const double* cq
+    cdef double p1, p2, p3
+    cdef int64_t quad, k
+    quad = <int64_t>(x >= r1) + <int64_t>(x >= r2) + <int64_t>(x >= r3)
+    if x >= r4:                    # past this node's total by rounding: last non-zero child
+        k = _last_nonzero_child(c, 15, target)
+        return -1 if k < 0 else j * 16 + k
+    before_q[0] = 0
+    before_q[1] = r1
+    before_q[2] = r2
+    before_q[3] = r3
+    x = x - before_q[quad]
+    cq = c + 4 * quad
+    p1 = cq[0]
+    p2 = p1 + cq[1]
+    p3 = p2 + cq[2]
+    k = <int64_t>(x >= p1) + <int64_t>(x >= p2) + <int64_t>(x >= p3)
+    before[0] = 0
+    before[1] = p1
+    before[2] = p2
+    before[3] = p3
+    target[0] = x - before[k]
+    k += 4 * quad
+    if c[k] <= 0:                  # rounding left the target on a zero child
+        k = _last_nonzero_child(c, k, target)
+        if k < 0:
+            return -1
+    return j * 16 + k
+
+
 cdef inline int tree_find_batch(const TreeLayout* t, double* targets, int64_t* out,
                                 int64_t n) noexcept nogil:
     """For each target, the leaf i with prefix(i) <= target < prefix(i) + leaf(i) (a target at or
@@ -458,7 +501,10 @@ cdef inline int tree_find_sorted(const TreeLayout* t, double* targets, int64_t* 
             while e < n and out[e] == j:
                 e += 1
             if e == b + 1:
-                out[b] = _find_step(t, level, j, &targets[b])
+                if K == 16:
+                    out[b] = _find_step16(base + j * 16, j, &targets[b])
+                else:
+                    out[b] = _find_step(t, level, j, &targets[b])
                 if out[b] < 0:
                     return -1
                 b = e
