@@ -161,6 +161,27 @@ def test_sorted_targets_take_the_merged_walk_and_find_the_same_leaves(capacity, 
     assert (values[merged] > 0).all()
 
 
+@pytest.mark.parametrize("capacity", [4096, 100_003])
+@pytest.mark.parametrize("seed", range(5))
+def test_fanout_16_step_finds_what_the_general_step_finds(capacity, seed):
+    """K = 16 descends sorted single targets with its own unrolled step; on random real-valued leaves (some
+    zero, targets at rounding-sensitive positions included) it must pick exactly the leaves the general
+    step picks for the same targets in another order."""
+    rng = np.random.default_rng(seed)
+    tree = SumTree(capacity, 16)
+    values = rng.random(capacity) * (rng.random(capacity) < 0.9)
+    values[-1] = 0.0
+    tree.update(np.arange(capacity), values)
+    targets = np.sort(np.concatenate([rng.random(250) * tree.total(), [0.0, tree.total()],
+                                      np.cumsum(values)[rng.integers(0, capacity, 4)]]))
+    merged = tree.find(targets)
+    per_target = np.empty_like(merged)
+    order = rng.permutation(len(targets))
+    per_target[order] = tree.find(targets[order])
+    np.testing.assert_array_equal(merged, per_target)
+    assert (values[merged] > 0).all()
+
+
 @pytest.mark.parametrize("fanout", [2, 3, 16])
 def test_minima_stay_exact_when_sorted_batches_skip_unchanged_ones(fanout):
     """A sorted batch update recomputes a node's minimum only when a child's minimum changed: after many
