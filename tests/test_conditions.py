@@ -9,15 +9,44 @@ import pytest
 from pal_bench.bench import conditions, stats
 
 
+class FakeClock:
+    """``sleep`` and ``clock`` for ``settle``: sleeping advances the clock, nothing waits."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def sleep(self, s):
+        self.now += s
+
+    def clock(self):
+        return self.now
+
+
 def test_a_busy_machine_is_refused_unless_forced(monkeypatch, capsys):
     monkeypatch.setattr(conditions, "load1", lambda: 5.0)
     monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
     with pytest.raises(conditions.BusyMachineError, match="--force"):
         conditions.check_quiet("sweep")
-    assert conditions.refuse_if_busy("sweep", force=False) is True
+    fake = FakeClock()
+    assert conditions.refuse_if_busy("sweep", force=False, sleep=fake.sleep, clock=fake.clock) is True
+    assert fake.now == conditions.SETTLE_S                       # it waited the whole settle time first
     assert conditions.refuse_if_busy("sweep", force=True) is False
     err = capsys.readouterr().err
     assert "sweep" in err and "load average is 5.00" in err and "marked noisy" in err
+    assert "waiting up to 120 s" in err
+
+
+def test_a_sweep_waits_for_the_previous_steps_load_to_fall(monkeypatch, capsys):
+    """``make bench`` runs its steps back to back: a load left by the previous step that falls within the
+    settle time delays the next one instead of refusing it."""
+    loads = iter([1.46, 1.3, 1.1, 0.9, 0.9, 0.9])
+    monkeypatch.setattr(conditions, "load1", lambda: next(loads))
+    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
+    fake = FakeClock()
+    assert conditions.refuse_if_busy("suites", force=False, sleep=fake.sleep, clock=fake.clock) is False
+    assert 0 < fake.now < conditions.SETTLE_S
+    err = capsys.readouterr().err
+    assert "suites: waiting up to 120 s for the load average (1.46)" in err and "marked noisy" not in err
 
 
 def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monkeypatch):

@@ -325,8 +325,18 @@ def add_force_flag(parser) -> None:
                              "(the results are marked noisy)")
 
 
-def refuse_if_busy(what: str, force: bool) -> bool:
-    """True (after printing why) when a sweep should not start: the machine is busy and ``force`` is off."""
+#: seconds a sweep waits for the load average to fall before it refuses (the previous step of ``make bench``
+#: leaves its own load behind: two busy cores read as busy for about a minute after they stop)
+SETTLE_S = 120.0
+
+
+def refuse_if_busy(what: str, force: bool, settle_s: float = SETTLE_S, sleep=time.sleep,
+                   clock=time.monotonic) -> bool:
+    """True (after printing why) when a sweep should not start: the machine is still busy after waiting up to
+    ``settle_s`` for the load average to fall (one progress line while it waits), and ``force`` is off."""
+    if not force:
+        settle(settle_s, progress=lambda m: print(f"{what}: {m}", file=sys.stderr, flush=True),
+               sleep=sleep, clock=clock)
     try:
         check_quiet(what, force)
     except BusyMachineError as e:
