@@ -351,6 +351,28 @@ cdef inline int64_t _last_nonzero_child(const double* c, int64_t k, double* targ
     return i
 
 
+cdef inline int64_t _child_in_quad(const double* c, int64_t quad, double x, double* target) noexcept nogil:
+    """The child of group ``c`` (0..K-1) within quad ``quad`` that holds ``x`` (relative to the quad's start):
+    the count of the quad's running sums <= x, branch-free; ``target`` becomes relative to that child. When
+    rounding left ``x`` on a zero child: the last non-zero child at or before it (-1 if none)."""
+    cdef const double* cq = c + 4 * quad
+    cdef double p1 = cq[0], p2, p3
+    cdef double before[4]
+    cdef int64_t k
+    p2 = p1 + cq[1]
+    p3 = p2 + cq[2]
+    k = <int64_t>(x >= p1) + <int64_t>(x >= p2) + <int64_t>(x >= p3)
+    before[0] = 0
+    before[1] = p1
+    before[2] = p2
+    before[3] = p3
+    target[0] = x - before[k]
+    k += 4 * quad
+    if c[k] <= 0:
+        k = _last_nonzero_child(c, k, target)
+    return k
+
+
 cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double* target) noexcept nogil:
     """One level of ``tree_find_batch``: the child of node ``j`` of ``level`` that holds ``target[0]``
     (a node index on ``level + 1``); ``target`` becomes relative to that child. -1 if all zero.
@@ -361,8 +383,7 @@ cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double
     """
     cdef const double* c = t.sums + t.level_offset[level + 1] + j * t.stride
     cdef const double* cq
-    cdef double x = target[0], run = 0, below = 0, q, p1, p2, p3
-    cdef double before[4]
+    cdef double x = target[0], run = 0, below = 0, q
     cdef int64_t i, nq = (t.fanout + 3) >> 2, quad = 0, k
     cdef bint take
     for i in range(nq):
@@ -375,23 +396,8 @@ cdef inline int64_t _find_step(const TreeLayout* t, int level, int64_t j, double
     if quad == nq:                 # past this node's total by rounding: last non-zero child
         k = _last_nonzero_child(c, t.fanout - 1, target)
         return -1 if k < 0 else j * t.fanout + k
-    x = x - below
-    cq = c + 4 * quad
-    p1 = cq[0]
-    p2 = p1 + cq[1]
-    p3 = p2 + cq[2]
-    k = <int64_t>(x >= p1) + <int64_t>(x >= p2) + <int64_t>(x >= p3)
-    before[0] = 0
-    before[1] = p1
-    before[2] = p2
-    before[3] = p3
-    target[0] = x - before[k]
-    k += 4 * quad
-    if c[k] <= 0:                  # rounding left the target on a zero child
-        k = _last_nonzero_child(c, k, target)
-        if k < 0:
-            return -1
-    return j * t.fanout + k
+    k = _child_in_quad(c, quad, x - below, target)
+    return -1 if k < 0 else j * t.fanout + k
 
 
 cdef inline int64_t _find_step16(const double* c, int64_t j, double* target) noexcept nogil:
@@ -406,9 +412,6 @@ cdef inline int64_t _find_step16(const double* c, int64_t j, double* target) noe
     cdef double q3 = (c[12] + c[13]) + (c[14] + c[15])
     cdef double r1 = q0, r2 = r1 + q1, r3 = r2 + q2, r4 = r3 + q3
     cdef double before_q[4]
-    cdef double before[4]
-    cdef const double* cq
-    cdef double p1, p2, p3
     cdef int64_t quad, k
     quad = <int64_t>(x >= r1) + <int64_t>(x >= r2) + <int64_t>(x >= r3)
     if x >= r4:                    # past this node's total by rounding: last non-zero child
@@ -418,23 +421,8 @@ cdef inline int64_t _find_step16(const double* c, int64_t j, double* target) noe
     before_q[1] = r1
     before_q[2] = r2
     before_q[3] = r3
-    x = x - before_q[quad]
-    cq = c + 4 * quad
-    p1 = cq[0]
-    p2 = p1 + cq[1]
-    p3 = p2 + cq[2]
-    k = <int64_t>(x >= p1) + <int64_t>(x >= p2) + <int64_t>(x >= p3)
-    before[0] = 0
-    before[1] = p1
-    before[2] = p2
-    before[3] = p3
-    target[0] = x - before[k]
-    k += 4 * quad
-    if c[k] <= 0:                  # rounding left the target on a zero child
-        k = _last_nonzero_child(c, k, target)
-        if k < 0:
-            return -1
-    return j * 16 + k
+    k = _child_in_quad(c, quad, x - before_q[quad], target)
+    return -1 if k < 0 else j * 16 + k
 
 
 cdef inline int tree_find_batch(const TreeLayout* t, double* targets, int64_t* out,
