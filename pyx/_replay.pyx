@@ -1066,7 +1066,7 @@ cdef class _ReplayCore:
         if t is self._scalar_types[f]:
             cnp.PyArray_ScalarAsCtype(v, out)
             return out
-        if (isinstance(v, np.generic) and dtype.kind not in "SUVOMm" and dtype.itemsize <= SCALAR_SCRATCH
+        if (self._scalar_types[f] is not None and isinstance(v, np.generic)
                 and ((<object>v).dtype is dtype or (<object>v).dtype == dtype)):
             cnp.PyArray_ScalarAsCtype(v, out)
             return out
