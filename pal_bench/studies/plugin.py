@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.train.backends.ray.session import connect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,8 +264,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.iterations is not None and args.iterations < 2:
         ap.error("--iterations must be at least 2 (ABBA order, and a bootstrap interval)")
-    from pal_bench.studies.scaling import usable_cores
-
     todo = [c for c in cases(args.full, usable_cores()) if (not args.only or c.framework in args.only)
             and (not args.batch or c.batch_size in args.batch) and (not args.runners or c.env_runners in args.runners)]
     if not todo:

@@ -41,9 +41,8 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.train import Trainer, make_config, make_trainer
-from pal_bench.train.backends.ray.session import usable_cores
 from pal_bench.train.rate import RateController
 from pal_bench.train.workers import learner_loop
 

@@ -8,14 +8,10 @@ session (tests share one: Ray takes seconds to start) is left alone.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask), else the machine's count."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+from pal_bench.bench.conditions import usable_cores
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> bool:
