@@ -8,12 +8,12 @@ thread starts and names the offending field.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pal_bench.argtypes import COUNT, FINITE, NONNEG, NONNEG_FLOAT, POSITIVE, SEED, Range
 from pal_bench.train.rate_policy import unsent_bound
 
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac", "r2d2")
@@ -82,7 +82,7 @@ class TrainConfig:
     lr: float = 1e-3
     critic_lr: float = 1e-3                            # actor-critic algorithms
     hidden: tuple = (256, 256)
-    grad_clip: float = 10.0
+    grad_clip: float = 10.0                            # gradient norm clip (0: off)
     target_update: int = 250                           # DQN family: hard copy every N parameter-server steps
     tau: float = 0.005                                 # actor-critic algorithms: Polyak averaging
     eps_start: float = 1.0                             # DQN family: epsilon-greedy schedule
@@ -114,7 +114,9 @@ class TrainConfig:
     progress: bool = True
 
     def run_name(self) -> str:
-        return self.name or f"{self.algo}-{self.env}-a{self.actors}-l{self.learners}-s{self.seed}"
+        """``name``, or one made of algo, env (a namespaced id's ``/`` as ``-``), actors, learners and seed."""
+        env = self.env.replace("/", "-").replace("\\", "-")
+        return self.name or f"{self.algo}-{env}-a{self.actors}-l{self.learners}-s{self.seed}"
 
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.run_name()
@@ -132,6 +134,29 @@ class TrainConfig:
 
 
 FIELD_TYPES = {f.name: f.type for f in fields(TrainConfig)}
+
+UNIT = Range(0, 1)
+# every number's range, declared once: checked when a value is set (file, --set, flag) and again by validate;
+# hidden's range is each layer's width. Cross-field rules (learning_starts <= buffer_capacity, ...) are in validate.
+FIELD_RANGES: dict[str, Range] = {
+    "seed": SEED,                                           # np.random.seed takes [0, 2**32)
+    "actors": Range(1, 4096), "envs_per_actor": Range(1, 4096), "learners": Range(1, 4096),
+    "max_staleness": NONNEG, "ray_chunk": Range(1, 2**20), "ray_prefetch": Range(0, 1024),
+    "learner_timeout_s": Range(0, 10**6, lo_open=True), "buffer_checkpoint_interval": NONNEG,
+    "actor_rate": NONNEG_FLOAT, "steps": COUNT, "learning_starts": NONNEG,
+    "updates_per_step": Range(0, 10**4, lo_open=True), "rate_slack": NONNEG,
+    "buffer_capacity": Range(1, 2**40),                     # the buffer's own limit; validate checks memory too
+    "alpha": UNIT, "beta": UNIT, "beta_final": UNIT, "batch_size": Range(1, 2**20), "local_buffer": Range(1, 10**6),
+    "gamma": UNIT, "n_step": Range(1, 10**4), "lr": Range(0, 1, lo_open=True), "critic_lr": Range(0, 1, lo_open=True),
+    "hidden": Range(1, 2**16), "grad_clip": NONNEG_FLOAT, "target_update": COUNT, "tau": UNIT,
+    "eps_start": UNIT, "eps_end": UNIT, "eps_fraction": UNIT, "apex_eps": Range(0, 1, lo_open=True),
+    "apex_alpha": Range(0, 100), "seq_len": Range(2, 10**5), "seq_overlap": Range(0, 10**5),
+    "burn_in": Range(0, 10**5), "lstm_size": Range(1, 2**16), "priority_eta": UNIT,
+    "exploration_noise": NONNEG_FLOAT, "policy_noise": NONNEG_FLOAT, "noise_clip": NONNEG_FLOAT,
+    "policy_delay": Range(1, 10**6), "sac_alpha": POSITIVE, "eval_interval": NONNEG,
+    "eval_episodes": Range(0, 10**6), "checkpoint_interval": NONNEG, "stop_return": FINITE,
+}
+MAX_LAYERS = 64
 
 
 class ConfigError(ValueError):
@@ -159,9 +184,11 @@ def _coerce(name: str, value: Any) -> Any:
             value = yaml.safe_load(value)
         except yaml.YAMLError as e:
             raise ConfigError(f"{name}: cannot read {value!r} as a value ({_yaml_problem(e, line=False)})") from None
+        except RecursionError:
+            raise ConfigError(f"{name}: the value is nested too deeply to read") from None
     try:
         if name == "hidden":
-            value = tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+            value = tuple(_whole(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
         elif name == "deterministic":
             value = None if value is None else bool(value)
         elif name == "ray_address":
@@ -179,14 +206,51 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError
         elif isinstance(default, float):
-            value = float(value)
-        elif isinstance(default, dict):
-            if not isinstance(value, dict):
+            if isinstance(value, bool):
                 raise TypeError
-    except (TypeError, ValueError):
-        kind = "number" if name == "stop_return" else type(default).__name__
+            value = float(value)
+        elif isinstance(default, (dict, str)):
+            if not isinstance(value, type(default)):
+                raise TypeError
+    except (TypeError, ValueError, OverflowError):
+        kind = {"stop_return": "number", "hidden": "a list of layer widths"}.get(name, type(default).__name__)
         raise ConfigError(f"{name}: expected {kind}, got {value!r}") from None
+    check_field(name, value)
     return value
+
+
+def _whole(v: Any) -> int:
+    """A layer width: an int, or a float that is a whole number; TypeError otherwise."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError
+    return v
+
+
+def check_field(name: str, value: Any) -> None:
+    """``ConfigError`` naming the field when ``value`` is outside the field's declared range (``FIELD_RANGES``),
+    or, for ``name``, is more than one path component."""
+    if name == "name":
+        _check_name(value)
+    elif name == "out_dir" and "\x00" in value:
+        raise ConfigError(f"out_dir: a path cannot hold a NUL character, got {value!r}")
+    elif name == "hidden":
+        if not 1 <= len(value) <= MAX_LAYERS:
+            raise ConfigError(f"hidden: expected 1 to {MAX_LAYERS} layer widths, got {list(value)}")
+        for v in value:
+            if (why := FIELD_RANGES["hidden"].problem(v)) is not None:
+                raise ConfigError(f"hidden: every layer width {why}, got {list(value)}")
+    elif name in FIELD_RANGES and value is not None:
+        if (why := FIELD_RANGES[name].problem(value)) is not None:
+            raise ConfigError(f"{name} {why}, got {value!r}")
+
+
+def _check_name(name: str) -> None:
+    """A run name is one path component inside ``out_dir`` ("" means the default name)."""
+    if name in (".", "..") or any(c in name for c in "/\\\x00") or len(name.encode()) > 255:
+        raise ConfigError(f"name: a run name is one directory name inside --out (no '/', '\\', NUL, '.' or "
+                          f"'..', at most 255 bytes), got {name!r}")
 
 
 def load_file(path: str | os.PathLike) -> dict:
@@ -194,22 +258,29 @@ def load_file(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    if path.suffix == ".toml":
-        import tomllib
-
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:         # the message names line and column
-            raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
-    elif path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e, line=True)}") from None
-    else:
+    if path.suffix not in (".toml", ".yaml", ".yml"):
         raise ConfigError(f"config file {path}: expected .toml, .yaml or .yml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path}: not a text file (not UTF-8 at byte {e.start})") from None
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:         # the message names line and column
+                raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+        else:
+            import yaml
+
+            try:
+                data = yaml.safe_load(text) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e, line=True)}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table of fields")
     return data
@@ -302,16 +373,8 @@ def validate(cfg: TrainConfig) -> None:
     """Raise ``ConfigError`` naming the field, before anything is built."""
     if cfg.algo not in ALGOS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r}; choose one of {', '.join(ALGOS)}")
-    for name in ("actors", "envs_per_actor", "learners", "steps", "buffer_capacity", "batch_size", "n_step",
-                 "target_update", "policy_delay", "local_buffer"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("learning_starts", "eval_interval", "eval_episodes", "checkpoint_interval", "max_staleness",
-                 "rate_slack", "seed"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    if not cfg.updates_per_step > 0:
-        raise ConfigError(f"updates_per_step must be > 0, got {cfg.updates_per_step}")
+    for f in fields(cfg):        # every number in its declared range, the name one path component
+        check_field(f.name, getattr(cfg, f.name))
     if cfg.local_buffer > 1 and cfg.deterministic:
         raise ConfigError(f"local_buffer: lockstep runs (deterministic) insert every vector step; local_buffer "
                           f"{cfg.local_buffer} would hold back the steps the learner waits for")
@@ -332,25 +395,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("aggregation: 'allreduce' needs backend = 'ray' (threads share one parameter server)")
     if cfg.ray_placement not in ("pack", "spread"):
         raise ConfigError(f"ray_placement must be 'pack' or 'spread', got {cfg.ray_placement!r}")
-    if cfg.ray_chunk < 1:
-        raise ConfigError(f"ray_chunk must be >= 1, got {cfg.ray_chunk}")
-    if cfg.ray_prefetch < 0:
-        raise ConfigError(f"ray_prefetch must be >= 0, got {cfg.ray_prefetch}")
-    if cfg.buffer_checkpoint_interval < 0:
-        raise ConfigError(f"buffer_checkpoint_interval must be >= 0, got {cfg.buffer_checkpoint_interval}")
-    if not cfg.learner_timeout_s > 0:
-        raise ConfigError(f"learner_timeout_s must be > 0, got {cfg.learner_timeout_s}")
     if cfg.env_backend not in ("sync", "async"):
         raise ConfigError(f"env_backend must be 'sync' or 'async', got {cfg.env_backend!r}")
-    for name in ("gamma", "alpha", "beta", "beta_final", "tau", "eps_start", "eps_end", "eps_fraction"):
-        v = getattr(cfg, name)
-        if not 0.0 <= v <= 1.0:
-            raise ConfigError(f"{name} must be in [0, 1], got {v}")
-    for name in ("lr", "critic_lr"):
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
-    if cfg.stop_return is not None and not math.isfinite(cfg.stop_return):
-        raise ConfigError(f"stop_return must be a finite number or unset, got {cfg.stop_return}")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
     if cfg.exploration not in ("decay", "apex"):
@@ -363,12 +409,6 @@ def validate(cfg: TrainConfig) -> None:
                           f"not {cfg.algo!r}")
     if cfg.algo == "r2d2":
         _validate_r2d2(cfg)
-    if not 0.0 < cfg.apex_eps <= 1.0:
-        raise ConfigError(f"apex_eps must be in (0, 1], got {cfg.apex_eps}")
-    if not (math.isfinite(cfg.apex_alpha) and cfg.apex_alpha >= 0):
-        raise ConfigError(f"apex_alpha must be >= 0, got {cfg.apex_alpha}")
-    if not (math.isfinite(cfg.actor_rate) and cfg.actor_rate >= 0):
-        raise ConfigError(f"actor_rate must be >= 0 (0: unpaced), got {cfg.actor_rate}")
     if cfg.topology != "local":
         from pal_bench.train import topology
 
@@ -405,22 +445,37 @@ def validate(cfg: TrainConfig) -> None:
         if len(env.observation_space.shape or ()) != 1:
             raise ConfigError(f"env: {cfg.env} has observations of shape {env.observation_space.shape}; "
                               "the MLP algorithms take flat vectors")
+        _check_memory(cfg, env.observation_space.shape[0], 1 if discrete else env.action_space.shape[0], not discrete)
     finally:
         env.close()
 
 
+SLOT_OVERHEAD = 32      # bytes per buffer slot beside its record: priority tree levels, minimums, slot id
+
+
+def _check_memory(cfg: TrainConfig, obs_dim: int, act_dim: int, continuous: bool) -> None:
+    """``buffer_capacity`` records must fit this machine's memory (unless the buffer lives on a Ray cluster)."""
+    if cfg.ray_address is not None or not hasattr(os, "sysconf"):
+        return
+    import numpy as np
+
+    from pal_bench.train.replay_spec import replay_fields, sequence_fields
+
+    spec = sequence_fields(obs_dim, cfg) if cfg.algo == "r2d2" else replay_fields(obs_dim, act_dim, continuous)
+    record = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for shape, dt in spec.values())
+    need = cfg.buffer_capacity * (record + SLOT_OVERHEAD)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(f"buffer_capacity: {cfg.buffer_capacity} records of {record} bytes need "
+                          f"{need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB of memory")
+
+
 def _validate_r2d2(cfg: TrainConfig) -> None:
     """Sequence shape and what the recurrent trainer does not do."""
-    if cfg.seq_len < 2:
-        raise ConfigError(f"seq_len must be >= 2, got {cfg.seq_len}")
     if not 0 <= cfg.seq_overlap < cfg.seq_len:
         raise ConfigError(f"seq_overlap must be in [0, seq_len) = [0, {cfg.seq_len}), got {cfg.seq_overlap}")
     if not 0 <= cfg.burn_in < cfg.seq_len:
         raise ConfigError(f"burn_in must be in [0, seq_len) = [0, {cfg.seq_len}), got {cfg.burn_in}")
-    if cfg.lstm_size < 1:
-        raise ConfigError(f"lstm_size must be >= 1, got {cfg.lstm_size}")
-    if not 0.0 <= cfg.priority_eta <= 1.0:
-        raise ConfigError(f"priority_eta must be in [0, 1], got {cfg.priority_eta}")
     first = cfg.seq_len * cfg.actors * cfg.envs_per_actor
     if cfg.learning_starts < first:
         raise ConfigError(f"learning_starts ({cfg.learning_starts}) must be >= seq_len * actors * envs_per_actor "
