@@ -58,6 +58,9 @@ class Range:
 
 
 COUNT = Range(1, MAX_COUNT)         # at least one
+WORKERS = Range(1, 4096)            # actors, learners, env copies, threads, processes
+CAPACITY = Range(1, 2**40)          # what the replay buffer accepts (pyx/_replay.pyx)
+FANOUT = Range(2, 4096)             # the sum tree's fan-out K, likewise
 NONNEG = Range(0, MAX_COUNT)        # 0 allowed (often: off)
 SEED = Range(0, SEED_MAX)
 POSITIVE = Range(0, lo_open=True)   # a finite number > 0
@@ -130,8 +133,9 @@ def choice_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
 
 
 positive_int = number(COUNT)
+workers = number(WORKERS)
 nonneg_int = number(NONNEG)
-seed = number(SEED)
+rng_seed = number(SEED)
 positive_float = number(POSITIVE, float)
 nonneg_float = number(NONNEG_FLOAT, float)
 finite_float = number(FINITE, float)

@@ -60,12 +60,6 @@ def _dse(args) -> int:
     from pal_bench.studies import dse, scaling
     from pal_bench.train import make_config
 
-    if args.max_cores is not None and args.max_cores < 2:
-        raise UsageError(f"--max-cores {args.max_cores}: a split needs at least 2 cores (one actor, one learner)")
-    if args.ratio is not None and not args.ratio > 0:
-        raise UsageError(f"--ratio {args.ratio}: updates per transition must be > 0")
-    if args.repeats < 1:
-        raise UsageError(f"--repeats {args.repeats}: at least 1 round")
     if args.measured and not Path(args.measured).is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
     m = args.max_cores or scaling.usable_cores()
@@ -251,6 +245,9 @@ def _main(argv: list[str]) -> int:
                         "may change only steps, eval_interval, eval_episodes, checkpoint_interval, stop_return, "
                         "progress")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config field (repeatable)")
+    from pal_bench.argtypes import WORKERS, Range, nonneg_int, number, positive_int
+    from pal_bench.train.config import FIELD_RANGES
+
     d = sub.add_parser("dse", help="choose how many cores go to actors and to learners")
     d.add_argument("--algo", help="algorithm of the curves and of the suggested command (default: the curves' "
                                   "algo column, else dqn)")
@@ -258,20 +255,22 @@ def _main(argv: list[str]) -> int:
     d.add_argument("--out", type=Path, default=Path(DSE_OUT),
                    help=f"where the figure (figures/dse.png) and --validate's dse_validation.csv go (default: "
                         f"{DSE_OUT}/ in the current directory; the Makefile passes --out results)")
-    d.add_argument("--ratio", type=float, help="updates per transition (default: the algorithm's config)")
-    d.add_argument("--max-cores", type=int, help="core budget M (default: usable cores)")
+    d.add_argument("--ratio", type=number(FIELD_RANGES["updates_per_step"], float),
+                   help="updates per transition (default: the algorithm's config)")
+    d.add_argument("--max-cores", type=number(Range(2, WORKERS.hi)),
+                   help="core budget M, at least 2: one actor and one learner (default: usable cores)")
     d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, scaling_processes.csv, "
                                     "scaling_ray.csv); default: measure them now")
     d.add_argument("--backend", choices=["threads", "processes", "ray"],
                    help="the backend whose curves to use (a CSV holding both), to measure, and to --validate "
                         "(default: the one in --curves, else processes)")
-    d.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point when measuring")
-    d.add_argument("--updates", type=int, default=1_000, help="updates per f_l point when measuring")
+    d.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point when measuring")
+    d.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point when measuring")
     d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")
-    d.add_argument("--validate", type=int, metavar="STEPS", default=0,
+    d.add_argument("--validate", type=nonneg_int, metavar="STEPS", default=0,
                    help="also run the trainer at every split for STEPS transitions and compare "
                         "(results/dse_validation.csv)")
-    d.add_argument("--repeats", type=int, default=1, metavar="R",
+    d.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="--validate in R rounds (every split once per round), medians per split (default 1)")
     from pal_bench.bench.conditions import add_force_flag
 

@@ -247,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--html", action="store_true", help="also write the HTML page (see --out)")
     ap.add_argument("--out", type=Path, help="where the HTML page goes (default: <results>/report)")
     args = ap.parse_args(argv)
+    if not args.results.is_dir():
+        ap.error(f"argument --results: {args.results} is not a directory")
     from pal_bench.bench import tables
 
     try:
         tidy, machine = load_all(args.results)
     except FileNotFoundError as e:
-        print(e, file=sys.stderr)
-        return 1
+        print(f"pal-bench report: {e}", file=sys.stderr)
+        return 2
     tidy.drop(columns="sample_us").to_csv(args.results / "latency.csv", index=False, float_format="%.4f")
     text = tables_markdown(tidy, machine)
     (args.results / "latency_tables.md").write_text(text)

@@ -35,14 +35,20 @@ def test_a_run_that_would_never_learn_is_rejected_naming_both_fields(capsys):
     assert "steps (500) must exceed learning_starts (1000)" in err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["dse", "--curves", "missing.csv"], "--curves missing.csv: no such file"),
-    (["dse", "--max-cores", "0", "--curves", "x.csv"], "--max-cores 0: a split needs at least 2 cores"),
-    (["dse", "--repeats", "0", "--curves", "x.csv"], "--repeats 0: at least 1 round"),
-])
-def test_dse_argument_errors(tmp_path, monkeypatch, capsys, argv, message):
+def test_dse_argument_errors(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert message in one_line_error(capsys, argv)
+    assert "--curves missing.csv: no such file" in one_line_error(capsys, ["dse", "--curves", "missing.csv"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["dse", "--max-cores", "0", "--curves", "x.csv"], "argument --max-cores: must be >= 2, got '0'"),
+    (["dse", "--repeats", "0", "--curves", "x.csv"], "argument --repeats: must be >= 1, got '0'"),
+])
+def test_dse_numbers_are_checked_by_argparse(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
 
 
 def test_dse_curves_without_the_curve_columns(tmp_path, monkeypatch, capsys):
@@ -96,7 +102,7 @@ def test_profile_draws_into_out_and_leaves_the_run_alone(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--iterations", "1"], "at least 2"),
+    (["--iterations", "1"], "argument --iterations: must be >= 2"),
     (["--only", "tianshou-dqn", "--runners", "1"], "no configuration matches"),
     (["--batch", "64"], "invalid choice"),
 ])

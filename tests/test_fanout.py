@@ -1,5 +1,7 @@
 """The interleaved fan-out study: every K timed in every round, a table from its CSV, bad arguments refused."""
 
+import pytest
+
 from pal_bench import DEFAULT_FANOUT
 from pal_bench.bench.tables import fanout_block
 from pal_bench.studies import fanout
@@ -15,7 +17,9 @@ def test_every_fanout_is_timed_in_every_round(tmp_path):
     assert "1 (default)" in text and "|   4 |" in text and "conditions not recorded" in text
 
 
-def test_bad_arguments_are_refused(capsys):
-    assert fanout.main(["--fanouts", "1,16", "--force"]) == 2
-    assert fanout.main(["--rounds", "1", "--force"]) == 2
-    assert "fan-outs must be >= 2" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, message", [(["--fanouts", "1,16"], "argument --fanouts: must be >= 2, got '1'"),
+                                           (["--rounds", "1"], "argument --rounds: must be >= 2, got '1'")])
+def test_bad_arguments_are_refused(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        fanout.main([*argv, "--force"])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

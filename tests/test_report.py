@@ -44,7 +44,7 @@ def test_report_from_stored_json(tmp_path):
 
 
 def test_report_without_results_is_a_clear_error(tmp_path, capsys):
-    assert report.main(["--results", str(tmp_path)]) == 1
+    assert report.main(["--results", str(tmp_path)]) == 2
     assert "make bench" in capsys.readouterr().err
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from pal_bench import report
+from pal_bench.argtypes import choice_list
+from pal_bench.bench.adapters import ADAPTERS
 from pal_bench.bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", choices=["quick", "full"], default="quick")
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
-    ap.add_argument("--peers", help="comma-separated adapters (default: all installed)")
+    ap.add_argument("--peers", type=choice_list(ADAPTERS), help=f"comma-separated adapters, of {', '.join(ADAPTERS)} "
+                    "(default: all installed)")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--compare", action="store_true",
                     help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.results / "tmp" if args.compare else args.results
     rc = 0
     for suite in args.suite or SUITES:
-        rc |= run_suite(suite, args.profile, out, args.peers, args.pytest_args)
+        rc |= run_suite(suite, args.profile, out, ",".join(args.peers or []), args.pytest_args)
         if args.compare and (args.results / f"{suite}.json").exists():
             compare(args.results / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pal_bench.argtypes import choice_list, nonneg_int, positive_int, workers
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.train.backends.ray.session import session
 
@@ -380,11 +381,12 @@ def draw(df, fig_dir: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench aggregation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1-2 learners, 2 model sizes (a few minutes on 2 cores)")
-    ap.add_argument("--learners", type=int, help="up to this many learners (default 2 quick, 4 full)")
-    ap.add_argument("--iters", type=int, help="timed iterations per point (default 15 quick, 50 full)")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--group-size", type=int, default=2, help="hierarchical: learners per group")
-    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--learners", type=workers, help="up to this many learners (default 2 quick, 4 full)")
+    ap.add_argument("--iters", type=positive_int, help="timed iterations per point (default 15 quick, 50 full)")
+    ap.add_argument("--warmup", type=nonneg_int, default=3)
+    ap.add_argument("--group-size", type=positive_int, default=2, help="hierarchical: learners per group")
+    ap.add_argument("--schemes", type=choice_list(SCHEMES), default=list(SCHEMES),
+                    help=f"comma-separated, of {', '.join(SCHEMES)} (default: all)")
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results",
                     help="where the CSV and figure go (default: the project's results/)")
@@ -395,11 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     top = args.learners or (2 if args.quick else 4)
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     iters = args.iters or (15 if args.quick else 50)
-    schemes = [s for s in args.schemes.split(",") if s]
-    if unknown := set(schemes) - set(SCHEMES):
-        print(f"pal-bench aggregation: unknown scheme(s) {sorted(unknown)}; known: {', '.join(SCHEMES)}",
-              file=sys.stderr)
-        return 2
+    schemes = args.schemes
     if refuse_if_busy("pal-bench aggregation", args.force):
         return 2
     measured = Conditions("gradient aggregation")

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.adapters import lunar_row, make_adapter
+from pal_bench.argtypes import choice_list, positive_float
+from pal_bench.bench.adapters import ADAPTERS, lunar_row, make_adapter
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
 CAPACITY = 10**5
@@ -152,8 +153,9 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench concurrency", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impls", default="pal,tianshou")
-    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--impls", type=choice_list(ADAPTERS), default=["pal", "tianshou"],
+                    help=f"comma-separated, of {', '.join(ADAPTERS)} (default: pal,tianshou)")
+    ap.add_argument("--seconds", type=positive_float, default=1.0, help="measured seconds per point (default 1)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results")
     add_force_flag(ap)
     args = ap.parse_args(argv)
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     measured = Conditions("buffer concurrency")
     rows = []
-    for impl in args.impls.split(","):
+    for impl in args.impls:
         for w, s in GRID:
             print(f"[{impl} writers={w} samplers={s}]", file=sys.stderr, flush=True)
             rows.append(measure(impl, w, s, args.seconds))

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from pal_bench import DEFAULT_FANOUT, PrioritizedReplayBuffer
+from pal_bench.argtypes import CAPACITY, FANOUT, MAX_COUNT, Range, number, number_list, positive_int
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch, lunar_row
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
@@ -90,22 +91,19 @@ def study(capacity: int, fanouts: list[int], rounds: int, calls: int, progress=p
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench fanout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--capacity", type=float, default=1e6)
-    ap.add_argument("--fanouts", default="2,4,8,16,32,64")
-    ap.add_argument("--rounds", type=int, default=100, help="interleaved rounds (default 100)")
-    ap.add_argument("--calls", type=int, default=20, help="calls per timed block (default 20)")
+    ap.add_argument("--capacity", type=number(CAPACITY), default=10**6, help="buffer capacity (default 1e6)")
+    ap.add_argument("--fanouts", type=number_list(FANOUT), default=[2, 4, 8, 16, 32, 64],
+                    help=f"comma-separated fan-outs K, each {FANOUT} (default 2,4,8,16,32,64)")
+    ap.add_argument("--rounds", type=number(Range(2, MAX_COUNT)), default=100, help="interleaved rounds (default 100)")
+    ap.add_argument("--calls", type=positive_int, default=20, help="calls per timed block (default 20)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     add_force_flag(ap)
     args = ap.parse_args(argv)
-    fanouts = [int(k) for k in args.fanouts.split(",")]
-    if any(k < 2 for k in fanouts) or args.rounds < 2 or args.calls < 1 or args.capacity < 1:
-        print("pal_bench.studies.fanout: fan-outs must be >= 2, --rounds >= 2, --calls >= 1, --capacity >= 1",
-              file=sys.stderr)
-        return 2
+    fanouts = list(dict.fromkeys(args.fanouts))
     if refuse_if_busy("pal_bench.studies.fanout", args.force):
         return 2
     with Conditions("fan-out sweep, interleaved") as c:
-        df = study(int(args.capacity), fanouts, args.rounds, args.calls,
+        df = study(args.capacity, fanouts, args.rounds, args.calls,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "fanout.csv", index=False, float_format="%.4f")

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pal_bench.argtypes import MAX_COUNT, Range, nonneg_int, number, rng_seed
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.train.backends.ray.session import connect
 
@@ -255,15 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", choices=["rllib-dqn", "rllib-sac", "tianshou-dqn"],
                     help="these frameworks only")
     ap.add_argument("--batch", nargs="+", type=int, choices=[32, 256], help="these train batch sizes only")
-    ap.add_argument("--runners", nargs="+", type=int, help="these env-runner counts only (RLlib; tianshou runs 0)")
-    ap.add_argument("--iterations", type=int, help="timed iterations per configuration (default: 5, or 10 with "
-                    "--full; tianshou's cases time 4x as many), for narrower intervals where the bound is small")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--runners", nargs="+", type=nonneg_int,
+                    help="these env-runner counts only (RLlib; tianshou runs 0)")
+    ap.add_argument("--iterations", type=number(Range(2, MAX_COUNT)),
+                    help="timed iterations per configuration, at least 2 for the ABBA order and a bootstrap interval "
+                         "(default: 5, or 10 with --full; tianshou's cases time 4x as many), for narrower intervals "
+                         "where the bound is small")
+    ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     add_force_flag(ap)
     args = ap.parse_args(argv)
-    if args.iterations is not None and args.iterations < 2:
-        ap.error("--iterations must be at least 2 (ABBA order, and a bootstrap interval)")
     todo = [c for c in cases(args.full, usable_cores()) if (not args.only or c.framework in args.only)
             and (not args.batch or c.batch_size in args.batch) and (not args.runners or c.env_runners in args.runners)]
     if not todo:

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from pal_bench.argtypes import nonneg_int, positive_int
 from pal_bench.studies.plugin import ENVS, Case, RLlibRun
 
 
@@ -92,11 +93,11 @@ def _cold_probe(buffer, samples: collections.defaultdict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("framework", choices=sorted(ENVS))
-    ap.add_argument("batch", type=int)
-    ap.add_argument("runners", type=int)
+    ap.add_argument("batch", type=positive_int)
+    ap.add_argument("runners", type=nonneg_int)
     ap.add_argument("buffer", choices=["default", "pal"])
-    ap.add_argument("--steps", type=int, default=200, help="env steps per iteration (default 200)")
-    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--steps", type=positive_int, default=200, help="env steps per iteration (default 200)")
+    ap.add_argument("--iterations", type=positive_int, default=3)
     ap.add_argument("--cprofile", action="store_true", help="run under cProfile and print the top entries")
     ap.add_argument("--cold-probe", action="store_true",
                     help="time fixed calls cold (after the training step) and warm at each priority update")

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pal_bench.argtypes import positive_float, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, settle, write_meta
 
@@ -418,20 +419,20 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CartPole-v1, one seed (default: LunarLander-v3, 3 seeds)")
     ap.add_argument("--task", choices=sorted(TASKS), help=argparse.SUPPRESS)
-    ap.add_argument("--seeds", type=int, help="seeds per contestant (default: 1 quick, 3 full)")
+    ap.add_argument("--seeds", type=positive_int, help="seeds per contestant (default: 1 quick, 3 full)")
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--split", type=_split_arg,
                     help="PAL's actors x learners, e.g. 1x1 (default: the DSE choice from each backend's curves)")
     ap.add_argument("--report", action="store_true", help="only print the table and redraw the figure from stored CSVs")
-    ap.add_argument("--max-minutes", type=float, metavar="M",
+    ap.add_argument("--max-minutes", type=positive_float, metavar="M",
                     help="stop after the run that is going when M minutes have passed (the stored runs stay; run "
                          "the same command to go on)")
     ap.add_argument("--rerun-noisy", action="store_true",
                     help="run again the stored runs during which the machine was busy (marked noisy)")
     add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
-    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=rng_seed, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     task_name = args.task or ("quick" if args.quick else "full")

@@ -29,6 +29,7 @@ import time
 
 import pandas as pd
 
+from pal_bench.argtypes import positive_float, positive_int, rng_seed
 from pal_bench.studies.race import CONTESTANTS, PAL_BACKENDS, TASKS, dse_split, run_one
 
 # (area, substrings of a code path that put a function in it), first match wins
@@ -127,13 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench race-profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("contestant", choices=CONTESTANTS)
-    ap.add_argument("--seconds", type=float, default=300.0, help="wall-clock to run (default 300)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seconds", type=positive_float, default=300.0, help="wall-clock to run (default 300)")
+    ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--task", choices=sorted(TASKS), default="full", help="the race's task (default: full)")
-    ap.add_argument("--top", type=int, default=25, help="cProfile entries to list by cumulative time")
+    ap.add_argument("--top", type=positive_int, default=25, help="cProfile entries to list by cumulative time")
     args = ap.parse_args(argv)
-    if not args.seconds > 0:
-        ap.error(f"--seconds must be > 0, got {args.seconds}")
     # the race's task, run for --seconds with a target no evaluation reaches
     task = dataclasses.replace(TASKS[args.task], max_wall_s=args.seconds, target=1e300)
     name = args.contestant

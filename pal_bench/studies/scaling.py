@@ -41,8 +41,10 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 
+from pal_bench.argtypes import nonneg_int, positive_int, workers
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.train import Trainer, make_config, make_trainer
+from pal_bench.train.config import ALGOS
 from pal_bench.train.rate import RateController
 from pal_bench.train.workers import learner_loop
 
@@ -484,12 +486,12 @@ def draw_end_to_end(df: pd.DataFrame, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algo", default="dqn")
+    ap.add_argument("--algo", choices=ALGOS, default="dqn")
     ap.add_argument("--env", default="CartPole-v1")
-    ap.add_argument("--max-threads", type=int, default=usable_cores())
-    ap.add_argument("--steps", type=int, default=20_000, help="transitions per f_a point")
-    ap.add_argument("--updates", type=int, default=1_000, help="updates per f_l point")
-    ap.add_argument("--repeats", type=int, default=3,
+    ap.add_argument("--max-threads", type=workers, default=usable_cores())
+    ap.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point")
+    ap.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point")
+    ap.add_argument("--repeats", type=positive_int, default=3,
                     help="interleaved rounds per point, for the speedups' intervals (default 3)")
     ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
                     help="async: actors step their environments in subprocesses (outside the GIL)")
@@ -501,29 +503,24 @@ def main(argv: list[str] | None = None) -> int:
                          "interleaved point by point")
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
-    ap.add_argument("--end-to-end", type=int, metavar="STEPS", default=0,
+    ap.add_argument("--end-to-end", type=nonneg_int, metavar="STEPS", default=0,
                     help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
                          "end_to_end_ray.csv for --backend ray)")
     add_force_flag(ap)
     args = ap.parse_args(argv)
-    for name in ("max_threads", "steps", "updates", "repeats"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.end_to_end < 0:
-        ap.error(f"--end-to-end must be >= 1 transitions (0: off), got {args.end_to_end}")
-    if refuse_if_busy("pal_bench.studies.scaling", args.force):
-        return 2
+    if args.end_to_end and len(args.backend) > 1:
+        ap.error("--end-to-end measures one backend at a time")
     cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
                         backend="processes" if b == "learner-processes" else b,
                         learner_processes=b == "learner-processes")
             for b in args.backend]
+    if refuse_if_busy("pal_bench.studies.scaling", args.force):
+        return 2
     measured = Conditions("scaling")
     if not args.end_to_end:
         return _write_curves(args, sweep_backends(cfgs, args.max_threads, args.steps, args.updates,
                                                   progress=lambda m: print(m, file=sys.stderr), repeats=args.repeats),
                              measured)
-    if len(cfgs) > 1:
-        ap.error("--end-to-end measures one backend at a time")
     cfg = cfgs[0]
     suffix = "" if cfg.backend == "threads" else f"_{label(cfg).replace('-', '_')}"
     if args.end_to_end:

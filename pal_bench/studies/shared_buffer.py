@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 
@@ -115,16 +116,13 @@ def measure(impl: str, writers: int, samplers: int, seconds: float = 2.0) -> dic
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench shared-buffer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--seconds", type=float, default=2.0, help="measured seconds per point (default 2)")
+    ap.add_argument("--impls", type=choice_list(IMPLS), default=list(IMPLS),
+                    help=f"comma-separated, of {', '.join(IMPLS)} (default: all)")
+    ap.add_argument("--seconds", type=positive_float, default=2.0, help="measured seconds per point (default 2)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     add_force_flag(ap)
     args = ap.parse_args(argv)
-    impls = [i for i in args.impls.split(",") if i]
-    if unknown := set(impls) - set(IMPLS):
-        print(f"pal_bench.studies.shared_buffer: unknown implementation(s) {sorted(unknown)}; "
-              f"known: {', '.join(IMPLS)}", file=sys.stderr)
-        return 2
+    impls = args.impls
     if refuse_if_busy("pal_bench.studies.shared_buffer", args.force):
         return 2
     rows = []

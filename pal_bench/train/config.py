@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pal_bench.argtypes import COUNT, FINITE, NONNEG, NONNEG_FLOAT, POSITIVE, SEED, Range
+from pal_bench.argtypes import CAPACITY, COUNT, FINITE, NONNEG, NONNEG_FLOAT, POSITIVE, SEED, WORKERS, Range
 from pal_bench.train.rate_policy import unsent_bound
 
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac", "r2d2")
@@ -140,12 +140,12 @@ UNIT = Range(0, 1)
 # hidden's range is each layer's width. Cross-field rules (learning_starts <= buffer_capacity, ...) are in validate.
 FIELD_RANGES: dict[str, Range] = {
     "seed": SEED,                                           # np.random.seed takes [0, 2**32)
-    "actors": Range(1, 4096), "envs_per_actor": Range(1, 4096), "learners": Range(1, 4096),
+    "actors": WORKERS, "envs_per_actor": WORKERS, "learners": WORKERS,
     "max_staleness": NONNEG, "ray_chunk": Range(1, 2**20), "ray_prefetch": Range(0, 1024),
     "learner_timeout_s": Range(0, 10**6, lo_open=True), "buffer_checkpoint_interval": NONNEG,
     "actor_rate": NONNEG_FLOAT, "steps": COUNT, "learning_starts": NONNEG,
     "updates_per_step": Range(0, 10**4, lo_open=True), "rate_slack": NONNEG,
-    "buffer_capacity": Range(1, 2**40),                     # the buffer's own limit; validate checks memory too
+    "buffer_capacity": CAPACITY,                            # the buffer's own limit; validate checks memory too
     "alpha": UNIT, "beta": UNIT, "beta_final": UNIT, "batch_size": Range(1, 2**20), "local_buffer": Range(1, 10**6),
     "gamma": UNIT, "n_step": Range(1, 10**4), "lr": Range(0, 1, lo_open=True), "critic_lr": Range(0, 1, lo_open=True),
     "hidden": Range(1, 2**16), "grad_clip": NONNEG_FLOAT, "target_update": COUNT, "tau": UNIT,

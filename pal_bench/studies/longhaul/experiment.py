@@ -29,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pal_bench.argtypes import choice_list, nonneg_float, number, positive_int, rng_seed, workers
 from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.studies.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
 from pal_bench.studies.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
 from pal_bench.train.backends.ray.session import session
+from pal_bench.train.config import FIELD_RANGES
 
 PROGRESS_S = 2.0
 PROFILES = {
@@ -211,14 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench longhaul", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="CartPole-v1, 8k steps, fibre-10km and wan (~2 min)")
     ap.add_argument("--env")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--actors", type=int)
-    ap.add_argument("--actor-rate", type=float, help="env steps per second the edge produces, all actors")
-    ap.add_argument("--links", help=f"comma-separated, of {', '.join(PRESETS)}")
-    ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
-    ap.add_argument("--prefetch", type=int, default=1,
+    ap.add_argument("--steps", type=positive_int)
+    ap.add_argument("--actors", type=workers)
+    ap.add_argument("--actor-rate", type=nonneg_float, help="env steps per second the edge produces, all actors")
+    ap.add_argument("--links", type=choice_list(PRESETS), help=f"comma-separated, of {', '.join(PRESETS)}")
+    ap.add_argument("--topologies", type=choice_list(TOPOLOGIES), default=list(TOPOLOGIES),
+                    help=f"comma-separated, of {', '.join(TOPOLOGIES)} (default: both)")
+    ap.add_argument("--prefetch", type=number(FIELD_RANGES["ray_prefetch"]), default=1,
                     help="buffer-replay: batch requests in flight beyond the one in use (ray_prefetch)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "results",
                     help="where the CSV and figure go (default: the project's results/)")
@@ -228,21 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("env", "steps", "actors", "actor_rate"):
         if getattr(args, k) is not None:
             prof[k] = getattr(args, k)
-    links = args.links.split(",") if args.links else list(prof["links"])
-    topologies = args.topologies.split(",")
-    bad = [x for x in links if x not in PRESETS] + [t for t in topologies if t not in TOPOLOGIES]
-    if bad:
-        print(f"pal-bench longhaul: unknown link or topology {bad}; links: {', '.join(PRESETS)}; "
-              f"topologies: {', '.join(TOPOLOGIES)}", file=sys.stderr)
-        return 2
-
+    links, topologies = args.links or list(prof["links"]), args.topologies
+    cfg = make_cfg(prof["env"], prof["steps"], args.seed, ray_prefetch=args.prefetch)  # config errors first
     if refuse_if_busy("pal-bench longhaul", args.force):
         return 2
     measured = Conditions("long-haul replay")
     rows, timeline = [], []
     out = Path(args.out)
     with session(args.ray_address, log_to_driver=False):
-        cfg = make_cfg(prof["env"], prof["steps"], args.seed, ray_prefetch=args.prefetch)
         for link in links:
             for topo in topologies:
                 res = run_one(cfg, topo, link, prof["actors"], prof["actor_rate"], prof["eval_interval_s"],
