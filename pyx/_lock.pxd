@@ -3,6 +3,8 @@
 holding the GIL (try first; when it is busy, wait with the GIL released, so that a holder that needs the
 GIL cannot deadlock with us)."""
 
+from posix.time cimport timespec
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
         pass
@@ -16,6 +18,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutex_destroy(pthread_mutex_t*)
     int pthread_mutex_lock(pthread_mutex_t*)
     int pthread_mutex_trylock(pthread_mutex_t*)
+    int pthread_mutex_timedlock(pthread_mutex_t*, const timespec*)
     int pthread_mutex_unlock(pthread_mutex_t*)
     int pthread_mutex_consistent(pthread_mutex_t*)
     int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
@@ -28,6 +31,7 @@ cdef extern from "<errno.h>" nogil:
     enum:
         EOWNERDEAD
         EBUSY
+        ETIMEDOUT
 
 
 cdef inline int mutex_init(pthread_mutex_t* m, bint robust_shared) noexcept nogil:

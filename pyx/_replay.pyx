@@ -44,6 +44,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import weakref
 import zipfile
 
@@ -58,19 +59,22 @@ from libc.string cimport memcpy, memset
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDONLY, O_RDWR
 from posix.mman cimport shm_open, shm_unlink
 from posix.signal cimport kill
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from cpython.exc cimport PyErr_CheckSignals
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport close as c_close
 from posix.unistd cimport ftruncate, getpid
 
 from _common cimport DEFAULT_FANOUT_C, MAX_FAST_FIELDS, SCALAR_SCRATCH, SLOT_EMPTY, SLOT_INFLIGHT
 from _lock cimport (
     EOWNERDEAD,
+    ETIMEDOUT,
     mutex_init,
     mutex_lock_gil,
     pthread_atfork,
     pthread_mutex_consistent,
     pthread_mutex_lock,
     pthread_mutex_t,
+    pthread_mutex_timedlock,
     pthread_mutex_trylock,
     pthread_mutex_unlock,
 )
@@ -107,6 +111,9 @@ cdef extern from "<unistd.h>" nogil:
 cdef extern from "<float.h>":
     double DBL_MAX
 
+cdef extern from "<fcntl.h>" nogil:
+    int posix_fallocate(int fd, long offset, long length)
+
 cdef extern from "<errno.h>" nogil:
     enum:
         EBUSY
@@ -117,12 +124,14 @@ FILE_VERSION = 1
 RESERVED_NAMES = ("indices", "weights", "priorities")
 SEGMENT_MAGIC = 0x3146554252534c50    # "PLSRBUF1"
 SEGMENT_VERSION = 1
+ATTACH_LOCK_TIMEOUT_S = 10.0           # attach waits at most this long for the segment's lock (s)
 
 cdef enum:
     MAX_RESERVATIONS = 64     # concurrent add_batch copies (threads or processes) at one time
     HEADER_BYTES = 16384      # room for the header at the start of the block
     SPIN_BEFORE_REAP = 64     # waits on an in-flight slot before checking for dead writers
     MAX_DIMS = 16             # dimensions of a field's shape
+    MAX_SPEC_BYTES = 1 << 20  # the fields' JSON description in a block
 
 
 cdef struct Reservation:
@@ -183,10 +192,6 @@ cdef inline int64_t _now_ns() noexcept nogil:
 
 cdef inline bint _pid_dead(int64_t pid) noexcept nogil:
     return pid > 0 and kill(<int>pid, 0) != 0 and errno == ESRCH
-
-
-cdef inline int64_t _round_up(int64_t n, int64_t k) noexcept nogil:
-    return (n + k - 1) // k * k
 
 
 cdef inline void _prefetch_record(const char* rec, int64_t nbytes) noexcept nogil:
@@ -280,6 +285,12 @@ def _normalise_fields(fields) -> dict:
             dtype = np.dtype(dtype)
         except (TypeError, ValueError) as e:
             raise ValueError(f"field {name!r}: bad shape or dtype in {spec!r} ({e})") from None
+        while dtype.subdtype is not None:       # a subarray dtype (float32, (3,)): its shape joins the field's
+            dtype, sub = dtype.subdtype
+            shape = shape + tuple(int(s) for s in sub)
+        if dtype.names is not None:
+            raise ValueError(f"field {name!r}: structured dtype {dtype} is not supported (add and add_batch could "
+                             f"not fill it); store each of its members {list(dtype.names)} as a field of its own")
         if len(shape) > 16 or any(s < 1 for s in shape):
             raise ValueError(f"field {name!r}: shape {shape} must have at most 16 positive dimensions")
         if dtype.hasobject or dtype.itemsize == 0:
@@ -306,14 +317,22 @@ def _spec_json(dict specs, dict offsets) -> bytes:
 
 
 def _segment_path(name) -> str:
-    if not isinstance(name, str) or not name or "/" in name or len(name) > 200:
-        raise ValueError(f"shared buffer name must be a non-empty string without '/', got {name!r}")
+    if (not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", "..")
+            or len(name) > 200):
+        raise ValueError(f"shared buffer name must be a non-empty string of at most 200 characters without '/' "
+                         f"or NUL, got {name!r}")
     return "/" + name
 
 
+SHM_DIR = "/dev/shm"
+
+
 cdef int _shm_create(bytes path, int64_t nbytes) except -2:
-    """A new segment of ``nbytes`` (zero-filled); -1 if the name exists. Returns the fd."""
+    """A new segment of ``nbytes`` (zero-filled) with every page reserved, so that running out of space is an
+    error here and not a SIGBUS at the first write to a page past the free space; -1 if the name exists.
+    Returns the fd. On failure nothing is left behind."""
     cdef int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0o600)
+    cdef int rc
     if fd < 0:
         if errno == EEXIST:
             return -1
@@ -323,7 +342,42 @@ cdef int _shm_create(bytes path, int64_t nbytes) except -2:
         c_close(fd)
         shm_unlink(path)
         raise OSError(err, f"cannot size shared segment {path.decode()!r} to {nbytes} bytes: {os.strerror(err)}")
+    with nogil:
+        rc = posix_fallocate(fd, 0, nbytes)
+    if rc != 0:
+        c_close(fd)
+        shm_unlink(path)
+        try:
+            st = os.statvfs(SHM_DIR)
+            free = f"{st.f_bavail * st.f_frsize / 1e6:.1f} MB free in {SHM_DIR}"
+        except OSError:
+            free = f"the free space of {SHM_DIR} unknown"
+        raise OSError(rc, f"cannot reserve {nbytes / 1e6:.1f} MB for shared buffer {path.decode()[1:]!r}: "
+                          f"{os.strerror(rc)} ({free}; a smaller capacity, or a larger {SHM_DIR}, e.g. Docker's "
+                          f"--shm-size, would fit)")
     return fd
+
+
+cdef dict _block_layout(int64_t capacity, int64_t spec_bytes, int64_t record_bytes, bint prioritized,
+                        int64_t fanout):
+    """Where each part of a block starts (bytes from its start) and its total size: the header, the field spec
+    (JSON), the slot table, the records, then the tree's sums, minima and stamps, each on a 64-byte boundary.
+    ValueError when the block would not be addressable."""
+    cdef TreeLayout t
+    n_sums = n_mins = n_stamps = 0
+    if prioritized:
+        n_sums, n_mins, n_stamps = tree_layout(&t, capacity, fanout)
+    up = lambda n: (n + 63) // 64 * 64
+    out = {"spec_offset": HEADER_BYTES}
+    out["slots_offset"] = up(HEADER_BYTES + spec_bytes)
+    out["records_offset"] = up(out["slots_offset"] + 8 * capacity)
+    out["sums_offset"] = up(out["records_offset"] + record_bytes * capacity)
+    out["mins_offset"] = up(out["sums_offset"] + 8 * n_sums)
+    out["stamps_offset"] = up(out["mins_offset"] + 8 * n_mins)
+    out["total_bytes"] = up(out["stamps_offset"] + 8 * n_stamps)
+    if out["total_bytes"] > 1 << 60:
+        raise ValueError(f"capacity {capacity} x {record_bytes} bytes per transition is too large to address")
+    return out
 
 
 _created = weakref.WeakSet()      # creators of live shared segments, closed (and unlinked) at exit
@@ -374,7 +428,9 @@ cdef class _ReplayCore:
     cdef tuple _scalar_types      # per field: the numpy scalar type whose values are exactly that dtype, or None
     cdef str _name                # shared segment name ('' for a private buffer)
     cdef bint _creator
+    cdef int64_t _creator_pid     # the process that created the segment: only it unlinks (not a forked child)
     cdef bint _closed
+    cdef int _users               # calls in flight on this handle: close() unmaps only when the last one returns
     cdef int64_t _pid             # the process this handle last ran in
     cdef int64_t _gen             # fork generation it last ran in
     cdef public double _debug_copy_pause_s    # tests: sleep this long in add_batch between reserve and copy
@@ -392,7 +448,7 @@ cdef class _ReplayCore:
         self._max_raw = NAN
 
     def __dealloc__(self):
-        if self._creator and self._name and not self._closed:
+        if self._owns_segment() and not self._closed:
             shm_unlink(_segment_path(self._name).encode())
         free(self._off)
         free(self._row_bytes)
@@ -417,25 +473,17 @@ cdef class _ReplayCore:
             _segment_path(name)         # validates it
         offsets, record_bytes = _record_layout(specs)
         cdef bytes spec = _spec_json(specs, offsets)
-        cdef int64_t spec_offset, slots_offset, records_offset, sums_offset, mins_offset, stamps_offset, total
+        if len(spec) > MAX_SPEC_BYTES:
+            raise ValueError(f"fields: their description takes {len(spec)} bytes, more than {MAX_SPEC_BYTES}")
+        layout = _block_layout(capacity, len(spec), record_bytes, prioritized, fanout if prioritized else 0)
+        cdef int64_t spec_offset = layout["spec_offset"], slots_offset = layout["slots_offset"]
+        cdef int64_t records_offset = layout["records_offset"], sums_offset = layout["sums_offset"]
+        cdef int64_t mins_offset = layout["mins_offset"], stamps_offset = layout["stamps_offset"]
+        cdef int64_t total = layout["total_bytes"]
         cdef TreeLayout t
-        n_sums = n_mins = n_stamps = 0
+        n_mins = 0
         if prioritized:
-            n_sums, n_mins, n_stamps = tree_layout(&t, capacity, fanout)
-        cdef int64_t pos = HEADER_BYTES
-        spec_offset = pos
-        pos = _round_up(pos + len(spec), 64)
-        slots_offset = pos
-        pos = _round_up(pos + 8 * capacity, 64)
-        records_offset = pos
-        pos = _round_up(pos + record_bytes * capacity, 64)
-        sums_offset = pos
-        pos = _round_up(pos + 8 * n_sums, 64)
-        mins_offset = pos
-        pos = _round_up(pos + 8 * n_mins, 64)
-        stamps_offset = pos
-        pos = _round_up(pos + 8 * n_stamps, 64)
-        total = pos
+            _, n_mins, _ = tree_layout(&t, capacity, fanout)
         if shared:
             self._name = name if name is not None else f"pal-{os.getpid()}-{os.urandom(4).hex()}"
             mm = self._create_segment(self._name, total)
@@ -498,6 +546,7 @@ cdef class _ReplayCore:
         finally:
             c_close(fd)
         self._creator = True
+        self._creator_pid = getpid()
         _created.add(self)
         return mm
 
@@ -593,41 +642,177 @@ cdef class _ReplayCore:
         The handle has the full API; it only detaches on ``close()`` (the creator owns the segment).
         It samples from its own random stream: ``seed`` and the number of handles opened on the
         segment before it (None: a seed from the OS).
+
+        Nothing in the segment is trusted: every offset and size in its header must be exactly what its
+        capacity and fields imply, and every counter, reservation and slot must be possible (ValueError
+        naming the header word otherwise). If its lock stays held for ``ATTACH_LOCK_TIMEOUT_S`` (a hung
+        or stopped process), ``TimeoutError``.
         """
         path = _segment_path(name).encode()
+        seed = cls._check_seed(seed)
         cdef int fd = shm_open(path, O_RDWR, 0)
         if fd < 0:
-            raise FileNotFoundError(f"no shared buffer named {name!r} (/dev/shm/{name})")
+            raise FileNotFoundError(f"no shared buffer named {name!r} ({SHM_DIR}/{name})")
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_BYTES:
-                raise ValueError(f"/dev/shm/{name} is not a PAL-Bench buffer (too small)")
+                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench buffer (too small)")
             mm = mmap.mmap(fd, size)
         finally:
             c_close(fd)
         cdef _ReplayCore buf = cls.__new__(cls)
         buf._map(mm)
         buf._name = name
-        cdef Header* h = buf._h
-        if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION or h.total_bytes != size:
+        try:
+            buf._check_layout(size, cls is PrioritizedReplayBuffer)
+            buf._bind(seed, 0)
+            buf._seed_stream(buf._join_segment())
+        except BaseException:
             buf._closed = True
-            raise ValueError(f"/dev/shm/{name} is not a PAL-Bench buffer of this version")
+            buf._release()
+            raise
+        return buf
+
+    cdef _check_layout(self, int64_t size, bint want_prioritized):
+        """(attach) The header's fixed words against the segment's size and the layout that its capacity,
+        fan-out and field spec imply: the very words ``_setup`` writes, or ValueError naming the first that is not."""
+        cdef Header* h = self._h
+        name = self._name
+        if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION:
+            raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench buffer of this version")
         if not h.ready:
-            buf._closed = True
             raise ValueError(f"shared buffer {name!r} is not initialised yet")
-        if (h.kind == 1) != (cls is PrioritizedReplayBuffer):
-            buf._closed = True
+
+        def bad(word, value, expected):
+            return ValueError(f"shared buffer {name!r} is corrupted: header word {word} = {value!r}, expected "
+                              f"{expected}")
+
+        if h.kind != 0 and h.kind != 1:
+            raise bad("kind", h.kind, "0 or 1")
+        if (h.kind == 1) != want_prioritized:
             kind = "PrioritizedReplayBuffer" if h.kind == 1 else "ReplayBuffer"
             raise ValueError(f"shared buffer {name!r} is a {kind}; use {kind}.attach")
-        seed = buf._check_seed(seed)
-        buf._pid = getpid()
-        buf._gen = _fork_generation
-        buf._lock()
+        if not 1 <= h.capacity <= 2**40:
+            raise bad("capacity", h.capacity, "in [1, 2**40]")
+        if h.kind == 1:
+            if not 2 <= h.fanout <= 4096:
+                raise bad("fanout", h.fanout, "in [2, 4096]")
+            if not 0.0 <= h.alpha <= 1.0:
+                raise bad("alpha", h.alpha, "in [0, 1]")
+            if not (0.0 <= h.eps < INFINITY):
+                raise bad("eps", h.eps, "finite and >= 0")
+        if h.spec_offset != HEADER_BYTES:
+            raise bad("spec_offset", h.spec_offset, HEADER_BYTES)
+        if not 2 <= h.spec_bytes <= min(MAX_SPEC_BYTES, size - HEADER_BYTES):
+            raise bad("spec_bytes", h.spec_bytes, f"in [2, {min(MAX_SPEC_BYTES, size - HEADER_BYTES)}]")
+        raw = bytes(self._mv[h.spec_offset:h.spec_offset + h.spec_bytes])
+        try:
+            spec = json.loads(raw)
+            specs = _normalise_fields({n: (tuple(s), d) for n, s, d, _ in spec})
+            if len(specs) != len(spec):
+                raise ValueError("duplicate field names")
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"shared buffer {name!r} is corrupted: its field spec is unreadable ({e})") from None
+        offsets, record_bytes = _record_layout(specs)
+        if _spec_json(specs, offsets) != raw:
+            raise ValueError(f"shared buffer {name!r} is corrupted: its field spec is not one this version writes")
+        if h.n_fields != len(specs):
+            raise bad("n_fields", h.n_fields, len(specs))
+        if h.record_bytes != record_bytes:
+            raise bad("record_bytes", h.record_bytes, record_bytes)
+        layout = _block_layout(h.capacity, h.spec_bytes, record_bytes, h.kind == 1, h.fanout if h.kind == 1 else 0)
+        words = {"slots_offset": h.slots_offset, "records_offset": h.records_offset, "sums_offset": h.sums_offset,
+                 "mins_offset": h.mins_offset, "stamps_offset": h.stamps_offset, "total_bytes": h.total_bytes}
+        for word, value in words.items():
+            if value != layout[word]:
+                raise bad(word, value, layout[word])
+        if h.total_bytes != size:
+            raise bad("total_bytes", h.total_bytes, f"the segment's size, {size}")
+
+    cdef int64_t _join_segment(self) except? -1:
+        """(attach) Take the lock (waiting at most ``ATTACH_LOCK_TIMEOUT_S``), check the words it guards and the
+        slot table, count this handle; returns its index (for its random stream)."""
+        cdef Header* h = self._h
+        cdef timespec ts
+        cdef int rc
+        cdef double timeout = ATTACH_LOCK_TIMEOUT_S
+        clock_gettime(CLOCK_REALTIME, &ts)
+        ts.tv_sec += <long>timeout
+        ts.tv_nsec += <long>((timeout - <long>timeout) * 1e9)
+        if ts.tv_nsec >= 1000000000:
+            ts.tv_sec += 1
+            ts.tv_nsec -= 1000000000
+        with nogil:
+            rc = pthread_mutex_timedlock(&h.mutex, &ts)
+        if rc == ETIMEDOUT:
+            raise TimeoutError(f"shared buffer {self._name!r}: its lock has been held for {timeout:g} s (a hung or "
+                               f"stopped process? `pal-bench shm` lists the segments and their creators)")
+        if rc != 0 and rc != EOWNERDEAD:
+            raise ValueError(f"shared buffer {self._name!r} is corrupted: its lock is unusable ({os.strerror(rc)})")
+        try:
+            self._check_guarded()
+        except BaseException:
+            pthread_mutex_unlock(&h.mutex)
+            raise
+        if rc == EOWNERDEAD:
+            self._repair(True)
+            pthread_mutex_consistent(&h.mutex)
         index = h.handles
         h.handles += 1
-        buf._unlock()
-        buf._bind(seed, index)
-        return buf
+        h.lock_t0 = 0
+        pthread_mutex_unlock(&h.mutex)
+        return index
+
+    cdef _check_guarded(self):
+        """(attach, lock held) The counters, reservations and slot table are ones this code can leave: every slot
+        empty, in flight for a live reservation, or holding the one id of the last ``capacity`` that maps to it;
+        ValueError naming the word otherwise. O(capacity)."""
+        cdef Header* h = self._h
+        cdef int64_t cap = h.capacity, r, i, s, v, live = 0, active = 0, covered = 0
+        cdef int64_t* ids = <int64_t*>(self._base + h.slots_offset)
+        name = self._name
+
+        def bad(word, value, expected):
+            return ValueError(f"shared buffer {name!r} is corrupted: header word {word} = {value!r}, expected "
+                              f"{expected}")
+
+        if not 0 <= h.next_id <= 2**62:
+            raise bad("next_id", h.next_id, "in [0, 2**62]")
+        if not 0 <= h.size <= min(cap, h.next_id):
+            raise bad("size", h.size, f"in [0, {min(cap, h.next_id)}]")
+        if not (0.0 <= h.max_priority < INFINITY):
+            raise bad("max_priority", h.max_priority, "finite and >= 0")
+        if h.kind == 1 and not vpow1(h.max_priority + h.eps, h.alpha) <= DBL_MAX / (2.0 * cap):
+            raise bad("max_priority", h.max_priority, "small enough that capacity of them sum to a finite total")
+        for r in range(MAX_RESERVATIONS):
+            if h.res[r].pid == 0:
+                continue
+            active += 1
+            if not 0 < h.res[r].pid < 2**31:
+                raise bad(f"res[{r}].pid", h.res[r].pid, "a process id")
+            if not 1 <= h.res[r].count <= cap:
+                raise bad(f"res[{r}].count", h.res[r].count, f"in [1, {cap}]")
+            if not 0 <= h.res[r].first <= h.next_id - h.res[r].count:
+                raise bad(f"res[{r}].first", h.res[r].first, f"in [0, next_id - count]")
+            for i in range(h.res[r].count):
+                if ids[(h.res[r].first + i) % cap] != SLOT_INFLIGHT:
+                    raise bad(f"res[{r}]", (h.res[r].first, h.res[r].count), "a run of slots in flight")
+            covered += h.res[r].count
+        if h.inflight != active:
+            raise bad("inflight", h.inflight, f"{active} (the reservations in use)")
+        for s in range(cap):
+            v = ids[s]
+            if v >= 0:
+                if v % cap != s or v >= h.next_id or v < h.next_id - cap:
+                    raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} holds transition id {v}")
+                live += 1
+            elif v == SLOT_INFLIGHT:
+                if not self._reserved_by_live(s):
+                    raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} is in flight for no writer")
+            elif v != SLOT_EMPTY:
+                raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} holds {v}")
+        if not live <= h.size <= live + covered:
+            raise bad("size", h.size, f"in [{live}, {live + covered}] (live slots, plus those in flight)")
 
     @staticmethod
     def cleanup(name) -> bool:
@@ -635,21 +820,44 @@ cdef class _ReplayCore:
         Handles still mapping it keep working until they close."""
         return shm_unlink(_segment_path(name).encode()) == 0
 
+    cdef inline bint _owns_segment(self) noexcept:
+        """This handle created its shared segment in this very process (a forked child's copy does not own it)."""
+        return self._creator and bool(self._name) and self._creator_pid == getpid()
+
     def close(self) -> None:
-        """Detach; the creator of a shared buffer also removes its segment from /dev/shm. Idempotent.
-        Numpy views taken from the buffer stay valid; the buffer itself raises ValueError after this."""
+        """Detach; the creator of a shared buffer (the process that made it, not a forked child) also removes
+        its segment from /dev/shm. Idempotent. Every later call raises ValueError; a call already in flight in
+        another thread finishes (the mapping is released when the last one returns). Numpy views taken from
+        the buffer stay valid."""
         if self._closed:
             return
         self._closed = True
-        if self._creator and self._name:
+        if self._owns_segment():
             shm_unlink(_segment_path(self._name).encode())
-            _created.discard(self)
-        # drop this handle's references to the mapping: it is unmapped once no numpy view holds it
+        _created.discard(self)
+        if self._users == 0:
+            self._release()
+
+    cdef void _release(self):
+        """Drop this handle's references to the mapping: it is unmapped once no numpy view holds it."""
         self._h = NULL
         self._storage = {}
         self._slot_ids_arr = None
         self._mv = None
         self._mm = None
+
+    cdef inline int _enter(self) except -1:
+        """Start a call that uses the mapping (GIL held): refused once closed; counted, so that a close() from
+        another thread meanwhile leaves the mapping in place until ``_leave``."""
+        if self._closed:
+            raise ValueError("the buffer is closed")
+        self._users += 1
+        return 0
+
+    cdef inline void _leave(self):
+        self._users -= 1
+        if self._users == 0 and self._closed and self._mm is not None:
+            self._release()
 
     def __enter__(self):
         return self
@@ -725,7 +933,13 @@ cdef class _ReplayCore:
         ``acquisitions``, ``contended`` (had to wait), ``wait_s`` (total time spent waiting),
         ``hold_s`` (total time held, estimated from one section in 16, timed, and scaled) and
         ``repairs`` (dead holders or writers cleaned up). A snapshot read without the lock."""
-        self._check_open()
+        self._enter()
+        try:
+            return self._lock_stats_impl()
+        finally:
+            self._leave()
+
+    cdef object _lock_stats_impl(self):
         cdef Header* h = self._h
         cdef double hold = h.lock_hold_ns * (<double>h.lock_count / h.lock_hold_sampled) \
             if h.lock_hold_sampled else 0.0
@@ -806,7 +1020,8 @@ cdef class _ReplayCore:
     # ------------------------------------------------------------------ properties
 
     def __len__(self) -> int:
-        return 0 if self._closed else self._h.size
+        self._check_open()
+        return self._h.size
 
     @property
     def fields(self) -> dict:
@@ -817,6 +1032,7 @@ cdef class _ReplayCore:
     def storage(self) -> dict:
         """``{name: array[capacity, *shape]}``: read-only views of each field's slots (row-major records
         underneath, so the views are strided). Rows of empty or in-flight slots are meaningless."""
+        self._check_open()
         out = {}
         for name, arr in self._storage.items():
             v = arr.view()
@@ -954,7 +1170,13 @@ cdef class _ReplayCore:
         rule allows is applied, exactly as ``add_batch`` stores one row. New transitions get the
         maximum priority seen so far.
         """
-        self._check_open()
+        self._enter()
+        try:
+            return self._add_impl(fields)
+        finally:
+            self._leave()
+
+    cdef object _add_impl(self, dict fields):
         cdef int f, n = self._n_fields
         cdef int64_t slot, tid, n_new, spins = 0
         cdef char scratch[MAX_FAST_FIELDS * SCALAR_SCRATCH]
@@ -1080,7 +1302,13 @@ cdef class _ReplayCore:
         capacity only the last ``capacity`` rows are kept (the earlier ids are stale at once).
         Rows are copied with the lock and the GIL released.
         """
-        self._check_open()
+        self._enter()
+        try:
+            return self._add_batch_impl(priorities, fields)
+        finally:
+            self._leave()
+
+    cdef object _add_batch_impl(self, priorities, dict fields):
         if len(fields) != self._n_fields:
             raise self._field_error(fields)
         arrays = []
@@ -1197,7 +1425,8 @@ cdef class _ReplayCore:
     cdef int _draw(self, int64_t n_pending, const int64_t* pending, int64_t* slots, int64_t* ids,
                    double* prio, int64_t* found, double* min_p) noexcept nogil:
         """Draw slots for the pending positions (lock held); ``found`` is scratch of the batch size.
-        Returns 1 if all priorities are zero. Each drawn record is prefetched for the gather."""
+        Returns 1 if all priorities are zero, 2 if the tree led past the last slot (corrupted). Each drawn record
+        is prefetched for the gather."""
         cdef int64_t q, k, s, hi
         cdef double total
         if self._prioritized:
@@ -1213,6 +1442,8 @@ cdef class _ReplayCore:
             for q in range(n_pending):
                 k = pending[q]
                 s = found[q]
+                if s >= self.capacity:          # a padding leaf: only a corrupted tree leads there
+                    return 2
                 slots[k] = s
                 _prefetch_record(self._records + s * self._rb_total, self._rb_total)
                 ids[k] = self._slot_ids[s]
@@ -1262,6 +1493,36 @@ cdef class _ReplayCore:
             raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
         return a
 
+    cdef int _check_disjoint(self, dict out) except -1:
+        """The ``out`` arrays (each C-contiguous, checked before) occupy disjoint bytes, none of them the buffer's
+        own: rows written through one array must not change another (``weights`` aliasing ``indices`` made the
+        seqlock check fail for ever)."""
+        cdef int n = self._n_fields + 2, i, j, bad_i = -1, bad_j = -1
+        cdef size_t* span = <size_t*>malloc(2 * n * sizeof(size_t))
+        cdef size_t lo_buf = <size_t>self._base, hi_buf = <size_t>self._base + <size_t>self._h.total_bytes
+        cdef cnp.ndarray a
+        if span == NULL:
+            raise MemoryError()
+        for i in range(n):
+            a = <cnp.ndarray>out[self._names[i] if i < self._n_fields else ("indices", "weights")[i - self._n_fields]]
+            span[2 * i] = <size_t>cnp.PyArray_DATA(a)
+            span[2 * i + 1] = span[2 * i] + <size_t>cnp.PyArray_NBYTES(a)
+            if bad_i < 0 and span[2 * i] < hi_buf and lo_buf < span[2 * i + 1]:
+                bad_i = i
+        if bad_i < 0:
+            for i in range(n):
+                for j in range(i + 1, n):
+                    if bad_j < 0 and span[2 * i] < span[2 * j + 1] and span[2 * j] < span[2 * i + 1]:
+                        bad_i, bad_j = i, j
+        free(span)
+        if bad_i < 0:
+            return 0
+        names = list(self._names) + ["indices", "weights"]
+        if bad_j < 0:
+            raise ValueError(f"out[{names[bad_i]!r}] overlaps the buffer's own memory; pass arrays of your own")
+        raise ValueError(f"out[{names[bad_i]!r}] and out[{names[bad_j]!r}] share memory (overlap); each needs an "
+                         f"array of its own")
+
     def sample(self, batch_size, beta=0.4, out=None) -> dict:
         """Draw ``batch_size`` transitions, proportionally to priority^alpha (uniformly for
         ``ReplayBuffer``), with replacement.
@@ -1280,11 +1541,20 @@ cdef class _ReplayCore:
         place and the same dict is returned (no allocation: a learner that samples in a loop can reuse
         one). Every array is checked first (ValueError, nothing written, when one does not fit).
         """
-        self._check_open()
+        self._enter()
+        try:
+            return self._sample_impl(batch_size, beta, out)
+        finally:
+            self._leave()
+
+    cdef object _sample_impl(self, batch_size, beta, out):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int, got {batch_size!r}")
         if batch_size < 1 or batch_size > 1 << 30:
             raise ValueError(f"batch_size must be in [1, 2**30], got {batch_size}")
+        if type(beta) is not float and (isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating,
+                                                                                        np.integer))):
+            raise TypeError(f"beta must be a number in [0, 1], got {beta!r}")
         if not (0.0 <= beta <= 1.0):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         if out is not None and not isinstance(out, dict):
@@ -1305,6 +1575,7 @@ cdef class _ReplayCore:
                 self._out_array(out, self._names[f], self._dtypes[f], self._ndim[f], self._dims + f * MAX_DIMS, B)
             self._out_array(out, "indices", _INT64, 0, &one, B)
             self._out_array(out, "weights", _FLOAT64, 0, &one, B)
+            self._check_disjoint(out)
         cdef char** dst = <char**>malloc(self._n_fields * sizeof(char*))
         if dst == NULL:
             raise MemoryError()
@@ -1326,6 +1597,7 @@ cdef class _ReplayCore:
         cdef int64_t q, k, n_pending = B, n_next, spins = 0, RB = self._rb_total
         cdef double min_p = 1.0, beta_c = beta
         cdef int zero = 0
+        interrupt = None
         for q in range(B):
             pending[q] = q
         with nogil:
@@ -1358,8 +1630,18 @@ cdef class _ReplayCore:
                 n_pending = n_next
                 if n_pending:
                     self._wait_for_writers(&spins)
+                    if spins % 4096 == 0:       # a writer that never commits: stay interruptible (Ctrl-C)
+                        with gil:
+                            interrupt = _pending_signal()
+                            if interrupt is not None:
+                                break
         free(dst)
         free(scratch)
+        if interrupt is not None:
+            raise interrupt
+        if zero == 2:
+            raise ValueError("cannot sample: the sum tree leads past the last slot (the shared segment was "
+                             "corrupted?)")
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
         return out
@@ -1372,7 +1654,13 @@ cdef class _ReplayCore:
         since). Rows are copied without the lock and the GIL, then their ids are re-checked under
         the lock: an id that still holds its slot held it during the copy (ids only grow).
         """
-        self._check_open()
+        self._enter()
+        try:
+            return self._get_impl(indices, fields)
+        finally:
+            self._leave()
+
+    cdef object _get_impl(self, indices, fields):
         idx = _as_index_array(indices)
         names = list(self._names) if fields is None else [fields] if isinstance(fields, str) else list(fields)
         unknown = [name for name in names if name not in self._specs]
@@ -1423,7 +1711,13 @@ cdef class _ReplayCore:
         duplicates: the last one wins. Returns the number applied. ``ReplayBuffer`` validates the same
         way and stores nothing.
         """
-        self._check_open()
+        self._enter()
+        try:
+            return self._update_priorities_impl(indices, priorities)
+        finally:
+            self._leave()
+
+    cdef object _update_priorities_impl(self, indices, priorities):
         idx = _as_index_array(indices)
         if (type(priorities) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>priorities) == cnp.NPY_FLOAT64
                 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>priorities)):
@@ -1481,7 +1775,13 @@ cdef class _ReplayCore:
     def get_priorities(self, indices) -> np.ndarray:
         """Stored priorities ``(p + eps) ** alpha`` of transition ids (float64[B]); NaN for stale ids,
         1.0 for a live id in ``ReplayBuffer``."""
-        self._check_open()
+        self._enter()
+        try:
+            return self._get_priorities_impl(indices)
+        finally:
+            self._leave()
+
+    cdef object _get_priorities_impl(self, indices):
         idx = _as_index_array(indices)
         cdef int64_t n = idx.shape[0]
         if n and (idx.min() < 0 or idx.max() >= self._h.next_id):
@@ -1532,7 +1832,13 @@ cdef class _ReplayCore:
         (no full copy in memory). Saving to a path is atomic: the file is written beside it, flushed to
         disk and renamed over it, so a save that fails or is killed leaves the previous file intact.
         Other threads' calls wait while the file is written."""
-        self._check_open()
+        self._enter()
+        try:
+            return self._save_impl(target)
+        finally:
+            self._leave()
+
+    cdef object _save_impl(self, target):
         if isinstance(target, (str, os.PathLike)):
             from pal_bench.atomic import atomic_open
 
@@ -1568,6 +1874,7 @@ cdef class _ReplayCore:
         the file, before anything is allocated: a file either restores a buffer whose invariants hold
         or raises ``ValueError``, using at most the memory a valid file of its capacity needs."""
         label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<file>"
+        _check_source(source, label)
         try:
             with zipfile.ZipFile(source) as zf:
                 meta = _validated_meta(zf, cls is PrioritizedReplayBuffer, _file_size(source, zf))
@@ -1648,9 +1955,15 @@ cdef class _ReplayCore:
 
     def _check_invariants(self) -> None:
         """Verify the tree and the slot table (for tests). Raises AssertionError. O(N)."""
+        self._enter()
+        try:
+            return self._check_invariants_impl()
+        finally:
+            self._leave()
+
+    cdef object _check_invariants_impl(self):
         cdef int64_t i
         cdef int bad
-        self._check_open()
         self._lock_quiescent()
         try:
             ids = self._slot_ids_arr.copy()
@@ -1673,15 +1986,79 @@ cdef class _ReplayCore:
 
     def _debug_hold_lock(self, double seconds) -> None:
         """Tests: hold the buffer's lock for ``seconds`` (to be killed while holding it)."""
-        self._check_open()
+        self._enter()
+        try:
+            return self._debug_hold_lock_impl(seconds)
+        finally:
+            self._leave()
+
+    cdef object _debug_hold_lock_impl(self, double seconds):
         self._lock_gil()
         with nogil:
             usleep(<unsigned int>(seconds * 1e6))
         self._unlock()
 
 
+cdef object _pending_signal():
+    """The exception a Python signal handler raised just now (KeyboardInterrupt for Ctrl-C), or None."""
+    try:
+        PyErr_CheckSignals()
+    except BaseException as e:      # noqa: BLE001 - handed back to be raised where memory is freed
+        return e
+    return None
+
+
 def _load_bytes(cls, bytes data):
     return cls.load(io.BytesIO(data))
+
+
+def _header_offsets() -> dict:
+    """Byte offset of each word of a segment's header (for the header fuzz test and ``segment_info``)."""
+    cdef Header h
+    cdef size_t base = <size_t>&h
+    return {"magic": <size_t>&h.magic - base, "version": <size_t>&h.version - base, "ready": <size_t>&h.ready - base,
+            "kind": <size_t>&h.kind - base, "capacity": <size_t>&h.capacity - base,
+            "fanout": <size_t>&h.fanout - base, "alpha": <size_t>&h.alpha - base, "eps": <size_t>&h.eps - base,
+            "record_bytes": <size_t>&h.record_bytes - base, "n_fields": <size_t>&h.n_fields - base,
+            "spec_offset": <size_t>&h.spec_offset - base, "spec_bytes": <size_t>&h.spec_bytes - base,
+            "slots_offset": <size_t>&h.slots_offset - base, "records_offset": <size_t>&h.records_offset - base,
+            "sums_offset": <size_t>&h.sums_offset - base, "mins_offset": <size_t>&h.mins_offset - base,
+            "stamps_offset": <size_t>&h.stamps_offset - base, "total_bytes": <size_t>&h.total_bytes - base,
+            "creator_pid": <size_t>&h.creator_pid - base, "handles": <size_t>&h.handles - base,
+            "next_id": <size_t>&h.next_id - base, "size": <size_t>&h.size - base,
+            "inflight": <size_t>&h.inflight - base, "max_priority": <size_t>&h.max_priority - base,
+            "stamp": <size_t>&h.stamp - base, "lock_count": <size_t>&h.lock_count - base,
+            "lock_contended": <size_t>&h.lock_contended - base, "lock_wait_ns": <size_t>&h.lock_wait_ns - base,
+            "lock_hold_ns": <size_t>&h.lock_hold_ns - base, "lock_hold_sampled": <size_t>&h.lock_hold_sampled - base,
+            "lock_t0": <size_t>&h.lock_t0 - base, "repairs": <size_t>&h.repairs - base,
+            "res": <size_t>&h.res[0] - base, "mutex": <size_t>&h.mutex - base}
+
+
+def segment_info(str name):
+    """What the header of ``/dev/shm/<name>`` says, read without mapping or locking it: ``{"name", "bytes",
+    "kind", "capacity", "creator_pid", "creator_alive", "size"}``; None if it is not a PAL-Bench segment. The
+    counts are a snapshot (read without the lock)."""
+    path = os.path.join(SHM_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER_BYTES:
+            return None
+        data = os.pread(fd, sizeof(Header), 0)
+    finally:
+        os.close(fd)
+    if len(data) != sizeof(Header):
+        return None
+    cdef Header h
+    memcpy(&h, <const char*>data, sizeof(Header))
+    if h.magic != SEGMENT_MAGIC:
+        return None
+    return {"name": name, "bytes": st.st_size, "kind": "prioritized" if h.kind == 1 else "uniform",
+            "capacity": h.capacity, "creator_pid": h.creator_pid,
+            "creator_alive": 0 < h.creator_pid < 2**31 and not _pid_dead(h.creator_pid), "size": h.size}
 
 
 def _remove_if_stale(str name) -> bool:
@@ -1703,6 +2080,34 @@ def _remove_if_stale(str name) -> bool:
             return False
     shm_unlink(path)
     return True
+
+
+def _check_source(source, str label) -> None:
+    """``load``'s source is a regular file (a path, or a seekable binary file object), before anything is read:
+    a device, a FIFO or a directory is a ValueError (``/dev/zero`` would be read until memory runs out)."""
+    if isinstance(source, (str, os.PathLike)):
+        if "\x00" in os.fspath(source):
+            raise ValueError(f"{label!r}: a path with a NUL byte")
+        mode = os.stat(source).st_mode          # FileNotFoundError / PermissionError as they are
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)")
+        return
+    if isinstance(source, io.TextIOBase) or not hasattr(source, "read"):
+        raise ValueError(f"{label}: expected a path or a binary file object opened for reading, got "
+                         f"{type(source).__name__}")
+    try:
+        seekable = source.seekable()
+    except (AttributeError, OSError, ValueError):
+        seekable = False
+    if not seekable:
+        raise ValueError(f"{label}: the file object is not seekable (load needs to seek: pass a path, a regular "
+                         f"file or io.BytesIO)")
+    try:
+        fd = source.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return                                  # in memory (io.BytesIO): its size is what it holds
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)")
 
 
 def _file_size(source, zf) -> int:
@@ -1898,10 +2303,12 @@ cdef class PrioritizedReplayBuffer(_ReplayCore):
 
     def __init__(self, capacity, fields, alpha=0.6, fanout=DEF_FANOUT, eps=1e-6, seed=None, shared=False,
                  name=None):
-        if not (isinstance(alpha, (int, float, np.floating)) and 0.0 <= alpha <= 1.0):
-            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-        if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float, np.floating, np.integer))
+                                           and 0.0 <= alpha <= 1.0):
+            raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+        if isinstance(eps, bool) or not (isinstance(eps, (int, float, np.floating, np.integer)) and math.isfinite(eps)
+                                         and eps >= 0):
+            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
         if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)) or not 2 <= fanout <= 4096:
             raise ValueError(f"fanout must be an int in [2, 4096], got {fanout!r}")
         self._setup(capacity, fields, seed, True, float(alpha), float(eps), fanout, shared, name)
