@@ -44,27 +44,26 @@ NAMES = ["../../escaped", "..", ".", "a/b", "a\\b", "x\x00y", "../escaped"]
 
 
 @pytest.mark.parametrize("name", NAMES, ids=repr)
-@pytest.mark.parametrize("how", ["flag", "set", "file"])
+@pytest.mark.parametrize("how", ["flag", "set", "file", "resume"])
 def test_a_run_name_is_one_path_component(no_training, tmp_path, capsys, name, how):
     out = tmp_path / "D" / "a" / "b"
     argv = ["--out", str(out)]
-    if how == "flag":
-        argv += ["--name", name]
+    if how in ("flag", "resume"):
+        argv += ["--name", name] + (["--resume"] if how == "resume" else [])
     elif how == "set":
         argv += ["--set", f"name={name}"]
     else:
         (tmp_path / "run.yaml").write_text(f"name: {json.dumps(name)}\n")
         argv += ["--config", str(tmp_path / "run.yaml")]
     before = tree(tmp_path)
-    line = refused(capsys, argv)
-    assert "name" in line
+    assert refused(capsys, argv).startswith("pal-bench train: name: a run name is one directory name")
     assert tree(tmp_path) == before
 
 
 def test_an_absolute_name_writes_nowhere(no_training, tmp_path, capsys):
     target = tmp_path / "elsewhere"
     line = refused(capsys, ["--out", str(tmp_path / "out"), "--name", str(target)])
-    assert "name" in line
+    assert line.startswith("pal-bench train: name:")
     assert tree(tmp_path) == []
 
 
@@ -93,12 +92,12 @@ CASES = [
 @pytest.mark.parametrize("setting, field", CASES, ids=[c[0][:40] for c in CASES])
 def test_an_absurd_value_is_refused_naming_the_field(no_training, tmp_path, capsys, setting, field):
     line = refused(capsys, ["--out", str(tmp_path), "--set", setting])
-    assert field in line, line
+    assert line.startswith(f"pal-bench train: {field}"), line
     assert tree(tmp_path) == []
 
 
 def test_a_huge_seed_flag_is_refused(no_training, tmp_path, capsys):
-    assert "seed" in refused(capsys, ["--out", str(tmp_path), "--seed", str(2**70)])
+    assert refused(capsys, ["--out", str(tmp_path), "--seed", str(2**70)]).startswith("pal-bench train: seed ")
     assert tree(tmp_path) == []
 
 
@@ -108,7 +107,8 @@ FLOATS = [f.name for f in dataclasses.fields(TrainConfig) if isinstance(getattr(
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize("field", FLOATS)
 def test_every_float_field_is_finite(no_training, tmp_path, capsys, field, value):
-    assert field in refused(capsys, ["--out", str(tmp_path), "--set", f"{field}={value}"])
+    line = refused(capsys, ["--out", str(tmp_path), "--set", f"{field}={value}"])
+    assert line.startswith(f"pal-bench train: {field} must be a finite number"), line
     assert tree(tmp_path) == []
 
 
@@ -118,7 +118,8 @@ INTS = [f.name for f in dataclasses.fields(TrainConfig)
 
 @pytest.mark.parametrize("field", INTS)
 def test_every_int_field_has_an_upper_bound(no_training, tmp_path, capsys, field):
-    assert field in refused(capsys, ["--out", str(tmp_path), "--set", f"{field}={2**70}"])
+    line = refused(capsys, ["--out", str(tmp_path), "--set", f"{field}={2**70}"])
+    assert line.startswith(f"pal-bench train: {field} must be <= "), line
     assert tree(tmp_path) == []
 
 
@@ -134,7 +135,7 @@ def test_a_config_file_that_is_binary_or_too_deep_is_one_line(no_training, tmp_p
     path = tmp_path / name
     path.write_bytes(data)
     line = refused(capsys, ["--out", str(tmp_path / "out"), "--config", str(path)])
-    assert str(path) in line
+    assert line.startswith(f"pal-bench train: config file {path}: "), line
     assert tree(tmp_path) == [name]
 
 
