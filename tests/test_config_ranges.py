@@ -19,7 +19,7 @@ def no_training(monkeypatch):
     """A config that passes every check reaches the trainer: fail the test there instead of training."""
     from pal_bench.train import validate
 
-    def tripwire(cfg, resume=False):
+    def tripwire(cfg, *args, **kwargs):
         validate(cfg)
         raise AssertionError(f"a bad config reached the trainer: {cfg}")
 
@@ -85,7 +85,7 @@ CASES = [
     ("learner_timeout_s=inf", "learner_timeout_s"),
     ("lr=2", "lr"),
     ("steps=10000000000000000000", "steps"), ("actors=100000", "actors"),
-    ("env_kwargs=" + "{a: " * 3000 + "1" + "}" * 3000, "env_kwargs"),
+    ("env_kwargs=" + "{a: " * 3000 + "1" + "}" * 3000, "env_kwargs"), ("seed=" + "9" * 5000, "seed"),
 ]
 
 
@@ -130,6 +130,8 @@ def test_every_int_field_has_an_upper_bound(no_training, tmp_path, capsys, field
     ("bin.toml", bytes(range(256))),
     ("deep.yaml", b"env_kwargs: " + b"[" * 20000 + b"]" * 20000 + b"\n"),
     ("deep.toml", b"env_kwargs = " + b"[" * 20000 + b"]" * 20000 + b"\n"),
+    ("huge.yaml", b"seed: " + b"9" * 5000 + b"\n"),
+    ("huge.toml", b"seed = " + b"9" * 5000 + b"\n"),
 ])
 def test_a_config_file_that_is_binary_or_too_deep_is_one_line(no_training, tmp_path, capsys, name, data):
     path = tmp_path / name

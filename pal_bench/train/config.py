@@ -186,6 +186,8 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{name}: cannot read {value!r} as a value ({_yaml_problem(e, line=False)})") from None
         except RecursionError:
             raise ConfigError(f"{name}: the value is nested too deeply to read") from None
+        except ValueError as e:         # e.g. an integer of more than 4300 digits
+            raise ConfigError(f"{name}: cannot read the value ({str(e).split(';')[0]})") from None
     try:
         if name == "hidden":
             value = tuple(_whole(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
@@ -253,6 +255,23 @@ def _check_name(name: str) -> None:
                           f"'..', at most 255 bytes), got {name!r}")
 
 
+def _parse(path: Path, text: str) -> Any:
+    """The TOML or YAML document ``text`` of ``path``; a syntax error is a ``ConfigError`` naming line and column."""
+    if path.suffix == ".toml":
+        import tomllib
+
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:         # the message names line and column
+            raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e, line=True)}") from None
+
+
 def load_file(path: str | os.PathLike) -> dict:
     """Read a TOML (.toml) or YAML (.yaml/.yml) file into a dict of fields."""
     path = Path(path)
@@ -261,26 +280,15 @@ def load_file(path: str | os.PathLike) -> dict:
     if path.suffix not in (".toml", ".yaml", ".yml"):
         raise ConfigError(f"config file {path}: expected .toml, .yaml or .yml")
     try:
-        text = path.read_text(encoding="utf-8")
+        data = _parse(path, path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"config file {path}: not a text file (not UTF-8 at byte {e.start})") from None
-    try:
-        if path.suffix == ".toml":
-            import tomllib
-
-            try:
-                data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as e:         # the message names line and column
-                raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
-        else:
-            import yaml
-
-            try:
-                data = yaml.safe_load(text) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e, line=True)}") from None
     except RecursionError:
         raise ConfigError(f"config file {path}: nested too deeply to read") from None
+    except ConfigError:
+        raise
+    except ValueError as e:             # e.g. an integer of more than 4300 digits
+        raise ConfigError(f"config file {path}: cannot read a value ({str(e).split(';')[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table of fields")
     return data
