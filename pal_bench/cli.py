@@ -178,6 +178,7 @@ class UsageError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
+    "shm": ("pal_bench.shm", "PAL-Bench's shared-memory segments, their creators, and --clean for the dead ones"),
     """``pal-bench``: a user error (bad config, unreadable file, bad argument) ends in one line on stderr and
     exit status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -385,3 +385,73 @@ def test_sample_names_beta_when_it_is_not_a_number_in_range(beta):
     buf.add_batch(**lunar_batch(5))
     with pytest.raises((TypeError, ValueError), match="beta"):
         buf.sample(2, beta=beta)
+
+
+# ---------------------------------------------------------------------------------------------- pal-bench shm
+
+@needs_shm
+def test_pal_bench_shm_lists_segments_and_cleans_those_whose_creator_was_killed(capsys):
+    """SIGKILL leaves a buffer and a weights block behind; `pal-bench shm` shows them with a dead creator and
+    `--clean` removes them and nothing else (a live creator's segment stays)."""
+    import signal
+
+    from pal_bench.cli import main
+
+    tag = f"pal-test-{os.getpid()}-shm"
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time, torch
+        from conftest import LUNAR_FIELDS
+        from pal_bench import PrioritizedReplayBuffer
+        from pal_bench.train.shared_weights import SharedWeights, spec_of
+        buf = PrioritizedReplayBuffer(1000, LUNAR_FIELDS, shared=True, name="{tag}-buf")
+        w = SharedWeights.create(spec_of({{"w": torch.zeros(4)}}), name="{tag}-w")
+        print("ready", flush=True)
+        time.sleep(120)
+        """)], cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with PrioritizedReplayBuffer(10, LUNAR_FIELDS, shared=True, name=f"{tag}-live") as live:
+            assert main(["shm"]) == 0
+            out = capsys.readouterr().out
+            for name in (f"{tag}-buf", f"{tag}-w", f"{tag}-live"):
+                line = next(ln for ln in out.splitlines() if ln.startswith(name))
+                assert f" {os.getpid() if name.endswith('live') else child.pid} " in line and " yes " in line, line
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+            assert {f"{tag}-buf", f"{tag}-w"} <= set(os.listdir(SHM))          # nobody could remove them
+            assert main(["shm"]) == 0
+            out = capsys.readouterr().out
+            assert " no " in next(ln for ln in out.splitlines() if ln.startswith(f"{tag}-buf"))
+            assert "--clean" in out
+            assert main(["shm", "--clean"]) == 0
+            out = capsys.readouterr().out
+            assert f"removed {tag}-buf" in out and f"removed {tag}-w" in out
+            assert not {f"{tag}-buf", f"{tag}-w"} & set(os.listdir(SHM))
+            assert live.shared_name in os.listdir(SHM) and len(live) == 0     # the live one was kept
+    finally:
+        child.kill()
+        child.wait()
+        for suffix in ("buf", "w"):
+            Path(SHM, f"{tag}-{suffix}").unlink(missing_ok=True)
+
+
+@needs_shm
+def test_shared_weights_stay_with_their_creator_after_fork():
+    done = run_script("""
+        import gc, os, sys, torch
+        from pal_bench.train.shared_weights import SharedWeights, spec_of
+        w = SharedWeights.create(spec_of({"w": torch.zeros(4)}))
+        for how in ("drop", "exit"):
+            pid = os.fork()
+            if pid == 0:
+                if how == "drop":
+                    w.close()
+                    os._exit(0)
+                sys.exit(0)
+            assert os.waitpid(pid, 0)[1] == 0
+            assert os.path.exists(f"/dev/shm/{w.name}"), how
+        w.close()
+        assert not os.path.exists(f"/dev/shm/{w.name}")
+        print("ok")
+        """)
+    assert_clean_exit(done)

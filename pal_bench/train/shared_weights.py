@@ -1,7 +1,8 @@
 """Policy weights published through shared memory under a seqlock: one writer, any number of readers, no pickling.
 
-Layout of the segment (``/dev/shm/<name>``): a 64-byte header whose first int64 is the sequence
-counter, then every tensor of the state dict, each 64-byte aligned, in the state dict's order. The
+Layout of the segment (``/dev/shm/<name>``): a 64-byte header (int64 words: the sequence counter, a magic
+number, the creator's pid), then every tensor of the state dict, each 64-byte aligned, in the state dict's
+order. The
 writer makes the counter odd, copies the tensors in, and makes it even again; a reader copies the
 tensors out between two reads of the counter and keeps the copy only if both reads are the same
 even value, so it never loads a half-written set. Version = counter / 2 (0: nothing published yet).
@@ -11,7 +12,9 @@ loads are not reordered with other loads), which is what every machine this proj
 each counter read and write is one aligned 8-byte access.
 
 The creator owns the segment: ``close()`` (or garbage collection, or interpreter exit) of the creator
-unlinks it; handles made by ``attach`` in other processes only unmap it.
+unlinks it; handles made by ``attach`` in other processes, and a forked child's copy of the creator's, only
+unmap it. Its pages are reserved at creation, so too little /dev/shm is an ``OSError`` there, never a
+SIGBUS at a later write.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import atexit
 import mmap
 import os
 import secrets
+import stat
 import time
 import weakref
 from pathlib import Path
@@ -28,6 +32,8 @@ import numpy as np
 import torch
 
 HEADER = 64
+MAGIC = 0x31544757534C4150            # "PALSWGT1": marks a weights block (``segment_info``, ``attach``)
+SHM_DIR = Path("/dev/shm")
 _TORCH_TO_NP = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
                 torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.bool: np.bool_}
 
@@ -42,9 +48,29 @@ def _layout(spec: list[tuple[str, tuple[int, ...], str]]) -> tuple[list[int], in
 
 
 def _path(name: str) -> Path:
-    if not name or "/" in name:
-        raise ValueError(f"shared weights name must be non-empty without '/', got {name!r}")
-    return Path("/dev/shm") / name
+    if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+        raise ValueError(f"shared weights name must be non-empty without '/' or NUL, got {name!r}")
+    return SHM_DIR / name
+
+
+def segment_info(name: str) -> dict | None:
+    """``{"name", "bytes", "creator_pid"}`` of the weights block ``/dev/shm/<name>``, read without mapping it;
+    None if it is not one."""
+    try:
+        fd = os.open(_path(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, 24, 0) if st.st_size >= HEADER and stat.S_ISREG(st.st_mode) else b""
+    finally:
+        os.close(fd)
+    if len(head) != 24:
+        return None
+    _, magic, pid = np.frombuffer(head, dtype=np.int64)
+    if int(magic) != MAGIC:
+        return None
+    return {"name": name, "bytes": st.st_size, "creator_pid": int(pid)}
 
 
 def spec_of(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
@@ -69,10 +95,18 @@ class SharedWeights:
             mm.close()
             raise ValueError(f"shared weights {name!r}: segment has {len(mm)} bytes, the spec needs {size}")
         self._seq = np.ndarray((1,), dtype=np.int64, buffer=mm, offset=0)
+        words = np.ndarray((2,), dtype=np.int64, buffer=mm, offset=8)
+        if creator:
+            words[:] = MAGIC, os.getpid()
+        elif int(words[0]) != MAGIC:
+            del words, self._seq
+            mm.close()
+            raise ValueError(f"/dev/shm/{name} is not a PAL-Bench weights block")
         self._views = {n: np.ndarray(s, dtype=np.dtype(d), buffer=mm, offset=o)
                        for (n, s, d), o in zip(self.spec, offsets)}
         self._closed = False
-        self._finalizer = weakref.finalize(self, SharedWeights._release, mm, _path(name) if creator else None)
+        self._finalizer = weakref.finalize(self, SharedWeights._release, mm, _path(name) if creator else None,
+                                           os.getpid())
         if creator:
             atexit.register(self._finalizer)
 
@@ -84,6 +118,13 @@ class SharedWeights:
         fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                st = os.statvfs(SHM_DIR)
+                raise OSError(e.errno, f"cannot reserve {size / 1e6:.1f} MB for shared weights {name!r}: "
+                                       f"{e.strerror} ({st.f_bavail * st.f_frsize / 1e6:.1f} MB free in {SHM_DIR})"
+                              ) from None
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(_path(name))
@@ -103,12 +144,12 @@ class SharedWeights:
         return cls(name, mm, spec, creator=False)
 
     @staticmethod
-    def _release(mm: mmap.mmap, unlink: Path | None) -> None:
+    def _release(mm: mmap.mmap, unlink: Path | None, creator_pid: int) -> None:
         try:
             mm.close()
         except BufferError:          # a view still exported: the mapping goes at process exit
             pass
-        if unlink is not None:
+        if unlink is not None and os.getpid() == creator_pid:       # not a forked child's copy
             try:
                 unlink.unlink()
             except FileNotFoundError:

@@ -1,0 +1,96 @@
+"""``pal-bench shm``: the shared-memory segments PAL-Bench made (replay buffers and weight blocks) in /dev/shm, with
+their creator's pid, size and whether the creator is alive; ``--clean`` removes those whose creator is gone.
+
+A creator that exits, is interrupted or gets SIGTERM/SIGHUP removes its own segments. What no handler can catch
+(SIGKILL, the OOM killer, power loss) leaves them behind: this lists and removes them. A segment is recognised by
+the magic number in its header, never by its name, so nothing else in /dev/shm is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pal_bench import _replay
+from pal_bench.train import shared_weights
+
+
+def _alive(pid: int) -> bool:
+    if not 0 < pid < 2**31:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's live process
+        return True
+    return True
+
+
+def segments(directory: str = _replay.SHM_DIR) -> list[dict]:
+    """Every PAL-Bench segment in ``directory``: ``{"name", "kind", "bytes", "creator_pid", "creator_alive"}``,
+    sorted by name."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        info = _replay.segment_info(name)
+        if info is not None:
+            kind = f"{info['kind']} buffer, {info['size']}/{info['capacity']} transitions"
+        else:
+            info = shared_weights.segment_info(name)
+            if info is None:
+                continue
+            kind = "weights"
+        out.append({"name": name, "kind": kind, "bytes": info["bytes"], "creator_pid": info["creator_pid"],
+                    "creator_alive": _alive(info["creator_pid"])})
+    return out
+
+
+def clean() -> list[dict]:
+    """Remove the segments whose creator is dead (checked again just before each removal); returns them."""
+    removed = []
+    for seg in segments():
+        if seg["creator_alive"]:
+            continue
+        again = _replay.segment_info(seg["name"]) or shared_weights.segment_info(seg["name"])
+        if again is None or _alive(again["creator_pid"]):
+            continue
+        try:
+            os.unlink(os.path.join(_replay.SHM_DIR, seg["name"]))
+        except FileNotFoundError:
+            continue
+        removed.append(seg)
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pal-bench shm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clean", action="store_true", help="remove the segments whose creator process is gone")
+    args = ap.parse_args(argv)
+    found = segments()
+    if args.clean:
+        gone = clean()
+        for seg in gone:
+            print(f"removed {seg['name']} ({seg['bytes'] / 1e6:.1f} MB, creator pid {seg['creator_pid']} gone)")
+        kept = len(found) - len(gone)
+        print(f"{len(gone)} removed, {kept} kept (creator alive)" if found else "no PAL-Bench segments in /dev/shm")
+        return 0
+    if not found:
+        print("no PAL-Bench segments in /dev/shm")
+        return 0
+    print(f"{'name':<36} {'MB':>9} {'creator pid':>11} {'alive':>5}  kind")
+    for seg in found:
+        print(f"{seg['name']:<36} {seg['bytes'] / 1e6:>9.1f} {seg['creator_pid']:>11} "
+              f"{'yes' if seg['creator_alive'] else 'no':>5}  {seg['kind']}")
+    dead = sum(not s["creator_alive"] for s in found)
+    if dead:
+        print(f"{dead} segment(s) whose creator is gone: `pal-bench shm --clean` removes them")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
