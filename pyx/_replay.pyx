@@ -2271,7 +2271,8 @@ cdef class ReplayBuffer(_ReplayCore):
 
     def __repr__(self) -> str:
         where = f", shared_name={self._name!r}" if self._name else ""
-        return f"ReplayBuffer(capacity={self.capacity}, size={len(self)}, fields={list(self._names)}{where})"
+        size = "closed" if self._closed else f"size={len(self)}"
+        return f"ReplayBuffer(capacity={self.capacity}, {size}, fields={list(self._names)}{where})"
 
 
 cdef class PrioritizedReplayBuffer(_ReplayCore):
@@ -2337,5 +2338,6 @@ cdef class PrioritizedReplayBuffer(_ReplayCore):
 
     def __repr__(self) -> str:
         where = f", shared_name={self._name!r}" if self._name else ""
-        return (f"PrioritizedReplayBuffer(capacity={self.capacity}, size={len(self)}, "
+        size = "closed" if self._closed else f"size={len(self)}"
+        return (f"PrioritizedReplayBuffer(capacity={self.capacity}, {size}, "
                 f"alpha={self._alpha}, fanout={self._tree.fanout}, fields={list(self._names)}{where})")

@@ -111,6 +111,7 @@ def test_every_call_after_close_raises_a_clear_error():
         with pytest.raises(ValueError, match="closed"):
             call()
     buf.close()                                             # idempotent
+    assert "closed" in repr(buf)
 
 
 # ---------------------------------------------------------------------------------------------- sample(out=...)
@@ -163,6 +164,29 @@ def test_sample_into_overlapping_out_arrays_is_refused_before_writing(alias):
         """, timeout=30)
     assert_clean_exit(done)
     assert "refused" in done.stdout
+
+
+def test_ctrl_c_reaches_a_sample_that_waits_on_a_writer_that_never_commits():
+    done = run_script("""
+        import os, signal, threading, time
+        from conftest import LUNAR_FIELDS, lunar_batch
+        from pal_bench import PrioritizedReplayBuffer
+        buf = PrioritizedReplayBuffer(64, LUNAR_FIELDS, seed=0)
+        buf.add_batch(**lunar_batch(64))
+        buf._debug_copy_pause_s = 600.0                 # a writer stuck between reserve and commit
+        threading.Thread(target=buf.add_batch, kwargs=lunar_batch(64), daemon=True).start()
+        time.sleep(0.5)
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            buf.sample(16)
+        except KeyboardInterrupt:
+            print(f"interrupted after {time.monotonic() - t0:.1f} s", flush=True)
+            os._exit(0)
+        os._exit(3)
+        """, timeout=60)
+    assert_clean_exit(done)
+    assert "interrupted" in done.stdout
 
 
 # ---------------------------------------------------------------------------------------------- shared segments
