@@ -9,8 +9,11 @@ from pathlib import Path
 
 
 def _train(args) -> int:
+    import signal
+
     from pal_bench.train import ConfigError, make_config, make_trainer
     from pal_bench.train.config import load_file, parse_overrides, resume_config
+    from pal_bench.train.core import TrainingError
 
     flags = {"actors": args.actors, "learners": args.learners, "steps": args.steps, "seed": args.seed,
              "envs_per_actor": args.envs_per_actor, "aggregation": args.aggregation, "name": args.name,
@@ -26,13 +29,18 @@ def _train(args) -> int:
     if cfg.topology == "local" and cfg.steps <= cfg.learning_starts:
         raise ConfigError(f"steps ({cfg.steps}) must exceed learning_starts ({cfg.learning_starts}): no learner "
                           f"update would run; raise --steps or lower --set learning_starts=N")
-    trainer = make_trainer(cfg, resume=args.resume)
+    trainer = make_trainer(cfg, resume=args.resume, overwrite=args.overwrite)
     try:
         with trainer:
             summary = trainer.run()
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: final checkpoint in {cfg.run_dir()}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:       # Ctrl-C, or SIGTERM / SIGHUP (Interrupted): the same clean stop
+        signum = getattr(e, "signum", None)
+        how = "interrupted" if signum is None else f"stopped by {signal.Signals(signum).name}"
+        print(f"\n{how}: final checkpoint in {cfg.run_dir()}", file=sys.stderr)
+        return 130 if signum is None else 128 + signum
+    except TrainingError as e:           # divergence, an actor past its restarts: the line says what failed
+        print(f"pal-bench train: {e}", file=sys.stderr)
+        return 2
     keys = ("env_steps", "updates", "episodes", "wall_s", "env_steps_per_s", "updates_per_s",
             "mean_return_last20", "final_eval_return", "run_dir")
     print(json.dumps({k: summary[k] for k in keys}, indent=1))
@@ -245,6 +253,9 @@ def _main(argv: list[str]) -> int:
                    help="continue the run in <out-dir>/<name> from its checkpoint, with its own config.yaml; flags "
                         "may change only steps, eval_interval, eval_episodes, checkpoint_interval, stop_return, "
                         "progress")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in <out-dir>/<name> (its files and checkpoints); without it such a "
+                        "run is refused (continue it with --resume)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config field (repeatable)")
     from pal_bench.argtypes import WORKERS, Range, nonneg_int, number, positive_int
     from pal_bench.train.config import FIELD_RANGES

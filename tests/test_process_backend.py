@@ -45,7 +45,7 @@ def test_a_run_holds_the_budget_and_cleans_up(tmp_path):
     # the actor processes were set up (imports, environments, weights) before the clock started
     assert s["startup_s"] > 0 and s["wall_s"] > 0
     assert json.loads((tmp_path / "p" / "summary.json").read_text())["env_steps"] == cfg.steps
-    assert (tmp_path / "p" / "checkpoint.pt").exists()
+    assert (tmp_path / "p" / "checkpoints" / "latest.json").exists()
     assert not mp.active_children()
     assert _shm() == before
 
@@ -165,7 +165,7 @@ def test_ctrl_c_stops_every_process_within_2_s_and_checkpoints(tmp_path):
         time.sleep(0.02)
     assert not [k for k in kids if _running(k)]
     assert gone_after < 5, f"actor processes still running {gone_after:.1f} s after Ctrl-C"
-    assert (tmp_path / "p" / "checkpoint.pt").exists()
+    assert (tmp_path / "p" / "checkpoints" / "latest.json").exists()
     assert _shm() == before
 
 
@@ -180,7 +180,8 @@ def test_a_killed_driver_leaves_nothing_after_the_next_run(tmp_path):
         time.sleep(0.1)
     # the resource tracker child may outlive the driver briefly; the actors must not
     assert _shm() != before                                     # the killed driver's segments are still there
-    with make_trainer(_cfg(tmp_path, steps=1000)) as tr:        # same run directory: stale segments replaced
+    # same run directory (replacing what the killed run left): stale segments replaced
+    with make_trainer(_cfg(tmp_path, steps=1000), overwrite=True) as tr:
         tr.run()
     assert _shm() == before
 

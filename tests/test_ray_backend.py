@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from pal_bench.train import ConfigError, make_config, make_trainer, validate
+from pal_bench.train.recorder import RunRecorder
 
 ray = pytest.importorskip("ray")
 
@@ -149,9 +150,10 @@ class TestLocalRay:
         for phase in ("transport", "serialize", "env_step"):
             assert phase in s["phase_seconds"]["actor0"]
         run_dir = tmp_path / cfg.run_name()
-        for f in ("config.yaml", "eval.csv", "episodes.csv", "summary.json", "learning_curve.png", "checkpoint.pt",
-                  "buffer.pal"):
+        for f in ("config.yaml", "eval.csv", "episodes.csv", "summary.json", "learning_curve.png",
+                  "checkpoints/latest.json"):
             assert (run_dir / f).exists(), f
+        assert all(f.exists() for f in RunRecorder(run_dir, "").checkpoint_files())
         assert _wait_gone(_worker_pids(s)) == set()   # every Ray actor of the run was killed
 
     def test_r2d2_trains_on_sequences(self, tmp_path):
@@ -165,7 +167,7 @@ class TestLocalRay:
         with make_trainer(cfg) as tr:
             s = tr.run()
         assert s["env_steps"] == cfg.steps and s["updates"] > 0 and s["final_eval_return"] is not None
-        buf = PrioritizedReplayBuffer.load(tmp_path / cfg.run_name() / "buffer.pal")
+        buf = PrioritizedReplayBuffer.load(RunRecorder(tmp_path / cfg.run_name(), "").checkpoint_files()[1])
         assert buf.fields["obs"][0] == (10, 2) and cfg.steps / 10 <= len(buf) <= cfg.steps / 5 * 1.5
         got = buf.sample(len(buf))
         assert got["mask"][:, 0].all() and np.abs(got["h0"]).sum() > 0
@@ -216,7 +218,8 @@ class TestLocalRay:
         assert s["updates"] >= 0.9 * (3_000 - cfg.learning_starts) * cfg.updates_per_step
         # learner 0 published its last weights: the parameter server and the checkpoint are at that step
         assert s["ps_steps"] == steps
-        assert torch.load(tmp_path / cfg.run_name() / "checkpoint.pt", weights_only=False)["ps"]["version"] == steps
+        ckpt = RunRecorder(tmp_path / cfg.run_name(), "").checkpoint_files()[0]
+        assert torch.load(ckpt, weights_only=True)["ps"]["version"] == steps
 
     def test_buffer_actor_reloads_its_checkpoint_after_a_crash(self, tmp_path):
         from pal_bench.train.backends.ray.buffer_actor import BufferActor
@@ -248,7 +251,7 @@ class TestLocalRay:
         cfg = cfg_for(tmp_path, steps=2_000, learning_starts=500, batch_size=32, name="r")
         with make_trainer(cfg) as tr:
             first = tr.run()
-        saved = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
+        saved = torch.load(RunRecorder(tmp_path / "r", "r").checkpoint_files()[0], weights_only=True)
         assert saved["steps"] == 2_000 and saved["ps"]["version"] == first["ps_steps"] > 0
         cfg2 = cfg_for(tmp_path, steps=3_000, learning_starts=500, batch_size=32, name="r")
         with make_trainer(cfg2, resume=True) as tr:

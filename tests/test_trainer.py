@@ -13,6 +13,7 @@ import torch
 
 from pal_bench.train import ConfigError, Trainer, WorkerError, make_config
 from pal_bench.train.algos import dqn
+from pal_bench.train.recorder import RunRecorder
 
 FAST = dict(hidden=(64, 64), eval_interval=0, eval_episodes=2, progress=False)
 
@@ -149,8 +150,8 @@ def test_ctrl_c_stops_cleanly_and_checkpoints(tmp_path):
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
     assert pal_threads() == []
-    assert (tmp_path / cfg.run_name() / "checkpoint.pt").exists()
-    assert (tmp_path / cfg.run_name() / "buffer.pal").exists()
+    ckpt, buf = RunRecorder(tmp_path / cfg.run_name(), "").checkpoint_files()
+    assert ckpt.exists() and buf.exists()
 
 
 def test_checkpoint_and_resume_continue_the_run(tmp_path):
@@ -161,8 +162,9 @@ def test_checkpoint_and_resume_continue_the_run(tmp_path):
     with Trainer(cfg2, resume=True) as tr:
         assert tr.rate.steps == 2_000 and len(tr.buffer) == 2_000
         assert all(torch.equal(v, first_v) for v, first_v in
-                   zip(tr.ps.nets.state_dict().values(), torch.load(tmp_path / "r" / "checkpoint.pt",
-                                                                     weights_only=False)["ps"]["online"].values()))
+                   zip(tr.ps.nets.state_dict().values(),
+                       torch.load(RunRecorder(tmp_path / "r", "r").checkpoint_files()[0],
+                                  weights_only=True)["ps"]["online"].values()))
         s = tr.run()
     assert s["env_steps"] == 3_000
     assert s["updates"] == pytest.approx(0.25 * 2_500, abs=2)

@@ -7,10 +7,11 @@ from pal_bench.train.envs import register as _register_envs
 _register_envs()
 
 
-def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
+def make_trainer(cfg: TrainConfig, resume: bool = False, overwrite: bool = False) -> Trainer:
     """``Trainer`` for ``cfg.backend == "threads"``, ``ProcessTrainer`` (pal_bench.train.backends.processes) for
     "processes", ``RayTrainer`` (pal_bench.train.backends.ray) for "ray", and the registered topology's
-    trainer (``pal_bench.train.topology``) for any ``cfg.topology`` but "local"."""
+    trainer (``pal_bench.train.topology``) for any ``cfg.topology`` but "local". ``resume``: continue the run in
+    ``cfg.run_dir()`` from its checkpoint; ``overwrite``: replace a run already there (refused otherwise)."""
     if cfg.topology != "local":
         from pal_bench.train import topology
 
@@ -18,12 +19,12 @@ def make_trainer(cfg: TrainConfig, resume: bool = False) -> Trainer:
     if cfg.backend == "ray":
         from pal_bench.train.backends.ray import RayTrainer
 
-        return RayTrainer(cfg, resume=resume)
+        return RayTrainer(cfg, resume=resume, overwrite=overwrite)
     if cfg.backend == "processes":
         from pal_bench.train.backends.processes import ProcessTrainer
 
-        return ProcessTrainer(cfg, resume=resume)
-    return Trainer(cfg, resume=resume)
+        return ProcessTrainer(cfg, resume=resume, overwrite=overwrite)
+    return Trainer(cfg, resume=resume, overwrite=overwrite)
 
 
 __all__ = ["ConfigError", "TrainConfig", "Trainer", "WorkerError", "make_config", "make_trainer", "validate"]

@@ -3,20 +3,53 @@
 - ``config.yaml``: the run's config (at the start);
 - ``eval.csv``: one row per greedy evaluation (rewritten after each, so a long run can be watched);
 - ``events.csv``: restarts, timeouts and reloads of workers, with the transitions each one lost;
-- ``episodes.csv``, ``summary.json`` and ``learning_curve.png``: at the end;
-- ``checkpoint.pt``: counters, logs, RNG states and whatever the backend adds (weights, optimizers).
+- ``episodes.csv``, ``summary.json`` and ``learning_curve.png``: at the end (before the final checkpoint, so a
+  checkpoint that cannot be written, e.g. on a full disk, still leaves them);
+- ``checkpoints/``: the last complete checkpoint, a directory ``step-<steps>-<random>/`` holding
+  ``checkpoint.pt`` (counters, logs, RNG states and whatever the backend adds: weights, optimizers) and
+  ``buffer.pal`` (the replay buffer), and ``checkpoints/latest.json``, the pointer naming it.
 
 Every file is written through ``atomic_open``: a crash never leaves one half-written over a good one.
+
+A checkpoint is a pair written at one moment: both files go into a new directory, then the pointer is replaced
+(atomically) to name it, then older directories are removed. A kill at any point leaves the pointer naming a
+complete pair (the previous one until the new pointer is in place); a directory the pointer does not name is
+removed by the next checkpoint. Both files record the step they belong to and the buffer's next id
+(``buffer_total_added``), the pointer too; resuming refuses (``RunFileError``) a pair whose records differ.
+
+``checkpoint.pt`` holds tensors, numbers, strings and plain containers only and is read with
+``torch.load(weights_only=True)``: a file that would build anything else (a pickle that calls a function) is
+refused, never run. Run directories of the earlier layout (``checkpoint.pt`` and ``buffer.pal`` beside
+``config.yaml``) are refused in one line: their pickles are not of that kind and their pair cannot be checked.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
+import secrets
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from pal_bench.atomic import atomic_open
+from pal_bench.atomic import atomic_open, fsync_dir
+from pal_bench.train.config import ConfigError
+
+CHECKPOINTS = "checkpoints"          # the run directory's checkpoint directory
+LATEST = "latest.json"               # in it: the pointer to the last complete checkpoint
+FORMAT = 2                           # checkpoint layout (1: checkpoint.pt + buffer.pal beside config.yaml)
+_CHECKPOINT_NAME = re.compile(r"step-\d{12,}-[0-9a-f]{8}")
+# files a run writes into its directory (``clear`` removes them before a run replaces another: --overwrite)
+RUN_FILES = ("config.yaml", "eval.csv", "events.csv", "episodes.csv", "summary.json", "learning_curve.png",
+             "profile.png", "checkpoint.pt", "buffer.pal", "buffer_actor.pal", "buffer_actor.pal.json")
+
+
+class RunFileError(ConfigError):
+    """A run file that cannot be used (damaged, of another run or moment, or not plain data); the message names
+    the file and what is wrong with it."""
+
 
 EVAL_FIELDS = ["env_steps", "updates", "version", "wall_s", "mean_return", "std_return"]
 EVENT_FIELDS = ["wall_s", "env_steps", "worker", "event", "transitions_lost", "detail"]
@@ -82,27 +115,219 @@ class RunRecorder:
         except ImportError:
             pass
 
+    # ------------------------------------------------------------------ the run directory
+
+    def existing_run(self) -> str | None:
+        """What shows that a run was made in ``run_dir`` already (its summary or a checkpoint), or None."""
+        for name in (f"{CHECKPOINTS}/{LATEST}", "summary.json", "checkpoint.pt"):
+            if (self.run_dir / name).exists():
+                return name
+        return None
+
+    def clear(self) -> None:
+        """Remove the files a run writes (``RUN_FILES`` and ``checkpoints/``) from ``run_dir``, before a new run
+        replaces the one there; other files are left alone."""
+        for name in RUN_FILES:
+            (self.run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / CHECKPOINTS, ignore_errors=True)
+
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, state: dict) -> Path:
-        """checkpoint.pt: ``state`` (the backend's weights and counters) plus the logs."""
+    def save_checkpoint(self, state: dict | Callable[[], dict], write_buffer: Callable[[Path], int] | None = None,
+                        steps: int | None = None) -> Path:
+        """A new checkpoint: ``write_buffer(path)`` writes the replay buffer to ``path`` and returns its
+        ``total_added``; checkpoint.pt holds ``state`` (the backend's weights and counters; tensors, numbers,
+        strings and containers, numpy values converted) plus the logs and the buffer's ``total_added``. ``state``
+        may be a function, called once the buffer is written (a backend whose counters are known only then;
+        ``steps`` then names the directory). Both files go into a new directory under ``checkpoints/``, then
+        ``latest.json`` is replaced to name it and older directories are removed. Refuses (``Diverged``) weights
+        that are not finite, before writing checkpoint.pt. On an error nothing of the new checkpoint is left and
+        the previous one stays the last. Returns checkpoint.pt's path."""
         import torch
 
-        path = self.run_dir / "checkpoint.pt"
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_open(path, "wb") as f:
-            torch.save(state | {"episodes": self.episodes, "evals": self.evals, "events": self.events}, f)
-        return path
+        if not callable(state):
+            _refuse_non_finite(state)
+        root = self.run_dir / CHECKPOINTS
+        root.mkdir(parents=True, exist_ok=True)
+        label = int(state["steps"]) if not callable(state) else int(steps or 0)
+        while True:
+            d = root / f"step-{label:012d}-{secrets.token_hex(4)}"
+            try:
+                d.mkdir()
+                break
+            except FileExistsError:
+                continue
+        published = False
+        try:
+            total = int(write_buffer(d / "buffer.pal")) if write_buffer is not None else None
+            if callable(state):
+                state = state()
+                _refuse_non_finite(state)
+            payload = to_plain(state | {"format": FORMAT, "buffer_total_added": total, "episodes": self.episodes,
+                                        "evals": self.evals, "events": self.events})
+            with atomic_open(d / "checkpoint.pt", "wb") as f:
+                torch.save(payload, f)
+            fsync_dir(d)
+            pointer = {"format": FORMAT, "checkpoint": d.name, "steps": int(state["steps"]),
+                       "updates": state.get("updates"),
+                       "buffer_total_added": total}
+            with atomic_open(root / LATEST, "w") as f:
+                f.write(json.dumps(pointer, indent=1) + "\n")
+            published = True
+            fsync_dir(root)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write a checkpoint into {d}: {e.strerror or e}") from e
+        finally:
+            if not published:
+                shutil.rmtree(d, ignore_errors=True)
+        for old in root.iterdir():                 # older checkpoints, and what a killed write left
+            if old.is_dir() and old.name != d.name:
+                shutil.rmtree(old, ignore_errors=True)
+        return d / "checkpoint.pt"
+
+    def checkpoint_files(self) -> tuple[Path, Path | None]:
+        """(checkpoint.pt, buffer.pal or None) of the last complete checkpoint, from ``checkpoints/latest.json``;
+        ``FileNotFoundError`` when there is none, ``RunFileError`` when the pointer is damaged or the run is of the
+        earlier layout."""
+        root = self.run_dir / CHECKPOINTS
+        latest = root / LATEST
+        if not latest.exists():
+            if (self.run_dir / "checkpoint.pt").exists():
+                raise RunFileError(
+                    f"{self.run_dir / 'checkpoint.pt'}: a checkpoint of an earlier PAL-Bench (beside buffer.pal, no "
+                    f"{CHECKPOINTS}/{LATEST}): it cannot be read without running its pickle, nor matched to its "
+                    f"buffer, so it is not resumed; start the run again with --overwrite (or another --name)")
+            raise FileNotFoundError(f"no checkpoint to resume from in {self.run_dir} (no {CHECKPOINTS}/{LATEST})")
+        pointer = self._pointer(latest)
+        d = root / pointer["checkpoint"]
+        if not (d / "checkpoint.pt").is_file():
+            raise RunFileError(f"{latest}: names {pointer['checkpoint']}, which holds no checkpoint.pt")
+        return d / "checkpoint.pt", (d / "buffer.pal" if pointer["buffer_total_added"] is not None else None)
+
+    @staticmethod
+    def _pointer(latest: Path) -> dict:
+        try:
+            pointer = json.loads(latest.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RunFileError(f"{latest}: not a checkpoint pointer (not JSON: {e})") from None
+        ok = (isinstance(pointer, dict) and pointer.get("format") == FORMAT
+              and isinstance(pointer.get("checkpoint"), str) and _CHECKPOINT_NAME.fullmatch(pointer["checkpoint"])
+              and _is_count(pointer.get("steps"))
+              and (pointer.get("buffer_total_added") is None or _is_count(pointer.get("buffer_total_added"))))
+        if not ok:
+            raise RunFileError(f"{latest}: not a checkpoint pointer of format {FORMAT} (expected format, checkpoint "
+                               f"step-<steps>-<hex>, steps and buffer_total_added)")
+        return pointer
 
     def load_checkpoint(self) -> dict:
-        """The state saved by ``save_checkpoint``; the logs are restored into this recorder."""
-        import torch
-
-        path = self.run_dir / "checkpoint.pt"
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint to resume from at {path}")
-        state = torch.load(path, weights_only=False)
-        self.episodes[:] = [tuple(e) for e in state["episodes"]]
+        """The state saved by ``save_checkpoint`` (read as plain data: ``torch.load(weights_only=True)``), checked
+        against the pointer that names it; the logs are restored into this recorder. The returned dict also
+        holds ``checkpoint_file`` and ``buffer_file`` (None when saved without a buffer): the paths it came from.
+        Anything wrong with the files is a ``RunFileError`` naming the file."""
+        path, buffer_file = self.checkpoint_files()
+        pointer = self._pointer(self.run_dir / CHECKPOINTS / LATEST)
+        state = load_plain(path)
+        check_keys(state, {"format": int, "steps": int, "buffer_total_added": (int, type(None)), "episodes": list,
+                           "evals": list, "events": list}, path)
+        if state["format"] != FORMAT:
+            raise RunFileError(f"{path}: a checkpoint of format {state['format']}, expected {FORMAT}")
+        for key in ("steps", "buffer_total_added"):
+            if state[key] != pointer[key]:
+                raise RunFileError(f"{path}: records {key} = {state[key]}, but {CHECKPOINTS}/{LATEST} names it with "
+                                   f"{pointer[key]}: the files are from different moments; refused")
+        try:
+            episodes = [(int(s), float(r), int(n), float(w)) for s, r, n, w in state["episodes"]]
+            if not all(isinstance(row, dict) for row in state["evals"] + state["events"]):
+                raise TypeError("an evaluation or event that is not a table row")
+        except (TypeError, ValueError) as e:
+            raise RunFileError(f"{path}: damaged logs ({e})") from None
+        self.episodes[:] = episodes
         self.evals[:] = state["evals"]
-        self.events[:] = state.get("events", [])
-        return state
+        self.events[:] = state["events"]
+        return state | {"checkpoint_file": path, "buffer_file": buffer_file}
+
+
+# ---------------------------------------------------------------------- checkpoint contents: plain data only
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def to_plain(x, where: str = "state"):
+    """``x`` with numpy scalars and arrays turned into Python numbers and lists, so that it holds only what
+    ``torch.load(weights_only=True)`` reads (tensors, numbers, strings, None, lists, tuples, dicts); the same
+    objects where nothing changes. Anything else is a ``TypeError`` naming where it is."""
+    import numpy as np
+    import torch
+
+    if x is None or isinstance(x, (bool, int, float, str, bytes, torch.Tensor, torch.Size, torch.dtype)):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, dict):
+        items = {k: to_plain(v, f"{where}[{k!r}]") for k, v in x.items()}
+        if all(items[k] is x[k] for k in x):
+            return x
+        out = type(x)(items)
+        if hasattr(x, "_metadata"):                    # a module's state_dict keeps its version metadata
+            out._metadata = x._metadata
+        return out
+    if type(x) in (list, tuple):
+        items = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(x)]
+        return x if all(a is b for a, b in zip(items, x)) else type(x)(items)
+    raise TypeError(f"a checkpoint holds tensors, numbers, strings and containers only; {where} is a "
+                    f"{type(x).__module__}.{type(x).__qualname__}")
+
+
+def load_plain(path: Path):
+    """``torch.load(path, weights_only=True)`` (no code from the file runs: only tensors and plain values are
+    built), with every failure a ``RunFileError`` naming the file."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:     # noqa: BLE001 - torch raises many kinds for a damaged file; all are the file's fault
+        text = str(e)
+        found = re.search(r"GLOBAL (\S+)", text)
+        if found is not None:
+            what = found.group(1).rstrip(".,")
+            raise RunFileError(f"{path}: refused: it would build {what}, which is not a tensor or plain data, and "
+                               f"loading it could run code") from None
+        first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+        raise RunFileError(f"{path}: not a readable checkpoint (damaged, truncated or not a checkpoint: "
+                           f"{first[:160]})") from None
+
+
+def check_keys(state, spec: dict, path: Path, where: str = "") -> None:
+    """``RunFileError`` naming ``path`` unless ``state`` is a dict with every key of ``spec`` (key -> type or tuple
+    of types) of its type (bool is not an int)."""
+    if not isinstance(state, dict):
+        raise RunFileError(f"{path}: not a checkpoint ({where or 'the file'} holds a {type(state).__name__}, "
+                           f"not a table)")
+    missing = [k for k in spec if k not in state]
+    if missing:
+        raise RunFileError(f"{path}: not a complete checkpoint: {where}missing {', '.join(missing)}")
+    for k, types in spec.items():
+        types = types if isinstance(types, tuple) else (types,)
+        v = state[k]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise RunFileError(f"{path}: {where}{k} is a {type(v).__name__}, expected {names}")
+
+
+def _refuse_non_finite(state: dict) -> None:
+    """``Diverged`` when a floating-point weight of ``state["ps"]`` (online or target networks) is NaN or inf."""
+    import torch
+
+    from pal_bench.train.core import Diverged
+
+    ps = state.get("ps") if isinstance(state, dict) else None
+    if not isinstance(ps, dict):
+        return
+    for part in ("online", "target"):
+        for name, t in (ps.get(part) or {}).items():
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise Diverged(f"training diverged: non-finite weights ({part} {name}) at {state.get('steps')} steps; "
+                               f"no checkpoint is written from this state")

@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from pal_bench.train.core import check_losses
 from pal_bench.train.sequences import SequenceBuilder, stack
 
 ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
@@ -302,6 +303,7 @@ def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
         timer.lap("sample")
         batch = tr.to_tensors(sample)
         losses, td = algo.losses(nets, targets, batch, cfg, update)
+        check_losses(losses, update, f"learner{learner_id}")   # before the priorities and gradients use them
         grads = {}
         for g, loss in losses.items():
             grads[g] = [x.detach() for x in torch.autograd.grad(loss, groups[g], allow_unused=False)]

@@ -17,7 +17,9 @@ Everything else (config, algorithms, learners, evaluation, checkpoints, logs, ``
 thread trainer's. An actor process that dies (exception or SIGKILL) is restarted; the transitions it had
 reserved but not inserted are given back to the budget and recorded in ``events.csv``. Actor processes
 exit on the stop flag, on the end of the budget, and when the driver dies (``PR_SET_PDEATHSIG`` plus a
-parent check), and ignore Ctrl-C (the driver handles it and stops them).
+parent check), and ignore Ctrl-C, SIGTERM and SIGHUP (the driver handles them and stops them). An actor that dies
+more than ``MAX_RESTARTS`` times ends the run with ``ActorGaveUp`` (one line) after a final checkpoint; a worker
+process whose learner or actor-side priorities diverge sends that one line (``Diverged``) instead of a traceback.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from typing import NoReturn
 
 import numpy as np
 
-from pal_bench.train.backends.threads import Trainer, WorkerError
+from pal_bench.train.backends.threads import Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.core import Diverged, TrainingError
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import RatePolicy, default_slack
 from pal_bench.train.replay_spec import buffer_class, make_buffer
@@ -59,6 +62,20 @@ def _reserved(a: int) -> int:
 
 def _inserted(a: int) -> int:
     return HEADER + 2 * a + 1
+
+
+class ActorGaveUp(TrainingError, WorkerError):
+    """An actor process died more often than it may be restarted; the run wrote a final checkpoint first (the
+    buffer and the weights are sound: what the dead incarnations held was accounted as lost)."""
+
+    checkpoint = True
+
+
+def _ignore_stop_signals() -> None:
+    """(worker process) Ctrl-C, SIGTERM and SIGHUP go to the driver, which stops its workers itself (a terminal's
+    Ctrl-C or hang-up reaches the whole process group)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _segment_name(run_dir: Path, kind: str) -> str:
@@ -84,7 +101,7 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
     """Body of one actor process (spawned). Steps ``envs_per_actor`` environments and inserts n-step rows
     with ``add_batch`` into the shared buffer until the budget is spent or the driver says stop."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the driver handles Ctrl-C and stops us
+    _ignore_stop_signals()                              # the driver handles Ctrl-C, SIGTERM, SIGHUP and stops us
     import torch
 
     from pal_bench.train.core import RunCore
@@ -156,6 +173,8 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         if local.steps and os.getppid() == parent_pid:   # stopped: what the local buffer holds still goes in
             counters[_inserted(actor)] += local.send()
         messages.put(("timers", actor, timer.seconds))
+    except TrainingError as e:
+        _report_failure(f"actor{actor}", actor, messages, e)
     except BaseException:
         _report_failure(f"actor{actor}", actor, messages)
     finally:
@@ -167,12 +186,16 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
             weights.close()
 
 
-def _report_failure(name: str, index: int, messages) -> NoReturn:
+def _report_failure(name: str, index: int, messages, stopped: TrainingError | None = None) -> NoReturn:
     """(in an ``except`` block of a worker process) Print the traceback, send it to the driver, wait until it is
-    sent, and exit with status 1."""
-    tb = traceback.format_exc()
-    print(f"pal-bench {name} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
-    messages.put(("error", index, tb))
+    sent, and exit with status 1. ``stopped``: a ``TrainingError`` (divergence), whose one line is sent instead
+    and not printed here (the driver reports it)."""
+    if stopped is not None:
+        messages.put(("training_error", index, (type(stopped).__name__, str(stopped))))
+    else:
+        tb = traceback.format_exc()
+        print(f"pal-bench {name} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
+        messages.put(("error", index, tb))
     messages.close()
     messages.join_thread()                               # the error reaches the driver before we exit
     raise SystemExit(1) from None
@@ -198,6 +221,12 @@ def _count(counters, lock, actor: int, slot: int) -> None:
         counters[HOLDER] = 0
 
 
+def _training_error(payload: tuple[str, str]) -> TrainingError:
+    """The ``TrainingError`` a worker process sent as (class name, message)."""
+    name, message = payload
+    return (Diverged if name == "Diverged" else TrainingError)(message)
+
+
 # ---------------------------------------------------------------------- the learner process (learner_processes)
 
 L_UPDATE, L_STOP, L_READY, L_FIELDS = 0, 1, 2, 4     # per learner slot: granted update number, stop, set up
@@ -217,10 +246,10 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
     gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
     the driver (one proxy thread per learner process), so they are the thread trainer's."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_stop_signals()
     import torch
 
-    from pal_bench.train.core import RunCore
+    from pal_bench.train.core import RunCore, check_losses
 
     torch.set_num_threads(1)
     pin(cfg.actors + learner if cfg.pin_cores else None)
@@ -261,6 +290,7 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
             sample = buf.sample(cfg.batch_size, beta=ctx.beta(update))
             timer.lap("sample")
             losses, td = ctx.algo.losses(nets, targets, ctx.to_tensors(sample), cfg, update)
+            check_losses(losses, update, f"learner{learner}")
             flat = dict(zeros)
             has = torch.zeros(len(names), dtype=torch.uint8)
             for g, loss in losses.items():
@@ -276,6 +306,8 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
             done.release()
             timer.lap("gradient_publish")
         messages.put(("timers", learner, timer.seconds))
+    except TrainingError as e:
+        _report_failure(f"learner{learner}", learner, messages, e)
     except BaseException:
         _report_failure(f"learner{learner}", learner, messages)
     finally:
@@ -391,12 +423,13 @@ class SharedRate(RateController):
 class ProcessTrainer(Trainer):
     """``Trainer`` with actor processes on a shared-memory buffer (``backend = "processes"``)."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False):
+    def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         self._ctx = mp.get_context("spawn")
         self._weights: SharedWeights | None = None
         self._lprocs: dict[int, mp.Process] = {}
         self._grads: list[SharedWeights] = []
-        super().__init__(cfg, resume=resume)
+        self._training_errors: dict[int, tuple[str, str]] = {}    # actor -> a TrainingError it sent (name, line)
+        super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
         self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
         self._sync_lock = threading.Lock()
@@ -467,6 +500,8 @@ class ProcessTrainer(Trainer):
                 self.timers.setdefault(f"actor{actor}", PhaseTimer()).add(payload)
             elif kind == "error":
                 self._last_error[actor] = payload
+            elif kind == "training_error":
+                self._training_errors[actor] = payload
             elif kind == "ready":
                 self._ready.add(actor)
 
@@ -487,6 +522,10 @@ class ProcessTrainer(Trainer):
         before the clock starts, as the Ray backend does; that set-up time is ``startup_s`` in the summary."""
         if self._closed:
             raise RuntimeError("this Trainer is closed")
+        with stop_on_signals():                  # SIGTERM/SIGHUP while the actors start, too
+            return self._run_processes()
+
+    def _run_processes(self) -> dict:
         self._last_error: dict[int, str] = {}
         self._ready: set[int] = set()            # actors whose first process reported itself set up
         t0 = time.perf_counter()
@@ -505,7 +544,7 @@ class ProcessTrainer(Trainer):
             raise
         self.startup_s = time.perf_counter() - t0
         self._spawn("counters", self._pump)
-        return super().run()
+        return self._run()
 
     def _wait_ready(self) -> None:
         """Until every live actor process is set up (a dead one is the supervisor's, which restarts it) and
@@ -572,7 +611,10 @@ class ProcessTrainer(Trainer):
                 while not self._done[i].acquire(timeout=0.05):
                     p = self._lprocs[i]
                     if p.exitcode is not None:
-                        raise WorkerError(f"learner{i} process died ({self._learner_cause(i, p)})")
+                        cause = self._learner_cause(i, p)
+                        if isinstance(cause, TrainingError):
+                            raise cause
+                        raise WorkerError(f"learner{i} process died ({cause})")
                     if self.stop.is_set():
                         return
                 timer.lap("learner_process")
@@ -616,11 +658,15 @@ class ProcessTrainer(Trainer):
                       "with `if __name__ == \"__main__\":` (actor processes are spawned and import the script)")
         return cause
 
-    def _learner_cause(self, i: int, p: mp.Process) -> str:
+    def _learner_cause(self, i: int, p: mp.Process) -> str | TrainingError:
+        """How learner process ``i`` ended, with the traceback it sent; or the ``TrainingError`` (``Diverged``) it
+        sent, to raise as it is."""
         why = None
         for kind, payload in _read(self._lmessages[i], timeout=0.2):
             if kind == "error":
                 why = payload
+            elif kind == "training_error":
+                return _training_error(payload)
         code = p.exitcode
         cause = f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
         return cause + (f":\n{why.strip()}" if why else "")
@@ -675,11 +721,14 @@ class ProcessTrainer(Trainer):
                 lost = int(self.counters[_reserved(i)] - self.counters[_inserted(i)])
                 self.counters[_reserved(i)] = self.counters[_inserted(i)]
             self.lost[i] += lost
+            if i in self._training_errors:       # it diverged (actor-side priorities): no restart would help
+                raise _training_error(self._training_errors.pop(i))
             why = self._last_error.pop(i, None)
             cause = (f"exit code {p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
                      + (f": {why.strip().splitlines()[-1]}" if why else ""))
             if self.restarts[i] >= MAX_RESTARTS:
-                raise WorkerError(f"actor{i} died {self.restarts[i] + 1} times; last: {cause}\n{why or ''}")
+                raise ActorGaveUp(f"actor{i} died {self.restarts[i] + 1} times (restarts allowed: {MAX_RESTARTS}); "
+                                  f"last: {cause}; stopped with a final checkpoint in {self.run_dir}")
             self.restarts[i] += 1
             with self._sync_lock:                # the dead actor's queue may hold its write lock: a new one
                 self._drain(i)

@@ -3,29 +3,36 @@ process around PAL's replay buffer, with evaluation, logging, checkpoints and cl
 
 Every thread runs through ``_spawn``: an exception in any worker is recorded with its traceback and
 sets the stop event, every loop waits in bounded steps on that event, and ``run`` joins every
-thread before it returns or raises (``WorkerError``, carrying the worker's traceback). Ctrl-C in
-the main thread stops the workers, writes a final checkpoint and re-raises ``KeyboardInterrupt``.
+thread before it returns or raises (``WorkerError``, carrying the worker's traceback; a ``TrainingError``
+such as ``Diverged``, whose one line says it all, is raised as it is). Ctrl-C in the main thread stops the
+workers, writes a final checkpoint and re-raises ``KeyboardInterrupt``; SIGTERM and SIGHUP do the same
+(``Interrupted``, a ``KeyboardInterrupt`` naming the signal) while ``run`` is in progress in the main thread.
+
+At the end of a run the logs and ``summary.json`` are written before the final checkpoint, so that a checkpoint
+that cannot be written (a full disk) still leaves them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pal_bench.train.config import Q_ALGOS, ConfigError, TrainConfig, validate
-from pal_bench.train.core import RunCore
+from pal_bench.train.core import RunCore, TrainingError
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import default_slack
-from pal_bench.train.recorder import RunRecorder
+from pal_bench.train.recorder import RunFileError, RunRecorder, check_keys
 from pal_bench.train.replay_spec import buffer_class, make_buffer
 from pal_bench.train.workers import actor_loop, learner_loop
 
@@ -34,6 +41,69 @@ JOIN_TIMEOUT_S = 10.0
 
 class WorkerError(RuntimeError):
     """A worker thread raised; the message holds its name and traceback."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during ``run``: the same clean stop as Ctrl-C (final checkpoint, close); ``signum`` says
+    which signal, for an exit status of 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_handling = threading.local()
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While the block runs in the main thread, SIGTERM and SIGHUP raise ``Interrupted`` there (once: a second
+    signal does not interrupt the stop it started); a signal ignored before (``nohup``) stays ignored, and the
+    previous handlers are restored afterwards. Elsewhere, or nested, it does nothing."""
+    if threading.current_thread() is not threading.main_thread() or getattr(_handling, "on", False):
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise Interrupted(signum)
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):      # not settable here
+            pass
+    _handling.on = True
+    try:
+        yield
+    finally:
+        _handling.on = False
+        for sig, h in previous.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
+
+
+# what checkpoint.pt must hold for a trainer to resume from it (``RunRecorder`` checks its own keys)
+CHECKPOINT_KEYS = {"ps": dict, "steps": int, "updates": int, "update_count": int, "wall_s": (int, float),
+                   "actor_rngs": list, "torch_rng": torch.Tensor, "numpy_rng": (list, tuple),
+                   "python_rng": (list, tuple), "config": dict, "backend": str}
+PS_KEYS = {"version": int, "online": dict, "target": dict, "optimizers": dict}
+
+
+def _first_line(e: BaseException, limit: int = 240) -> str:
+    """An exception's message as one line (its lines joined), at most ``limit`` characters."""
+    text = "; ".join(line.strip().rstrip(":") for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _field_spec(fields: dict) -> dict:
+    """Replay fields as ``{name: (shape, dtype)}`` in one form, to compare a buffer's with a run's."""
+    return {k: (tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), np.dtype(dtype))
+            for k, (shape, dtype) in fields.items()}
 
 
 class DriverSchedule:
@@ -66,8 +136,14 @@ class Trainer(RunCore):
     counters, its ``RunRecorder``, evaluation, summary and checkpoints. A backend overrides ``_place`` (where
     the parameter server, buffer and rate counters live) and the worker start-up."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False):
+    def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
+        """``resume``: continue the run in ``cfg.run_dir()`` from its last checkpoint. Otherwise a directory that
+        holds a run already (its summary or a checkpoint) is refused unless ``overwrite``: then the new run
+        replaces that run's files when it starts."""
         validate(cfg)
+        if resume and overwrite:
+            raise ConfigError("overwrite: resuming continues the run in its directory, overwriting replaces it; "
+                              "give one of --resume and --overwrite")
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -93,7 +169,14 @@ class Trainer(RunCore):
         self._closed = False
         # read a checkpoint before anything (threads, shared segments, Ray actors) exists, so a run that
         # cannot be resumed fails leaving nothing behind
-        state = self.recorder.load_checkpoint() if resume else None
+        state = None
+        if resume:
+            state = self.recorder.load_checkpoint()
+            self._check_state(state)
+        elif not overwrite and (found := self.recorder.existing_run()) is not None:
+            raise ConfigError(f"name: {self.run_dir} holds a run already ({found}); continue it with --resume, "
+                              f"replace it with --overwrite, or choose another --name")
+        self._fresh = not resume                        # run() clears what a replaced run left
         if state is not None and state["steps"] >= cfg.steps:
             raise ConfigError(f"steps: the run in {self.run_dir} has done {state['steps']} steps already, not fewer "
                               f"than steps = {cfg.steps}; give a larger --steps to continue it")
@@ -200,12 +283,23 @@ class Trainer(RunCore):
             self.rate.wake()
             self._check_ended()
 
+    def _start_files(self) -> None:
+        """config.yaml, after clearing the files of the run this one replaces (not when resuming)."""
+        if self._fresh:
+            self.recorder.clear()
+            self._fresh = False
+        self.recorder.write_config(self.cfg.to_dict())
+
     def run(self) -> dict:
         """Train to ``cfg.steps`` transitions; returns the summary (also written to summary.json)."""
         if self._closed:
             raise RuntimeError("this Trainer is closed")
+        with stop_on_signals():
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
-        self.recorder.write_config(cfg.to_dict())
+        self._start_files()
         self.t0 = time.perf_counter()
         self._actors_left = cfg.actors
         self._learners_left = cfg.learners
@@ -234,15 +328,23 @@ class Trainer(RunCore):
             self.train_wall_s = self.wall()            # the work is done: joining the workers is not training
             self.stop.set()
             self.rate.wake()
-            self._join()
+            failure = None
+            try:
+                self._join()
+            except Exception as e:                     # noqa: BLE001 - raised below, after the files
+                failure = e
             if progress is not None:
                 progress.close()
-            if not self.errors:
+            # a clean end, Ctrl-C, or a failure that leaves the state sound (TrainingError.checkpoint): the logs
+            # and summary first, then the checkpoint (a full disk there still leaves them)
+            if failure is None or getattr(failure, "checkpoint", False):
                 evaluated_here = bool(self.evals) and self.evals[-1]["env_steps"] == self.rate.steps
-                if not interrupted and cfg.eval_episodes and not evaluated_here:
+                if failure is None and not interrupted and cfg.eval_episodes and not evaluated_here:
                     self.evaluate()
-                self.save_checkpoint()
                 self._write_logs()
+                self.save_checkpoint()
+            if failure is not None:
+                raise failure
         return self.summary()
 
     def _join(self) -> None:
@@ -253,6 +355,8 @@ class Trainer(RunCore):
         self.threads = [t for t in self.threads if t.is_alive()]
         if self.errors:
             name, exc, tb = self.errors[0]
+            if isinstance(exc, TrainingError):         # its one line says what failed
+                raise exc
             more = f" (and {len(self.errors) - 1} more worker errors)" if len(self.errors) > 1 else ""
             raise WorkerError(f"worker {name} failed{more}:\n{tb}") from exc
         if alive:
@@ -345,35 +449,94 @@ class Trainer(RunCore):
         self.rate.resume()
 
     def _checkpoint_state(self, ps_state: dict, steps: int, updates: int, actor_rngs: list) -> dict:
-        """What every backend's checkpoint holds besides the logs (``RunRecorder.save_checkpoint`` adds them)."""
+        """What every backend's checkpoint holds besides the logs (``RunRecorder.save_checkpoint`` adds them):
+        tensors, numbers, strings and containers only (numpy's RNG state as a list)."""
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
         return {"ps": ps_state, "steps": steps, "updates": updates, "update_count": updates,
                 "wall_s": self.wall(), "actor_rngs": [r.bit_generator.state for r in actor_rngs],
-                "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "numpy_rng": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
                 "python_rng": random.getstate(), "config": self.cfg.to_dict(), "backend": self.cfg.backend}
 
     def save_checkpoint(self) -> Path:
-        """Weights, optimizers, targets, counters, RNG states (checkpoint.pt) and the buffer (buffer.pal)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.buffer.save(self.run_dir / "buffer.pal")
+        """Weights, optimizers, targets, counters, RNG states (checkpoint.pt) and the buffer (buffer.pal), as one
+        new checkpoint directory (``RunRecorder.save_checkpoint``); returns checkpoint.pt's path."""
         state = self._checkpoint_state(self.ps.state_dict(), self.rate.steps, self.rate.done, self.actor_rngs)
-        return self.recorder.save_checkpoint(state | {"update_count": self.update_count})
+
+        def write_buffer(path: Path) -> int:
+            self.buffer.save(path)
+            return self.buffer.total_added
+
+        return self.recorder.save_checkpoint(state | {"update_count": self.update_count}, write_buffer)
 
     def load_checkpoint(self) -> dict:
-        """Restore counters, logs, weights, RNG states and the buffer from checkpoint.pt and buffer.pal."""
+        """Restore counters, logs, weights, RNG states and the buffer from the last checkpoint."""
         state = self.recorder.load_checkpoint()
+        self._check_state(state)
         self._restore(state)
         return state
 
+    @staticmethod
+    def _check_state(state: dict) -> None:
+        """``RunFileError`` naming checkpoint.pt unless it holds what a trainer resumes from."""
+        path = state["checkpoint_file"]
+        check_keys(state, CHECKPOINT_KEYS, path)
+        check_keys(state["ps"], PS_KEYS, path, "ps.")
+        if state["buffer_file"] is None:
+            raise RunFileError(f"{path}: a checkpoint saved without its replay buffer")
+
     def _restore(self, state: dict) -> None:
-        """Counters, weights, RNG states and the buffer of a loaded checkpoint (the logs are the recorder's)."""
-        self.ps.load_state_dict(state["ps"])
+        """Counters, weights, RNG states and the buffer of a loaded checkpoint (the logs are the recorder's); a
+        checkpoint or buffer that does not fit this run is a ``RunFileError`` naming the file."""
+        path = state["checkpoint_file"]
+        try:
+            self.ps.load_state_dict(state["ps"])
+            for r, s in zip(self.actor_rngs, state["actor_rngs"]):
+                r.bit_generator.state = s
+            torch.set_rng_state(state["torch_rng"])
+            kind, keys, pos, has_gauss, cached = state["numpy_rng"]
+            np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+            version, internal, gauss = state["python_rng"]
+            random.setstate((version, tuple(internal), gauss))
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, OverflowError, AttributeError) as e:
+            raise RunFileError(f"{path}: does not fit this run ({_first_line(e)})") from None
         self.rate.restore(state["steps"], state["updates"])
         self.update_count = state["update_count"]
         self.wall_offset = state["wall_s"]
-        for r, s in zip(self.actor_rngs, state["actor_rngs"]):
-            r.bit_generator.state = s
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        random.setstate(state["python_rng"])
-        self.buffer = self._load_buffer(self.run_dir / "buffer.pal")
+        self.buffer = self._restore_buffer(state)
         self.resumed_steps = state["steps"]
+
+    def _restore_buffer(self, state: dict, load: Callable | None = None):
+        """The checkpoint's replay buffer (read with ``load``, by default ``_load_buffer``), refused unless it has
+        this run's fields and capacity and the ``total_added`` its checkpoint recorded (the pair is of one moment)."""
+        path = state["buffer_file"]
+        want = _field_spec(self.fields())
+        try:
+            buf = (load or self._load_buffer)(path)
+        except ValueError as e:
+            text = _first_line(e)
+            raise RunFileError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+        except OSError as e:
+            raise RunFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+        try:
+            self._check_buffer(buf, state, want)
+        except BaseException:
+            buf.close()
+            raise
+        return buf
+
+    def _check_buffer(self, buf, state: dict, want: dict) -> None:
+        path = state["buffer_file"]
+        got = _field_spec(buf.fields)
+        if got != want:
+            diff = sorted(set(got.items()) ^ set(want.items()))
+            names = ", ".join(dict.fromkeys(k for k, _ in diff))
+            raise RunFileError(f"{path}: a buffer with other fields than this run's (they differ in {names}): it "
+                               f"belongs to another run; refused")
+        if buf.capacity != self.cfg.buffer_capacity:
+            raise RunFileError(f"{path}: a buffer of capacity {buf.capacity}, this run's is "
+                               f"{self.cfg.buffer_capacity}: it belongs to another run; refused")
+        if buf.total_added != state["buffer_total_added"]:
+            raise RunFileError(f"{path}: holds {buf.total_added} transitions, but its checkpoint "
+                               f"{state['checkpoint_file']} was written with {state['buffer_total_added']}: the "
+                               f"two files are from different moments; refused")

@@ -200,7 +200,7 @@ class BufferActor:
 
     def save(self, path: str) -> dict:
         """Write the buffer to ``path`` and its counters to ``path + '.json'`` (each atomically);
-        returns the counters."""
+        returns the counters and the buffer's ``total_added``."""
         t0 = time.perf_counter()
         counters = {k: getattr(self, k) for k in COUNTERS}
         self.buffer.save(path + ".tmp")
@@ -208,7 +208,7 @@ class BufferActor:
         os.replace(path + ".tmp", path)
         os.replace(path + ".json.tmp", path + ".json")
         self.seconds["checkpoint"] += time.perf_counter() - t0
-        return counters
+        return counters | {"total_added": self.buffer.total_added}
 
     def _maybe_checkpoint(self) -> None:
         interval = self.cfg.buffer_checkpoint_interval

@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from pal_bench.train.backends.ray.context import from_numpy, rate_slack
-from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError
+from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import ConfigError, TrainConfig
+from pal_bench.train.core import TrainingError
 from pal_bench.train.param_server import Snapshot
 from pal_bench.train.workers import PhaseTimer
 
@@ -82,7 +83,7 @@ class RemoteBufferStats:
 class RayTrainer(Trainer):
     """Same interface as ``Trainer``: ``run() -> summary``, ``close()``, context manager, run directory."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False):
+    def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         if cfg.backend != "ray":
             raise ConfigError(f"backend: RayTrainer runs backend = 'ray', got {cfg.backend!r}")
         self.placement: dict[str, dict] = {}       # worker -> {pid, node_id, host}
@@ -96,7 +97,7 @@ class RayTrainer(Trainer):
         self._reviving: dict[str, float] = {}      # worker being restarted -> deadline (monotonic)
         self._stopping = False
         self._buffer_pid: int | None = None
-        super().__init__(cfg, resume=resume)
+        super().__init__(cfg, resume=resume, overwrite=overwrite)
 
     def _place(self) -> None:
         """Ray: parameter server, buffer and counters live in Ray actors (started by ``run``); the driver
@@ -136,7 +137,7 @@ class RayTrainer(Trainer):
 
         rs = self._resume_state or {}
         ckpt = str((self.run_dir / "buffer_actor.pal").resolve()) if cfg.buffer_checkpoint_interval else None
-        restore = str((self.run_dir / "buffer.pal").resolve()) if rs else None
+        restore = str(Path(rs["buffer_file"]).resolve()) if rs else None
         counters = {"steps": rs["steps"], "started": rs["updates"], "done": rs["updates"]} if rs else None
         buffer = ray.remote(BufferActor).options(
             name=None, num_cpus=0, scheduling_strategy=where(0), max_restarts=1 if ckpt else 0,
@@ -187,7 +188,11 @@ class RayTrainer(Trainer):
         """Train to ``cfg.steps`` transitions; returns the summary (also written to summary.json)."""
         if self._closed:
             raise RuntimeError("this RayTrainer is closed")
-        self.recorder.write_config(self.cfg.to_dict())
+        with stop_on_signals():
+            return self._run()
+
+    def _run(self) -> dict:
+        self._start_files()
         interrupted, failed = False, True
         progress = None
         try:
@@ -250,6 +255,8 @@ class RayTrainer(Trainer):
             self._died(name, e)
             return
         except ray.exceptions.RayTaskError as e:
+            if isinstance(getattr(e, "cause", None), TrainingError):    # divergence: its one line says it all
+                raise e.cause from None
             raise WorkerError(f"worker {name} failed:\n{e}") from e
         if reviving:                      # restarted: run again (unless the run is ending)
             del self._reviving[name]
@@ -332,8 +339,8 @@ class RayTrainer(Trainer):
             evaluated_here = bool(self.evals) and self.evals[-1]["env_steps"] == self.rate.steps
             if not interrupted and self.cfg.eval_episodes and not evaluated_here:
                 self.evaluate()
+            self._write_logs()                  # before the checkpoint: a full disk there still leaves them
             self.save_checkpoint()
-            self._write_logs()
 
     def close(self) -> None:
         """Kill this run's Ray actors and disconnect from Ray if we connected (idempotent)."""
@@ -362,17 +369,27 @@ class RayTrainer(Trainer):
         running: the buffer is saved atomically and the weights within milliseconds of it."""
         import ray
 
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = (self.run_dir / "buffer.pal").resolve()
-        counters = ray.get(self._handles["buffer"].save.remote(str(path)))
-        ps_state = ray.get(self._handles["parameter-server"].state_dict.remote())
+        saved: dict = {}
+
+        def write_buffer(path: Path) -> int:
+            saved.update(ray.get(self._handles["buffer"].save.remote(str(path.resolve()))))
+            saved["ps"] = ray.get(self._handles["parameter-server"].state_dict.remote())
+            return saved["total_added"]
+
         # the actors' RNGs live in their processes: a thread trainer resuming this run starts them afresh
         fresh = [np.random.default_rng([self.cfg.seed, a]) for a in range(self.cfg.actors)]
-        return self.recorder.save_checkpoint(self._checkpoint_state(ps_state, counters["steps"], counters["done"],
-                                                                    fresh))
+        # the state's counters are the buffer actor's at its save: built once the buffer is written
+        return self.recorder.save_checkpoint(
+            lambda: self._checkpoint_state(saved["ps"], saved["steps"], saved["done"], fresh), write_buffer,
+            steps=self.rate.steps)
 
     def _restore(self, state: dict) -> None:
-        """Counters now; weights and buffer go to the Ray actors when ``run`` starts them."""
+        """Counters now; weights and buffer go to the Ray actors when ``run`` starts them. The buffer file is
+        checked here first (read once in the driver): this run's fields and capacity, its checkpoint's
+        ``total_added``."""
+        from pal_bench.train.replay_spec import buffer_class
+
+        self._restore_buffer(state, load=buffer_class(self.cfg).load).close()
         self._resume_state = state
         self.rate.steps, self.rate.done = state["steps"], state["updates"]
         self.wall_offset = state["wall_s"]

@@ -31,7 +31,7 @@ import torch
 from pal_bench.train.backends.ray.buffer_actor import _reconstructed
 from pal_bench.train.backends.ray.context import chunk_size, from_numpy, to_numpy
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.core import RunCore
+from pal_bench.train.core import RunCore, check_losses
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.workers import PhaseTimer
 
@@ -189,6 +189,7 @@ class LearnerWorker(_Worker):
                 batch = ctx.to_tensors(sample)
                 timer.lap("deserialize")
                 losses, td = algo.losses(nets, targets, batch, cfg, res["update"])
+                check_losses(losses, res["update"], f"learner{self.id}")
                 grads = {g: [x.detach() for x in torch.autograd.grad(loss, groups[g])] for g, loss in losses.items()}
                 timer.lap("forward_backward")
                 if allreduce:
@@ -198,7 +199,7 @@ class LearnerWorker(_Worker):
                         ended = peers_stopped = True
                         abandoned += 1
                         continue
-                    local._step([grads])
+                    local._step([grads], [self.id])
                     version = local.version
                     timer.lap("aggregate")      # the optimizer step the parameter server does otherwise
                     if self.id == 0 and time.perf_counter() - last_publish > PUBLISH_EVERY_S:
