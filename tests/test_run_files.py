@@ -247,6 +247,9 @@ def test_a_finished_runs_name_is_not_reused_without_overwrite(run, tmp_path, cap
     assert (run / "summary.json").read_bytes() == before
     with pytest.raises(ConfigError, match="--overwrite"):
         Trainer(make_config("dqn", "CartPole-v1", out_dir=str(tmp_path), name="r", **BASE))
+    err = one_line(capsys, ["train", "--name", "r", "--out-dir", str(tmp_path), "--resume", "--overwrite",
+                            "--steps", "2000"])
+    assert "--resume" in err and "--overwrite" in err
     assert main(argv + ["--overwrite"]) == 0
     capsys.readouterr()
     assert json.loads((run / "summary.json").read_text())["env_steps"] == 600
@@ -288,6 +291,26 @@ def test_sigterm_and_sighup_stop_the_run_cleanly_with_a_checkpoint(tmp_path, bac
     assert took < 15, f"{took:.1f} s to stop"
     assert "Traceback" not in err, err[-3000:]
     assert has_checkpoint(tmp_path / "s")
+
+
+def test_the_signal_handlers_are_restored_and_an_ignored_hangup_stays_ignored(tmp_path):
+    from pal_bench.train.backends.threads import stop_on_signals
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine), signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_on_signals():
+            assert signal.getsignal(signal.SIGTERM) is not mine
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN          # nohup: the run survives a hang-up
+        cfg = make_config("dqn", "CartPole-v1", out_dir=str(tmp_path), name="h", **(BASE | {"steps": 300}))
+        with Trainer(cfg) as tr:
+            tr.run()
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGHUP, previous[1])
 
 
 # ---------------------------------------------------------------------- an actor process that keeps dying
