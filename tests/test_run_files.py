@@ -259,13 +259,17 @@ def test_a_finished_runs_name_is_not_reused_without_overwrite(run, tmp_path, cap
 
 # ---------------------------------------------------------------------- SIGTERM / SIGHUP: Ctrl-C's clean stop
 
-def _shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(("pal_", "pal-"))}
+def _shm(run: Path) -> set[str]:
+    """The shared segments of the run in ``run`` (the process backend names them after its directory; other
+    people's tests may create and remove segments of their own meanwhile)."""
+    from pal_bench.train.backends.processes import _segment_name
+
+    digest = _segment_name(run, "buf").rsplit("_", 1)[1]
+    return {n for n in os.listdir("/dev/shm") if n.startswith(("pal_", "pal-")) and digest in n}
 
 
 @pytest.mark.parametrize("backend, sig", [("processes", signal.SIGTERM), ("threads", signal.SIGHUP)])
 def test_sigterm_and_sighup_stop_the_run_cleanly_with_a_checkpoint(tmp_path, backend, sig):
-    before = _shm()
     argv = [sys.executable, "-m", "pal_bench.cli", "train", "--algo", "dqn", "--env", "CartPole-v1",
             "--steps", "1000000", "--backend", backend, "--actors", "1", "--name", "s", "--out-dir", str(tmp_path),
             *TINY]
@@ -284,7 +288,7 @@ def test_sigterm_and_sighup_stop_the_run_cleanly_with_a_checkpoint(tmp_path, bac
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-        for name in _shm() - before:                            # what a failed stop leaked: not for the next test
+        for name in _shm(tmp_path / "s"):                       # what a failed stop leaked: not for the next test
             (Path("/dev/shm") / name).unlink(missing_ok=True)
             pytest.fail(f"/dev/shm/{name} left behind")
     assert p.returncode == 128 + sig, (p.returncode, err[-3000:])
@@ -325,3 +329,5 @@ def test_an_actor_dying_past_the_restart_limit_checkpoints_and_says_so_in_one_li
     assert p.returncode == 2, p.stderr[-3000:]
     assert last.startswith("pal-bench train: actor0 died 6 times") and "crashed on purpose" in last, last
     assert has_checkpoint(tmp_path / "c")
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["restarts"][-1]["worker"] == "actor0"
+    assert _shm(tmp_path / "c") == set()
