@@ -44,6 +44,7 @@ def test_nan_rewards_stop_the_thread_backend_in_one_line(tmp_path, capsys, monke
     _assert_diverged(rc, capsys.readouterr().err, tmp_path / "d")
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_rewards_that_overflow_stop_the_run_in_one_line(tmp_path, capsys, monkeypatch):
     """(``--set lr=1e30``, the issue's example, is now refused by the config's range for lr.)"""
     monkeypatch.syspath_prepend(str(TESTS))
