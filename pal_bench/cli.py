@@ -178,6 +178,7 @@ FORWARDED = {
                     "share of a training iteration spent aggregating gradients, per scheme"),
     "longhaul": ("pal_bench.studies.longhaul.experiment",
                  "replay at the learner or at the buffer node, over a long-haul link"),
+    "shm": ("pal_bench.shm", "PAL-Bench's shared-memory segments, their creators, and --clean for the dead ones"),
 }
 
 
@@ -186,7 +187,6 @@ class UsageError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    "shm": ("pal_bench.shm", "PAL-Bench's shared-memory segments, their creators, and --clean for the dead ones"),
     """``pal-bench``: a user error (bad config, unreadable file, bad argument) ends in one line on stderr and
     exit status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
     argv = sys.argv[1:] if argv is None else list(argv)
