@@ -3,7 +3,9 @@ their creator's pid, size and whether the creator is alive; ``--clean`` removes 
 
 A creator that exits, is interrupted or gets SIGTERM/SIGHUP removes its own segments. What no handler can catch
 (SIGKILL, the OOM killer, power loss) leaves them behind: this lists and removes them. A segment is recognised by
-the magic number in its header, never by its name, so nothing else in /dev/shm is touched.
+the magic number in its header, never by its name, so nothing else in /dev/shm is touched. Its creator counts as
+alive while it holds its flock on the segment (which works across pid namespaces: containers sharing /dev/shm)
+or while its pid is a live process here (pid reuse can only keep a dead one's segment, never remove a live one's).
 """
 
 from __future__ import annotations
@@ -14,18 +16,6 @@ import sys
 
 from pal_bench import _replay
 from pal_bench.train import shared_weights
-
-
-def _alive(pid: int) -> bool:
-    if not 0 < pid < 2**31:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:          # another user's live process
-        return True
-    return True
 
 
 def segments(directory: str = _replay.SHM_DIR) -> list[dict]:
@@ -46,24 +36,23 @@ def segments(directory: str = _replay.SHM_DIR) -> list[dict]:
                 continue
             kind = "weights"
         out.append({"name": name, "kind": kind, "bytes": info["bytes"], "creator_pid": info["creator_pid"],
-                    "creator_alive": _alive(info["creator_pid"])})
+                    "creator_alive": info["creator_alive"]})
     return out
 
 
 def clean() -> list[dict]:
-    """Remove the segments whose creator is dead (checked again just before each removal); returns them."""
+    """Remove the segments whose creator is gone (checked again, under an exclusive flock, just before each
+    removal); returns them."""
     removed = []
     for seg in segments():
         if seg["creator_alive"]:
             continue
-        again = _replay.segment_info(seg["name"]) or shared_weights.segment_info(seg["name"])
-        if again is None or _alive(again["creator_pid"]):
-            continue
-        try:
-            os.unlink(os.path.join(_replay.SHM_DIR, seg["name"]))
-        except FileNotFoundError:
-            continue
-        removed.append(seg)
+        if seg["kind"] == "weights":
+            how = (shared_weights.MAGIC, shared_weights.MAGIC_OFFSET, shared_weights.PID_OFFSET)
+        else:
+            how = (_replay.SEGMENT_MAGIC, 0, _replay._CREATOR_PID_OFFSET)
+        if _replay.remove_if_dead(seg["name"], *how) == "removed":
+            removed.append(seg)
     return removed
 
 

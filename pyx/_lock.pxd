@@ -14,6 +14,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutexattr_destroy(pthread_mutexattr_t*)
     int pthread_mutexattr_setpshared(pthread_mutexattr_t*, int)
     int pthread_mutexattr_setrobust(pthread_mutexattr_t*, int)
+    int pthread_mutexattr_settype(pthread_mutexattr_t*, int)
     int pthread_mutex_init(pthread_mutex_t*, const pthread_mutexattr_t*)
     int pthread_mutex_destroy(pthread_mutex_t*)
     int pthread_mutex_lock(pthread_mutex_t*)
@@ -26,16 +27,19 @@ cdef extern from "<pthread.h>" nogil:
     enum:
         PTHREAD_PROCESS_SHARED
         PTHREAD_MUTEX_ROBUST
+        PTHREAD_MUTEX_ERRORCHECK
 
 cdef extern from "<errno.h>" nogil:
     enum:
         EOWNERDEAD
         EBUSY
         ETIMEDOUT
+        EDEADLK
 
 
 cdef inline int mutex_init(pthread_mutex_t* m, bint robust_shared) noexcept nogil:
-    """Initialise ``m``; process-shared and robust when ``robust_shared``. 0 on success."""
+    """Initialise ``m``; process-shared, robust and error-checking when ``robust_shared`` (a thread that locks
+    it again gets EDEADLK instead of waiting on itself for ever). 0 on success."""
     cdef pthread_mutexattr_t attr
     cdef int rc = pthread_mutexattr_init(&attr)
     if rc:
@@ -44,6 +48,8 @@ cdef inline int mutex_init(pthread_mutex_t* m, bint robust_shared) noexcept nogi
         rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)
         if rc == 0:
             rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)
+        if rc == 0:
+            rc = pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK)
     if rc == 0:
         rc = pthread_mutex_init(m, &attr)
     pthread_mutexattr_destroy(&attr)

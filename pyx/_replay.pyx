@@ -43,6 +43,7 @@ import io
 import json
 import math
 import mmap
+import fcntl
 import os
 import stat
 import weakref
@@ -59,6 +60,7 @@ from libc.string cimport memcpy, memset
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDONLY, O_RDWR
 from posix.mman cimport shm_open, shm_unlink
 from posix.signal cimport kill
+from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.exc cimport PyErr_CheckSignals
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport close as c_close
@@ -66,6 +68,7 @@ from posix.unistd cimport ftruncate, getpid
 
 from _common cimport DEFAULT_FANOUT_C, MAX_FAST_FIELDS, SCALAR_SCRATCH, SLOT_EMPTY, SLOT_INFLIGHT
 from _lock cimport (
+    EDEADLK,
     EOWNERDEAD,
     ETIMEDOUT,
     mutex_init,
@@ -124,12 +127,16 @@ FILE_VERSION = 1
 RESERVED_NAMES = ("indices", "weights", "priorities")
 SEGMENT_MAGIC = 0x3146554252534c50    # "PLSRBUF1"
 SEGMENT_VERSION = 1
+cdef int64_t MAX_NEXT_ID = 1 << 62     # transition ids stay below this (no int64 overflow in id arithmetic)
+MAX_ROW_BYTES = 1 << 32                # one field of one transition
 ATTACH_LOCK_TIMEOUT_S = 10.0           # attach waits at most this long for the segment's lock (s)
+_CORRUPT_NEXT_ID = "the shared segment's header word next_id was overwritten with an impossible value (corrupted)"
 
 cdef enum:
     MAX_RESERVATIONS = 64     # concurrent add_batch copies (threads or processes) at one time
     HEADER_BYTES = 16384      # room for the header at the start of the block
     SPIN_BEFORE_REAP = 64     # waits on an in-flight slot before checking for dead writers
+    SPIN_BEFORE_SIGNALS = 1024    # waits on an in-flight slot before letting Python's signal handlers run
     MAX_DIMS = 16             # dimensions of a field's shape
     MAX_SPEC_BYTES = 1 << 20  # the fields' JSON description in a block
 
@@ -293,6 +300,9 @@ def _normalise_fields(fields) -> dict:
                              f"not fill it); store each of its members {list(dtype.names)} as a field of its own")
         if len(shape) > 16 or any(s < 1 for s in shape):
             raise ValueError(f"field {name!r}: shape {shape} must have at most 16 positive dimensions")
+        if math.prod(shape) * max(dtype.itemsize, 1) > MAX_ROW_BYTES:
+            raise ValueError(f"field {name!r}: shape {shape} of {dtype} takes more than {MAX_ROW_BYTES} bytes per "
+                             f"transition")
         if dtype.hasobject or dtype.itemsize == 0:
             raise ValueError(f"field {name!r}: dtype {dtype} cannot be stored")
         out[name] = (shape, dtype)
@@ -333,15 +343,24 @@ cdef int _shm_create(bytes path, int64_t nbytes) except -2:
     Returns the fd. On failure nothing is left behind."""
     cdef int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0o600)
     cdef int rc
+    cdef Header h
     if fd < 0:
         if errno == EEXIST:
             return -1
         raise OSError(errno, f"shm_open({path.decode()!r}) failed: {os.strerror(errno)}")
+    # the creator holds a shared flock on the segment for its lifetime: that (not a pid, which another pid
+    # namespace or a reused pid makes ambiguous) is what tells a cleaner that the creator is alive
+    fcntl.flock(fd, fcntl.LOCK_SH)
     if ftruncate(fd, nbytes) != 0:
         err = errno
         c_close(fd)
         shm_unlink(path)
         raise OSError(err, f"cannot size shared segment {path.decode()!r} to {nbytes} bytes: {os.strerror(err)}")
+    # magic and creator before the (slow) reservation: a concurrent creator of the same name sees one in use
+    memset(&h, 0, sizeof(Header))
+    h.magic = SEGMENT_MAGIC
+    h.creator_pid = getpid()
+    os.pwrite(fd, (<char*>&h)[:sizeof(Header)], 0)
     with nogil:
         rc = posix_fallocate(fd, 0, nbytes)
     if rc != 0:
@@ -378,6 +397,40 @@ cdef dict _block_layout(int64_t capacity, int64_t spec_bytes, int64_t record_byt
     if out["total_bytes"] > 1 << 60:
         raise ValueError(f"capacity {capacity} x {record_bytes} bytes per transition is too large to address")
     return out
+
+
+cdef class _ReadOnlyBlock:
+    """The block's bytes as a buffer that refuses writable requests: the base of the arrays ``storage`` hands out,
+    so that no one can set them writable (numpy looks through a read-only memoryview to the writable mapping)."""
+    cdef object _mm
+    cdef char* _data
+    cdef Py_ssize_t _size
+    cdef Py_ssize_t _shape[1]
+
+    def __cinit__(self, mm):
+        cdef unsigned char[::1] mv = mm
+        self._mm = mm
+        self._data = <char*>&mv[0]
+        self._size = mv.shape[0]
+        self._shape[0] = self._size
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("the buffer's storage views are read-only")
+        view.buf = self._data
+        view.obj = self
+        view.len = self._size
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = "B"
+        view.ndim = 1
+        view.shape = self._shape
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
 
 
 _created = weakref.WeakSet()      # creators of live shared segments, closed (and unlinked) at exit
@@ -423,14 +476,17 @@ cdef class _ReplayCore:
     cdef tuple _names
     cdef dict _specs
     cdef dict _storage
+    cdef dict _ro_storage         # the same views on a read-only export of the mapping (``storage``)
     cdef object _slot_ids_arr
     cdef tuple _dtypes            # per field: the numpy dtype (for add's fast path)
     cdef tuple _scalar_types      # per field: the numpy scalar type whose values are exactly that dtype, or None
     cdef str _name                # shared segment name ('' for a private buffer)
     cdef bint _creator
     cdef int64_t _creator_pid     # the process that created the segment: only it unlinks (not a forked child)
+    cdef int _lock_fd             # creator: the segment's fd, holding a shared flock while the segment lives
     cdef bint _closed
     cdef int _users               # calls in flight on this handle: close() unmaps only when the last one returns
+    cdef int64_t _users_gen       # the fork generation ``_users`` counts in (a forked child starts from none)
     cdef int64_t _pid             # the process this handle last ran in
     cdef int64_t _gen             # fork generation it last ran in
     cdef public double _debug_copy_pause_s    # tests: sleep this long in add_batch between reserve and copy
@@ -446,10 +502,13 @@ cdef class _ReplayCore:
         self._name = ""
         self._closed = True
         self._max_raw = NAN
+        self._lock_fd = -1
 
     def __dealloc__(self):
         if self._owns_segment() and not self._closed:
             shm_unlink(_segment_path(self._name).encode())
+        if self._lock_fd >= 0:
+            c_close(self._lock_fd)
         free(self._off)
         free(self._row_bytes)
         free(self._typenum)
@@ -461,12 +520,17 @@ cdef class _ReplayCore:
 
     cdef _setup(self, capacity, fields, seed, bint prioritized, double alpha, double eps, fanout,
                 bint shared, name):
+        if self._off != NULL or self._mm is not None:
+            raise RuntimeError("this buffer is already initialised (__init__ called twice); make a new one")
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
             raise TypeError(f"capacity must be an int, got {capacity!r}")
         if capacity < 1 or capacity > 2**40:
             raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
         specs = _normalise_fields(fields)
         seed = self._check_seed(seed)
+        if prioritized and not vpow1(1.0 + eps, alpha) <= DBL_MAX / (2.0 * capacity):
+            raise ValueError(f"eps {eps!r} too large: (1 + eps) ** alpha must stay below {DBL_MAX / (2.0 * capacity):.3g} "
+                             f"so that {capacity} priorities sum to a finite total")
         if name is not None and not shared:
             raise ValueError("name is only for shared=True buffers")
         if name is not None:
@@ -532,19 +596,22 @@ cdef class _ReplayCore:
         path = _segment_path(name).encode()
         cdef int fd = _shm_create(path, total)
         if fd == -1:
-            if not _remove_if_stale(name):
+            found = remove_if_dead(name, SEGMENT_MAGIC, 0, _CREATOR_PID_OFFSET)
+            if found == "alive":
                 raise FileExistsError(f"a shared buffer named {name!r} exists and its creator is alive; "
                                       f"attach to it with attach({name!r}) or choose another name")
+            if found == "foreign":
+                raise FileExistsError(f"{SHM_DIR}/{name} exists and is not a PAL-Bench buffer; choose another name")
             fd = _shm_create(path, total)
             if fd == -1:
                 raise FileExistsError(f"a shared buffer named {name!r} was created meanwhile")
         try:
             mm = mmap.mmap(fd, total)
         except BaseException:
+            c_close(fd)
             shm_unlink(path)
             raise
-        finally:
-            c_close(fd)
+        self._lock_fd = fd          # kept open: its flock says the creator is alive
         self._creator = True
         self._creator_pid = getpid()
         _created.add(self)
@@ -587,6 +654,8 @@ cdef class _ReplayCore:
         self._records = self._base + h.records_offset
         self._slot_ids_arr = np.frombuffer(self._mm, dtype=np.int64, count=h.capacity, offset=h.slots_offset)
         self._storage = {}
+        self._ro_storage = {}
+        readonly = _ReadOnlyBlock(self._mm)
         cdef int f = 0
         for name, shape, dstr, off in spec:
             dtype = np.dtype(dstr)
@@ -598,9 +667,12 @@ cdef class _ReplayCore:
             self._native[f] = dtype.isnative
             for d, size in enumerate(shape):
                 self._dims[f * MAX_DIMS + d] = size
-            inner = tuple(int(x) for x in np.empty(shape, dtype=dtype).strides) if shape else ()
+            inner = tuple(dtype.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))   # C order
             self._storage[name] = np.ndarray((h.capacity,) + shape, dtype=dtype, buffer=self._mm,
                                              offset=h.records_offset + off, strides=(h.record_bytes,) + inner)
+            # what ``storage`` hands out: views of a read-only export, which no one can make writable
+            self._ro_storage[name] = np.ndarray((h.capacity,) + shape, dtype=dtype, buffer=readonly,
+                                                offset=h.records_offset + off, strides=(h.record_bytes,) + inner)
             f += 1
         if self._prioritized:
             tree_layout(&self._tree, h.capacity, h.fanout)
@@ -749,14 +821,14 @@ cdef class _ReplayCore:
                                f"stopped process? `pal-bench shm` lists the segments and their creators)")
         if rc != 0 and rc != EOWNERDEAD:
             raise ValueError(f"shared buffer {self._name!r} is corrupted: its lock is unusable ({os.strerror(rc)})")
+        if rc == EOWNERDEAD:        # a holder died: repair first (as every lock does), so that the lock stays usable
+            self._repair(True)      # (it only writes slots inside the table; impossible reservations are dropped)
+            pthread_mutex_consistent(&h.mutex)
         try:
             self._check_guarded()
         except BaseException:
             pthread_mutex_unlock(&h.mutex)
             raise
-        if rc == EOWNERDEAD:
-            self._repair(True)
-            pthread_mutex_consistent(&h.mutex)
         index = h.handles
         h.handles += 1
         h.lock_t0 = 0
@@ -770,6 +842,7 @@ cdef class _ReplayCore:
         cdef Header* h = self._h
         cdef int64_t cap = h.capacity, r, i, s, v, live = 0, active = 0, covered = 0
         cdef int64_t* ids = <int64_t*>(self._base + h.slots_offset)
+        cdef double leaf
         name = self._name
 
         def bad(word, value, expected):
@@ -800,8 +873,15 @@ cdef class _ReplayCore:
             covered += h.res[r].count
         if h.inflight != active:
             raise bad("inflight", h.inflight, f"{active} (the reservations in use)")
+        if h.kind == 1 and tree_check(&self._tree) != -1:
+            raise ValueError(f"shared buffer {name!r} is corrupted: its sum tree disagrees with its leaves")
         for s in range(cap):
             v = ids[s]
+            if h.kind == 1:
+                leaf = tree_get(&self._tree, s)
+                if not (0.0 <= leaf < INFINITY) or (v == SLOT_EMPTY and leaf != 0.0):
+                    raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} ({'empty' if v == SLOT_EMPTY else v}) "
+                                     f"has priority {leaf!r}")
             if v >= 0:
                 if v % cap != s or v >= h.next_id or v < h.next_id - cap:
                     raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} holds transition id {v}")
@@ -834,14 +914,18 @@ cdef class _ReplayCore:
         self._closed = True
         if self._owns_segment():
             shm_unlink(_segment_path(self._name).encode())
+        if self._lock_fd >= 0:
+            c_close(self._lock_fd)
+            self._lock_fd = -1
         _created.discard(self)
-        if self._users == 0:
+        if self._users == 0 or self._users_gen != _fork_generation:
             self._release()
 
     cdef void _release(self):
         """Drop this handle's references to the mapping: it is unmapped once no numpy view holds it."""
         self._h = NULL
         self._storage = {}
+        self._ro_storage = {}
         self._slot_ids_arr = None
         self._mv = None
         self._mm = None
@@ -851,6 +935,9 @@ cdef class _ReplayCore:
         another thread meanwhile leaves the mapping in place until ``_leave``."""
         if self._closed:
             raise ValueError("the buffer is closed")
+        if self._users_gen != _fork_generation:     # calls in flight in the parent's threads are not ours
+            self._users = 0
+            self._users_gen = _fork_generation
         self._users += 1
         return 0
 
@@ -881,9 +968,10 @@ cdef class _ReplayCore:
 
     # ------------------------------------------------------------------ the lock
 
-    cdef void _lock(self) noexcept nogil:
+    cdef int _lock(self) except -1 nogil:
         """Take the mutex (GIL not held); time the wait only when contended; repair after a dead holder
-        or a fork."""
+        or a fork. Raises (taking the GIL) when it cannot be taken: this thread holds it already, or it is
+        unusable."""
         cdef Header* h = self._h
         cdef int64_t t0 = 0
         cdef int rc
@@ -893,9 +981,9 @@ cdef class _ReplayCore:
         if rc == EBUSY:
             t0 = _now_ns()
             rc = pthread_mutex_lock(&h.mutex)
-        self._locked(rc, t0)
+        return self._locked(rc, t0)
 
-    cdef void _lock_gil(self):
+    cdef int _lock_gil(self) except -1:
         """Take the mutex while holding the GIL (wait with the GIL released only if it is busy)."""
         cdef int64_t t0 = 0
         cdef int rc
@@ -906,19 +994,28 @@ cdef class _ReplayCore:
             with nogil:
                 t0 = _now_ns()
                 rc = pthread_mutex_lock(&self._h.mutex)
-        self._locked(rc, t0)
+        return self._locked(rc, t0)
 
-    cdef inline void _locked(self, int rc, int64_t t0) noexcept nogil:
+    cdef inline int _locked(self, int rc, int64_t t0) except -1 nogil:
         cdef Header* h = self._h
         if rc == EOWNERDEAD:
             self._repair(True)
             pthread_mutex_consistent(&h.mutex)
+        elif rc != 0:
+            self._lock_failed(rc)
         if t0:
             h.lock_wait_ns += _now_ns() - t0
             h.lock_contended += 1
         # the hold time is timed on one section in 16 (a clock read costs ~50-100 ns) and scaled
         h.lock_count += 1
         h.lock_t0 = _now_ns() if (h.lock_count & 15) == 0 else 0
+        return 0
+
+    cdef int _lock_failed(self, int rc) except -1 with gil:
+        if rc == EDEADLK:
+            raise RuntimeError("this thread already holds the buffer's lock: a signal handler or a callback (a file "
+                               "object's write() during save) called into the buffer while it was in use")
+        raise OSError(rc, f"the buffer's lock is unusable ({os.strerror(rc)}): the shared segment is corrupted")
 
     cdef inline void _unlock(self) noexcept nogil:
         cdef Header* h = self._h
@@ -970,15 +1067,18 @@ cdef class _ReplayCore:
         live writer owns are emptied too, live slots whose leaf is zero get the max priority, and the tree
         and size are rebuilt."""
         cdef Header* h = self._h
-        cdef int64_t r, i, s, cap = h.capacity, size = 0, live_res = 0
+        cdef int64_t r, i, s, cap = self.capacity, size = 0, live_res = 0
         cdef bint any_dead = False
         for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid and _pid_dead(h.res[r].pid):
+            if h.res[r].pid and (_pid_dead(h.res[r].pid) or h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
                 any_dead = True
         if not any_dead and not holder_died:
             return
         for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid and _pid_dead(h.res[r].pid):
+            if h.res[r].pid and (h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
+                h.res[r].pid = 0                # impossible (scribbled on): dropped, its slots found below
+                h.inflight -= 1
+            elif h.res[r].pid and _pid_dead(h.res[r].pid):
                 for i in range(h.res[r].count):
                     s = (h.res[r].first + i) % cap
                     if self._slot_ids[s] == SLOT_INFLIGHT:
@@ -1009,7 +1109,7 @@ cdef class _ReplayCore:
 
     cdef bint _reserved_by_live(self, int64_t s) noexcept nogil:
         cdef Header* h = self._h
-        cdef int64_t r, cap = h.capacity, k
+        cdef int64_t r, cap = self.capacity, k
         for r in range(MAX_RESERVATIONS):
             if h.res[r].pid:
                 k = (s - h.res[r].first % cap + cap) % cap
@@ -1033,12 +1133,7 @@ cdef class _ReplayCore:
         """``{name: array[capacity, *shape]}``: read-only views of each field's slots (row-major records
         underneath, so the views are strided). Rows of empty or in-flight slots are meaningless."""
         self._check_open()
-        out = {}
-        for name, arr in self._storage.items():
-            v = arr.view()
-            v.flags.writeable = False
-            out[name] = v
-        return out
+        return {name: arr.view() for name, arr in self._ro_storage.items()}
 
     @property
     def total_added(self) -> int:
@@ -1095,18 +1190,22 @@ cdef class _ReplayCore:
         """(lock held) Reserve ``n_rows`` ids; the kept ones (the last ``min(n_rows, capacity)``) are
         marked in-flight and recorded in a reservation entry (``entry``; -1 for none wanted). Returns 1
         if a slot is still being written by another writer, 2 if the reservation table is full (the
-        caller retries), 0 on success."""
+        caller retries), 3 if the header's ``next_id`` is impossible (another process scribbled on it), 0 on
+        success."""
         cdef Header* h = self._h
-        cdef int64_t m = n_rows if n_rows < h.capacity else h.capacity
+        cdef int64_t cap = self.capacity       # this handle's copy, checked at attach (not the header's)
+        cdef int64_t m = n_rows if n_rows < cap else cap
+        if not 0 <= h.next_id <= MAX_NEXT_ID:
+            return 3
         cdef int64_t start = h.next_id + n_rows - m, r, s, new = 0
-        cdef int64_t s0 = start % h.capacity
+        cdef int64_t s0 = start % cap
         cdef int e = -1
         s = s0
         for r in range(m):
             if self._slot_ids[s] == SLOT_INFLIGHT:
                 return 1
             s += 1
-            if s == h.capacity:
+            if s == cap:
                 s = 0
         if entry != NULL:
             for r in range(MAX_RESERVATIONS):
@@ -1125,21 +1224,27 @@ cdef class _ReplayCore:
                 new += 1
             self._slot_ids[s] = SLOT_INFLIGHT
             s += 1
-            if s == h.capacity:
+            if s == cap:
                 s = 0
         first_id[0] = h.next_id
         n_new[0] = new
         h.next_id += n_rows
         return 0
 
-    cdef void _wait_for_writers(self, int64_t* spins) noexcept nogil:
-        """(lock not held) Back off while another writer copies; now and then reap dead writers."""
+    cdef int _wait_for_writers(self, int64_t* spins) except -1 nogil:
+        """(lock not held) Back off while another writer copies; now and then reap dead writers, and let
+        Python's signal handlers run (a writer stopped mid-copy must not make Ctrl-C or SIGTERM wait): raises
+        what a handler raised."""
         spins[0] += 1
         if spins[0] % SPIN_BEFORE_REAP == 0:
             self._lock()
             self._repair(False)
             self._unlock()
+        if spins[0] % SPIN_BEFORE_SIGNALS == 0:
+            with gil:
+                PyErr_CheckSignals()
         sched_yield()
+        return 0
 
     cdef inline double _stored_priority(self, double raw) noexcept nogil:
         return vpow1(raw + self._eps, self._alpha)
@@ -1216,11 +1321,13 @@ cdef class _ReplayCore:
         self._lock_gil()
         while True:
             busy = self._reserve(1, &tid, &n_new, NULL)
-            if not busy:
+            if busy == 0:
                 break
             self._unlock()
+            if busy == 3:
+                raise ValueError(_CORRUPT_NEXT_ID)
             with nogil:
-                self._wait_for_writers(&spins)
+                self._wait_for_writers(&spins)      # raises what a signal handler raised (Ctrl-C)
             self._lock_gil()
         slot = tid % self.capacity
         for f in range(n):
@@ -1363,50 +1470,57 @@ cdef class _ReplayCore:
             sv = stored
             for r in range(m):
                 values[r] = sv[r]
-        with nogil:
-            self._lock()
-            while True:
-                busy = self._reserve(B, &first, &n_new, &e)
-                if not busy:
-                    break
-                self._unlock()
-                self._wait_for_writers(&spins)
+        try:
+            with nogil:
                 self._lock()
-            h.inflight += 1
-            self._unlock()
-            if pause_us > 0:
-                usleep(<unsigned int>pause_us)
-            # copy the kept rows into their records, field by field over at most two runs of slots
-            # (the ring may wrap once: m <= capacity)
-            s = (first + skip) % self.capacity
-            run = m if s + m <= self.capacity else self.capacity - s
-            for f in range(self._n_fields):
-                src[f] += skip * self._row_bytes[f]
-                _scatter(self._records, RB, self._off[f], self._row_bytes[f], src[f], s, run)
-                if run < m:
-                    _scatter(self._records, RB, self._off[f], self._row_bytes[f],
-                             src[f] + run * self._row_bytes[f], 0, m - run)
-            for r in range(m):
-                slots[r] = s
-                s += 1
-                if s == self.capacity:
-                    s = 0
-            self._lock()
-            for r in range(m):
-                self._slot_ids[slots[r]] = first + skip + r
-            h.size += n_new
-            if self._prioritized:
-                if stored is None:
-                    values[0] = self._new_priority()
-                    for r in range(1, m):
-                        values[r] = values[0]
-                elif raw_max > h.max_priority:
-                    h.max_priority = raw_max
-                self._tree_set_batch(slots, values, m, scratch)
-            h.res[e].pid = 0
-            h.inflight -= 1
-            self._unlock()
-        free(src); free(slots); free(scratch); free(values)
+                while True:
+                    busy = self._reserve(B, &first, &n_new, &e)
+                    if busy == 0 or busy == 3:
+                        break
+                    self._unlock()
+                    self._wait_for_writers(&spins)      # raises what a signal handler raised (Ctrl-C)
+                    self._lock()
+                if busy == 3:
+                    self._unlock()
+                else:
+                    h.inflight += 1
+                    self._unlock()
+                    if pause_us > 0:
+                        usleep(<unsigned int>pause_us)
+                    # copy the kept rows into their records, field by field over at most two runs of slots
+                    # (the ring may wrap once: m <= capacity)
+                    s = (first + skip) % self.capacity
+                    run = m if s + m <= self.capacity else self.capacity - s
+                    for f in range(self._n_fields):
+                        src[f] += skip * self._row_bytes[f]
+                        _scatter(self._records, RB, self._off[f], self._row_bytes[f], src[f], s, run)
+                        if run < m:
+                            _scatter(self._records, RB, self._off[f], self._row_bytes[f],
+                                     src[f] + run * self._row_bytes[f], 0, m - run)
+                    for r in range(m):
+                        slots[r] = s
+                        s += 1
+                        if s == self.capacity:
+                            s = 0
+                    self._lock()
+                    for r in range(m):
+                        self._slot_ids[slots[r]] = first + skip + r
+                    h.size += n_new
+                    if self._prioritized:
+                        if stored is None:
+                            values[0] = self._new_priority()
+                            for r in range(1, m):
+                                values[r] = values[0]
+                        elif raw_max > h.max_priority:
+                            h.max_priority = raw_max
+                        self._tree_set_batch(slots, values, m, scratch)
+                    h.res[e].pid = 0
+                    h.inflight -= 1
+                    self._unlock()
+        finally:
+            free(src); free(slots); free(scratch); free(values)
+        if busy == 3:
+            raise ValueError(_CORRUPT_NEXT_ID)
         ids = cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0)
         cdef int64_t* iv = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>ids)
         for r in range(B):
@@ -1425,8 +1539,8 @@ cdef class _ReplayCore:
     cdef int _draw(self, int64_t n_pending, const int64_t* pending, int64_t* slots, int64_t* ids,
                    double* prio, int64_t* found, double* min_p) noexcept nogil:
         """Draw slots for the pending positions (lock held); ``found`` is scratch of the batch size.
-        Returns 1 if all priorities are zero, 2 if the tree led past the last slot (corrupted). Each drawn record
-        is prefetched for the gather."""
+        Returns 1 if all priorities are zero, 2 if the tree led to an empty slot or past the last one (corrupted),
+        3 if nothing is stored. Each drawn record is prefetched for the gather."""
         cdef int64_t q, k, s, hi
         cdef double total
         if self._prioritized:
@@ -1447,11 +1561,17 @@ cdef class _ReplayCore:
                 slots[k] = s
                 _prefetch_record(self._records + s * self._rb_total, self._rb_total)
                 ids[k] = self._slot_ids[s]
+                if ids[k] == SLOT_EMPTY:        # an empty slot has priority 0: only a corrupted tree leads there
+                    return 2
             for q in range(n_pending):
                 k = pending[q]
                 prio[k] = tree_get(&self._tree, slots[k])
         else:
+            if self._h.size <= 0:               # every writer so far died before committing
+                return 3
             hi = self._h.next_id if self._h.next_id < self.capacity else self.capacity
+            if hi < 1:
+                return 3
             for q in range(n_pending):
                 k = pending[q]
                 s = <int64_t>(rng_uniform(&self._rng) * hi)
@@ -1469,10 +1589,9 @@ cdef class _ReplayCore:
             dims[d + 1] = self._dims[f * MAX_DIMS + d]
         return new_array(self._dtypes[f], self._ndim[f] + 1, dims)
 
-    cdef object _out_array(self, dict out, str name, object dtype, int ndim, const int64_t* dims, int64_t B):
-        """``out[name]`` if it is a writable C-contiguous ndarray of ``dtype`` and shape [B, *dims], else
+    cdef object _out_array(self, arr, str name, object dtype, int ndim, const int64_t* dims, int64_t B):
+        """``arr`` (``out[name]``) if it is a writable C-contiguous ndarray of ``dtype`` and shape [B, *dims], else
         ValueError naming what differs."""
-        arr = out.get(name)
         if not cnp.PyArray_Check(arr):
             raise ValueError(f"out[{name!r}] must be a numpy array (pass a dict an earlier sample() returned), "
                              f"got {type(arr).__name__}")
@@ -1493,7 +1612,7 @@ cdef class _ReplayCore:
             raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
         return a
 
-    cdef int _check_disjoint(self, dict out) except -1:
+    cdef int _check_disjoint(self, list arrays) except -1:
         """The ``out`` arrays (each C-contiguous, checked before) occupy disjoint bytes, none of them the buffer's
         own: rows written through one array must not change another (``weights`` aliasing ``indices`` made the
         seqlock check fail for ever)."""
@@ -1504,7 +1623,7 @@ cdef class _ReplayCore:
         if span == NULL:
             raise MemoryError()
         for i in range(n):
-            a = <cnp.ndarray>out[self._names[i] if i < self._n_fields else ("indices", "weights")[i - self._n_fields]]
+            a = <cnp.ndarray>arrays[i]
             span[2 * i] = <size_t>cnp.PyArray_DATA(a)
             span[2 * i + 1] = span[2 * i] + <size_t>cnp.PyArray_NBYTES(a)
             if bad_i < 0 and span[2 * i] < hi_buf and lo_buf < span[2 * i + 1]:
@@ -1562,86 +1681,78 @@ cdef class _ReplayCore:
         if self._h.size == 0:
             raise ValueError("cannot sample from an empty buffer")
         cdef int64_t B = batch_size
-        cdef int f
+        cdef int f, nf = self._n_fields
         cdef int64_t one = 1
-        if out is None:
-            out = {}
-            for f in range(self._n_fields):
-                out[self._names[f]] = self._new_rows(f, B)
-            out["indices"] = cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0)
-            out["weights"] = cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_FLOAT64, 0)
+        cdef list arrays              # the out arrays, each taken from ``out`` once and held here: a thread that
+        if out is None:               # replaces an entry of ``out`` meanwhile cannot free what is being written
+            arrays = [self._new_rows(f, B) for f in range(nf)]
+            arrays.append(cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0))
+            arrays.append(cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_FLOAT64, 0))
+            out = dict(zip(self._names + ("indices", "weights"), arrays))
         else:
-            for f in range(self._n_fields):
-                self._out_array(out, self._names[f], self._dtypes[f], self._ndim[f], self._dims + f * MAX_DIMS, B)
-            self._out_array(out, "indices", _INT64, 0, &one, B)
-            self._out_array(out, "weights", _FLOAT64, 0, &one, B)
-            self._check_disjoint(out)
-        cdef char** dst = <char**>malloc(self._n_fields * sizeof(char*))
+            arrays = [out.get(name) for name in self._names + ("indices", "weights")]
+            for f in range(nf):
+                self._out_array(arrays[f], self._names[f], self._dtypes[f], self._ndim[f], self._dims + f * MAX_DIMS, B)
+            self._out_array(arrays[nf], "indices", _INT64, 0, &one, B)
+            self._out_array(arrays[nf + 1], "weights", _FLOAT64, 0, &one, B)
+            self._check_disjoint(arrays)
+        cdef int64_t* ids = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>arrays[nf])
+        cdef double* w = <double*>cnp.PyArray_DATA(<cnp.ndarray>arrays[nf + 1])
+        # one block: the field destinations (nf pointers), then four scratch arrays of B entries each (slots,
+        # pending, found: int64; prio: double)
+        cdef char** dst = <char**>malloc(nf * sizeof(char*) + 4 * B * sizeof(int64_t))
         if dst == NULL:
             raise MemoryError()
-        for f in range(self._n_fields):
-            dst[f] = <char*>cnp.PyArray_DATA(<cnp.ndarray>out[self._names[f]])
-        ids_arr = out["indices"]
-        w_arr = out["weights"]
-        cdef int64_t* ids = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>ids_arr)
-        cdef double* w = <double*>cnp.PyArray_DATA(<cnp.ndarray>w_arr)
-        # one block for the four scratch arrays of B entries each (slots, pending, found: int64; prio: double)
-        cdef int64_t* scratch = <int64_t*>malloc(4 * B * sizeof(int64_t))
-        if scratch == NULL:
-            free(dst)
-            raise MemoryError()
-        cdef int64_t* slots = scratch
-        cdef int64_t* pending = scratch + B
-        cdef int64_t* found = scratch + 2 * B
-        cdef double* prio = <double*>(scratch + 3 * B)
+        for f in range(nf):
+            dst[f] = <char*>cnp.PyArray_DATA(<cnp.ndarray>arrays[f])
+        cdef int64_t* slots = <int64_t*>(dst + nf)
+        cdef int64_t* pending = slots + B
+        cdef int64_t* found = slots + 2 * B
+        cdef double* prio = <double*>(slots + 3 * B)
         cdef int64_t q, k, n_pending = B, n_next, spins = 0, RB = self._rb_total
         cdef double min_p = 1.0, beta_c = beta
         cdef int zero = 0
-        interrupt = None
         for q in range(B):
             pending[q] = q
-        with nogil:
-            while n_pending > 0:
-                self._lock()
-                zero = self._draw(n_pending, pending, slots, ids, prio, found, &min_p)
-                self._unlock()
-                if zero:
-                    break
-                if self._prioritized:       # (p_min / p)^beta, through one vector pow (``found`` is free now)
+        try:
+            with nogil:
+                while n_pending > 0:
+                    self._lock()
+                    zero = self._draw(n_pending, pending, slots, ids, prio, found, &min_p)
+                    self._unlock()
+                    if zero:
+                        break
+                    if self._prioritized:       # (p_min / p)^beta, through one vector pow (``found`` is free now)
+                        for q in range(n_pending):
+                            (<double*>found)[q] = min_p / prio[pending[q]]
+                        vpow(<double*>found, <double*>found, n_pending, beta_c)
+                        for q in range(n_pending):
+                            w[pending[q]] = (<double*>found)[q]
+                    else:
+                        for q in range(n_pending):
+                            w[pending[q]] = 1.0
+                    for f in range(nf):
+                        _gather(dst[f], self._records, RB, self._off[f], self._row_bytes[f], pending, n_pending,
+                                slots)
+                    # seqlock check: keep rows whose slot still holds the id it had when drawn
+                    self._lock()
+                    n_next = 0
                     for q in range(n_pending):
-                        (<double*>found)[q] = min_p / prio[pending[q]]
-                    vpow(<double*>found, <double*>found, n_pending, beta_c)
-                    for q in range(n_pending):
-                        w[pending[q]] = (<double*>found)[q]
-                else:
-                    for q in range(n_pending):
-                        w[pending[q]] = 1.0
-                for f in range(self._n_fields):
-                    _gather(dst[f], self._records, RB, self._off[f], self._row_bytes[f], pending, n_pending, slots)
-                # seqlock check: keep rows whose slot still holds the id it had when drawn
-                self._lock()
-                n_next = 0
-                for q in range(n_pending):
-                    k = pending[q]
-                    if ids[k] < 0 or self._slot_ids[slots[k]] != ids[k]:
-                        pending[n_next] = k
-                        n_next += 1
-                self._unlock()
-                n_pending = n_next
-                if n_pending:
-                    self._wait_for_writers(&spins)
-                    if spins % 4096 == 0:       # a writer that never commits: stay interruptible (Ctrl-C)
-                        with gil:
-                            interrupt = _pending_signal()
-                            if interrupt is not None:
-                                break
-        free(dst)
-        free(scratch)
-        if interrupt is not None:
-            raise interrupt
+                        k = pending[q]
+                        if ids[k] < 0 or self._slot_ids[slots[k]] != ids[k]:
+                            pending[n_next] = k
+                            n_next += 1
+                    self._unlock()
+                    n_pending = n_next
+                    if n_pending:
+                        self._wait_for_writers(&spins)     # raises what a signal handler raised (Ctrl-C)
+        finally:
+            free(dst)
         if zero == 2:
-            raise ValueError("cannot sample: the sum tree leads past the last slot (the shared segment was "
-                             "corrupted?)")
+            raise ValueError("cannot sample: the sum tree leads to an empty slot or past the last one (the shared "
+                             "segment was corrupted?)")
+        if zero == 3:
+            raise ValueError("cannot sample from an empty buffer")
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
         return out
@@ -1874,10 +1985,18 @@ cdef class _ReplayCore:
         the file, before anything is allocated: a file either restores a buffer whose invariants hold
         or raises ``ValueError``, using at most the memory a valid file of its capacity needs."""
         label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<file>"
-        _check_source(source, label)
+        fh = _open_source(source, label)
         try:
-            with zipfile.ZipFile(source) as zf:
-                meta = _validated_meta(zf, cls is PrioritizedReplayBuffer, _file_size(source, zf))
+            return cls._load_from(fh, label, shared, name)
+        finally:
+            if fh is not source:
+                fh.close()
+
+    @classmethod
+    def _load_from(cls, fh, str label, shared, name):
+        try:
+            with zipfile.ZipFile(fh) as zf:
+                meta = _validated_meta(zf, cls is PrioritizedReplayBuffer, _file_size(fh, zf))
                 fields = {n: (tuple(s), np.dtype(d)) for n, s, d in meta["fields"]}
                 if meta["kind"] == "prioritized":
                     buf = PrioritizedReplayBuffer(meta["capacity"], fields, alpha=meta["alpha"],
@@ -1999,15 +2118,6 @@ cdef class _ReplayCore:
         self._unlock()
 
 
-cdef object _pending_signal():
-    """The exception a Python signal handler raised just now (KeyboardInterrupt for Ctrl-C), or None."""
-    try:
-        PyErr_CheckSignals()
-    except BaseException as e:      # noqa: BLE001 - handed back to be raised where memory is freed
-        return e
-    return None
-
-
 def _load_bytes(cls, bytes data):
     return cls.load(io.BytesIO(data))
 
@@ -2034,13 +2144,29 @@ def _header_offsets() -> dict:
             "res": <size_t>&h.res[0] - base, "mutex": <size_t>&h.mutex - base}
 
 
+_CREATOR_PID_OFFSET = _header_offsets()["creator_pid"]
+
+
+def _creator_alive(int fd, int64_t pid) -> bool:
+    """Someone holds the creator's flock on the segment open as ``fd``, or ``pid`` is a live process here."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return 0 < pid < 2**31 and not _pid_dead(pid)
+
+
 def segment_info(str name):
     """What the header of ``/dev/shm/<name>`` says, read without mapping or locking it: ``{"name", "bytes",
     "kind", "capacity", "creator_pid", "creator_alive", "size"}``; None if it is not a PAL-Bench segment. The
     counts are a snapshot (read without the lock)."""
     path = os.path.join(SHM_DIR, name)
+    cdef Header h
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -2048,50 +2174,77 @@ def segment_info(str name):
         if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER_BYTES:
             return None
         data = os.pread(fd, sizeof(Header), 0)
+        if len(data) != sizeof(Header):
+            return None
+        memcpy(&h, <const char*>data, sizeof(Header))
+        if h.magic != SEGMENT_MAGIC:
+            return None
+        alive = _creator_alive(fd, h.creator_pid)
     finally:
         os.close(fd)
-    if len(data) != sizeof(Header):
-        return None
-    cdef Header h
-    memcpy(&h, <const char*>data, sizeof(Header))
-    if h.magic != SEGMENT_MAGIC:
-        return None
     return {"name": name, "bytes": st.st_size, "kind": "prioritized" if h.kind == 1 else "uniform",
-            "capacity": h.capacity, "creator_pid": h.creator_pid,
-            "creator_alive": 0 < h.creator_pid < 2**31 and not _pid_dead(h.creator_pid), "size": h.size}
+            "capacity": h.capacity, "creator_pid": h.creator_pid, "creator_alive": alive, "size": h.size}
 
 
-def _remove_if_stale(str name) -> bool:
-    """Unlink segment ``name`` if its creator process is gone (or it is not a readable buffer header);
-    False when its creator is alive."""
-    path = _segment_path(name).encode()
-    cdef int fd = shm_open(path, O_RDONLY, 0)
-    if fd < 0:
-        return errno == ENOENT
-    cdef Header h
-    memset(&h, 0, sizeof(Header))
+def remove_if_dead(str name, int64_t magic, int magic_offset, int pid_offset) -> str:
+    """Unlink ``/dev/shm/<name>`` if it is a PAL-Bench segment (``magic`` at byte ``magic_offset`` of its header)
+    whose creator is gone: nobody holds the creator's flock on it and its creator pid is not a live process here
+    (either says alive: the flock covers creators in another pid namespace, the pid covers segments made before
+    the flock). Returns ``"removed"`` (or ``"gone"`` if it vanished meanwhile), ``"alive"`` or ``"foreign"`` (not
+    a regular file, or no magic: left alone). The unlink happens under an exclusive flock, after checking that
+    the name still refers to the file examined."""
+    path = os.path.join(SHM_DIR, name)
     try:
-        data = os.pread(fd, sizeof(Header), 0)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return "foreign"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "foreign"
+        head = os.pread(fd, max(magic_offset, pid_offset) + 8, 0)
+        if len(head) < max(magic_offset, pid_offset) + 8:
+            return "foreign"
+        words = np.frombuffer(head, dtype=np.int64)
+        if int(words[magic_offset // 8]) != <int64_t>magic:
+            return "foreign"
+        pid = int(words[pid_offset // 8])
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "alive"
+        if 0 < pid < 2**31 and not _pid_dead(pid):
+            return "alive"
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return "gone"
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return "alive"                  # replaced meanwhile by a new creator
+        os.unlink(path)
+        return "removed"
     finally:
-        c_close(fd)
-    if len(data) == sizeof(Header):
-        memcpy(&h, <const char*>data, sizeof(Header))
-        if h.magic == SEGMENT_MAGIC and not _pid_dead(h.creator_pid):
-            return False
-    shm_unlink(path)
-    return True
+        os.close(fd)
 
 
-def _check_source(source, str label) -> None:
-    """``load``'s source is a regular file (a path, or a seekable binary file object), before anything is read:
-    a device, a FIFO or a directory is a ValueError (``/dev/zero`` would be read until memory runs out)."""
+def _open_source(source, str label):
+    """``load``'s source as a binary file object, checked to be a regular file (a path, opened here once, without
+    blocking: a FIFO cannot stall it), or a seekable binary file object, before anything is read: a device, a
+    FIFO or a directory is a ValueError (``/dev/zero`` would be read until memory runs out)."""
     if isinstance(source, (str, os.PathLike)):
         if "\x00" in os.fspath(source):
             raise ValueError(f"{label!r}: a path with a NUL byte")
-        mode = os.stat(source).st_mode          # FileNotFoundError / PermissionError as they are
-        if not stat.S_ISREG(mode):
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # FileNotFoundError etc. as they are
+        except IsADirectoryError:
+            raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
             raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)")
-        return
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
     if isinstance(source, io.TextIOBase) or not hasattr(source, "read"):
         raise ValueError(f"{label}: expected a path or a binary file object opened for reading, got "
                          f"{type(source).__name__}")
@@ -2105,9 +2258,10 @@ def _check_source(source, str label) -> None:
     try:
         fd = source.fileno()
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return                                  # in memory (io.BytesIO): its size is what it holds
+        return source                           # in memory (io.BytesIO): its size is what it holds
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)")
+    return source
 
 
 def _file_size(source, zf) -> int:

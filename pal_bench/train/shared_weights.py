@@ -20,6 +20,7 @@ SIGBUS at a later write.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import mmap
 import os
 import secrets
@@ -53,24 +54,32 @@ def _path(name: str) -> Path:
     return SHM_DIR / name
 
 
+MAGIC_OFFSET, PID_OFFSET = 8, 16       # header bytes of the magic and the creator's pid
+
+
 def segment_info(name: str) -> dict | None:
-    """``{"name", "bytes", "creator_pid"}`` of the weights block ``/dev/shm/<name>``, read without mapping it;
-    None if it is not one."""
+    """``{"name", "bytes", "creator_pid", "creator_alive"}`` of the weights block ``/dev/shm/<name>``, read without
+    mapping it; None if it is not one. Alive: the creator's flock is held, or its pid is a live process here."""
+    from pal_bench._replay import _creator_alive
+
     try:
-        fd = os.open(_path(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.lstat(_path(name)).st_mode):
+            return None
+        fd = os.open(_path(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
         st = os.fstat(fd)
         head = os.pread(fd, 24, 0) if st.st_size >= HEADER and stat.S_ISREG(st.st_mode) else b""
+        if len(head) != 24:
+            return None
+        _, magic, pid = (int(w) for w in np.frombuffer(head, dtype=np.int64))
+        if magic != MAGIC:
+            return None
+        alive = _creator_alive(fd, pid)
     finally:
         os.close(fd)
-    if len(head) != 24:
-        return None
-    _, magic, pid = np.frombuffer(head, dtype=np.int64)
-    if int(magic) != MAGIC:
-        return None
-    return {"name": name, "bytes": st.st_size, "creator_pid": int(pid)}
+    return {"name": name, "bytes": st.st_size, "creator_pid": pid, "creator_alive": alive}
 
 
 def spec_of(state_dict: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
@@ -88,7 +97,7 @@ class SharedWeights:
     """A seqlocked block holding one state dict. ``create(spec)`` in the publishing process, ``attach(name, spec)``
     in readers (``spec`` from ``spec_of``; it travels once, at start-up, with the name)."""
 
-    def __init__(self, name: str, mm: mmap.mmap, spec, creator: bool):
+    def __init__(self, name: str, mm: mmap.mmap, spec, creator: bool, lock_fd: int = -1):
         self._name, self._mm, self.spec, self.creator = name, mm, [(n, tuple(s), d) for n, s, d in spec], creator
         offsets, size = _layout(self.spec)
         if len(mm) < size:
@@ -106,7 +115,7 @@ class SharedWeights:
                        for (n, s, d), o in zip(self.spec, offsets)}
         self._closed = False
         self._finalizer = weakref.finalize(self, SharedWeights._release, mm, _path(name) if creator else None,
-                                           os.getpid())
+                                           os.getpid(), lock_fd)
         if creator:
             atexit.register(self._finalizer)
 
@@ -115,8 +124,9 @@ class SharedWeights:
         """A new block (``FileExistsError`` if ``name`` is taken)."""
         _, size = _layout(spec)
         name = name or f"pal_w_{os.getpid()}_{secrets.token_hex(4)}"
-        fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)     # held while the creator lives: `pal-bench shm` tells it is alive
             os.ftruncate(fd, size)
             try:
                 os.posix_fallocate(fd, 0, size)
@@ -127,11 +137,10 @@ class SharedWeights:
                               ) from None
             mm = mmap.mmap(fd, size)
         except BaseException:
+            os.close(fd)
             os.unlink(_path(name))
             raise
-        finally:
-            os.close(fd)
-        return cls(name, mm, spec, creator=True)
+        return cls(name, mm, spec, creator=True, lock_fd=fd)
 
     @classmethod
     def attach(cls, name: str, spec) -> SharedWeights:
@@ -144,7 +153,7 @@ class SharedWeights:
         return cls(name, mm, spec, creator=False)
 
     @staticmethod
-    def _release(mm: mmap.mmap, unlink: Path | None, creator_pid: int) -> None:
+    def _release(mm: mmap.mmap, unlink: Path | None, creator_pid: int, lock_fd: int) -> None:
         try:
             mm.close()
         except BufferError:          # a view still exported: the mapping goes at process exit
@@ -154,6 +163,8 @@ class SharedWeights:
                 unlink.unlink()
             except FileNotFoundError:
                 pass
+        if lock_fd >= 0:
+            os.close(lock_fd)
 
     @property
     def name(self) -> str:
