@@ -36,7 +36,11 @@ def _train(args) -> int:
     except KeyboardInterrupt as e:       # Ctrl-C, or SIGTERM / SIGHUP (Interrupted): the same clean stop
         signum = getattr(e, "signum", None)
         how = "interrupted" if signum is None else f"stopped by {signal.Signals(signum).name}"
-        print(f"\n{how}: final checkpoint in {cfg.run_dir()}", file=sys.stderr)
+        try:                             # stopped during start-up, a run may have none to show
+            where = f"last checkpoint {trainer.recorder.checkpoint_files()[0].parent}"
+        except (OSError, ValueError):
+            where = f"no checkpoint written in {cfg.run_dir()}"
+        print(f"\n{how}: {where}", file=sys.stderr)
         return 130 if signum is None else 128 + signum
     except TrainingError as e:           # divergence, an actor past its restarts: the line says what failed
         print(f"pal-bench train: {e}", file=sys.stderr)
