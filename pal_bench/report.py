@@ -219,10 +219,11 @@ def draw_study_figures(results: Path) -> list[Path]:
         suffix = "" if task == "full" else f"_{task}"
         if (results / f"race{suffix}_curves.csv").exists():
             from pal_bench.studies.race import TASKS
-            from pal_bench.studies.race import draw as draw_race
+            from pal_bench.studies.race.figure import draw as draw_race
 
-            figures.append(draw_race(pd.read_csv(results / f"race{suffix}_curves.csv"), task, TASKS[task],
-                                     results / "figures" / f"race{suffix}.png"))
+            curves = pd.read_csv(results / f"race{suffix}_curves.csv")
+            for track, c in curves.groupby("track"):
+                figures.append(draw_race(c, track, TASKS[task], results / "figures" / f"race{suffix}_{track}.png"))
     for base in (results, results / "full"):
         if (base / "longhaul.csv").exists() and (base / "longhaul_timeline.csv").exists():
             from pal_bench.studies.longhaul.experiment import draw as draw_longhaul

@@ -25,7 +25,7 @@ def no_measuring(monkeypatch, tmp_path):
         monkeypatch.setattr(importlib.import_module(f"pal_bench.studies.{name}"), "refuse_if_busy", _tripwire)
     monkeypatch.setattr("pal_bench.bench.conditions.refuse_if_busy", _tripwire)
     monkeypatch.setattr("pal_bench.studies.dse.solve", _tripwire)
-    for name in ("run_one", "profile_framework", "dse_split"):
+    for name in ("run_one", "profile_framework"):
         monkeypatch.setattr(f"pal_bench.studies.race_profile.{name}", _tripwire)
     monkeypatch.chdir(tmp_path)
 

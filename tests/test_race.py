@@ -1,275 +1,296 @@
-"""The race's bookkeeping and stop rules, and the plug-in benchmark's tables and buffer clock."""
+"""The race's machinery: the matched-settings check, the clock (evaluation outside the training clock, the speed
+span), the speed probe and its re-run rule, the order-statistic interval of a median, resumable storage, the
+tables; and one real run of PAL's contestants on the smoke task."""
+
+from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pal_bench.studies import plugin as plugin_bench
-from pal_bench.studies import race
+from pal_bench.bench.stats import median_order_ci, pairing_range
+from pal_bench.studies.race import orchestrate, results
+from pal_bench.studies.race.clock import Clock
+from pal_bench.studies.race.probe import probe_outliers, speed_probe
+from pal_bench.studies.race.run import env_dims, run_one
+from pal_bench.studies.race.task import MATCHED, TASKS, SettingsMismatch, check_matched
 
-SMOKE = race.TASKS["smoke"]
-
-
-def test_clock_stops_at_target_or_budget():
-    task = dataclasses.replace(SMOKE, target=50.0, max_steps=5_000, eval_episodes=1)
-    clock = race.Clock(task, seed=0, t0=time.perf_counter())
-    assert clock.due(1_000) and not clock.due(999)
-    assert not clock.record(1_000, lambda obs: 0)          # always-left CartPole: ~10, below target
-    assert clock.next_eval == 2_000 and clock.curve[0]["mean_return"] < 50
-    assert clock.record(5_000, lambda obs: 0)               # the step budget is spent
-    assert clock.next_eval == 6_000
-    reached = race.Clock(dataclasses.replace(task, target=-1.0), seed=0, t0=time.perf_counter())
-    assert reached.record(1_000, lambda obs: 0)
-    out_of_time = race.Clock(dataclasses.replace(task, max_wall_s=0.0), seed=0, t0=time.perf_counter())
-    assert out_of_time.done(0)
+SMOKE = TASKS["smoke"]
+LUNAR = (8, 4)
 
 
-def test_summary_and_table_report_unreached_runs_as_such():
-    runs = [{"contestant": "pal", "seed": 0, "setup_s": 1.0, "wall_s": 30.0,
-             "curve": [{"env_steps": 1000, "wall_s": 10.0, "mean_return": 50.0},
-                       {"env_steps": 2000, "wall_s": 20.0, "mean_return": 210.0}]},
-            {"contestant": "rllib", "seed": 0, "setup_s": 8.0, "wall_s": 90.0,
-             "curve": [{"env_steps": 1000, "wall_s": 30.0, "mean_return": 20.0},
-                       {"env_steps": 2000, "wall_s": 80.0, "mean_return": 205.0}]},
-            {"contestant": "tianshou", "seed": 0, "setup_s": 2.0, "wall_s": 60.0,
-             "curve": [{"env_steps": 1000, "wall_s": 60.0, "mean_return": 120.0}]}]
-    task = dataclasses.replace(SMOKE, target=200.0)
-    rows = pd.DataFrame([race.summarise(r, task) for r in runs])
-    assert rows.reached.tolist() == [True, True, False]
-    assert rows.wall_to_target_s.tolist()[:2] == [20.0, 80.0] and rows.steps_to_target.tolist()[:2] == [2000, 2000]
-    t = race.race_table(rows).set_index("contestant")
-    assert t.loc["rllib", "speedup"] == pytest.approx(4.0) and t.loc["rllib", "speedup_bound"] == ""
-    # a run that never reached the target counts at the time it ran: its speedup is a lower bound
-    assert t.loc["tianshou", "reached"] == 0 and t.loc["tianshou", "median_wall_to_target_s"] == 60.0
-    assert t.loc["tianshou", "speedup"] == pytest.approx(3.0) and t.loc["tianshou", "speedup_bound"] == ">="
-    assert np.isnan(t.loc["pal", "speedup"]) and np.isnan(t.loc["tianshou", "median_steps_to_target"])
+def matched_facts(**change) -> dict:
+    m = MATCHED
+    facts = {"n_params": m.n_params(*LUNAR), "torch_threads": 1, "n_envs": 1, "batch_size": 128, "n_step": 3,
+             "target_update": 250, "double_q": True, "dueling": False, "gamma": 0.99, "lr": 5e-4, "grad_clip": 10.0,
+             "buffer_capacity": 200_000, "alpha": 0.6, "beta": 0.4, "updates_per_step": 0.25}
+    return facts | change
 
 
-def test_speedups_are_taken_against_pal_s_process_backend_where_it_raced():
-    def run(name, seed, wall, reached=True):
-        return {"contestant": name, "seed": seed, "reached": reached, "wall_to_target_s": wall if reached else None,
-                "wall_s": wall + 1, "steps_to_target": 1000 if reached else None, "setup_s": 1.0, "best_return": 1.0}
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
 
-    rows = pd.DataFrame([run("pal", s, 300.0 + s) for s in range(3)] + [run("pal-processes", s, 100.0 + s)
-                                                                        for s in range(3)]
-                        + [run("tianshou", s, 400.0 + 10 * s) for s in range(3)]
-                        + [run("pal-processes", 3, 1800.0, reached=False)])
-    t = race.race_table(rows).set_index("contestant")
-    assert race.reference(rows.contestant) == "pal-processes"
-    # pal-processes: 100, 101, 102 and one run at its budget (1801) -> median 101.5
-    assert t.loc["pal-processes", "median_wall_to_target_s"] == pytest.approx(101.5)
-    assert t.loc["tianshou", "speedup"] == pytest.approx(410.0 / 101.5)
-    assert t.loc["tianshou", "speedup_bound"] == "<="        # the reference has a run counted at its budget
-    low, high = t.loc["tianshou", ["speedup_low", "speedup_high"]]
-    assert low <= t.loc["tianshou", "speedup"] <= high
+    def __call__(self) -> float:
+        return self.t
 
 
-def test_return_bands_hold_each_seed_s_latest_evaluation():
-    curves = pd.DataFrame([{"contestant": "a", "seed": 0, "wall_s": 1.0, "mean_return": 0.0},
-                           {"contestant": "a", "seed": 0, "wall_s": 10.0, "mean_return": 100.0},
-                           {"contestant": "a", "seed": 1, "wall_s": 2.0, "mean_return": 50.0},
-                           {"contestant": "b", "seed": 0, "wall_s": 100.0, "mean_return": 7.0}])
-    b = race.return_bands(curves, points=50)
-    a = b[b.contestant == "a"]
-    assert a.wall_s.max() <= 10.0 and b[b.contestant == "b"].wall_s.min() >= 100.0 - 1e-9
-    first = a.iloc[0]
-    assert first.seeds == 1 and first["median"] == 0.0
-    late = a[a.wall_s >= 9.0].iloc[0]          # seed 0 still at 0 until t = 10; seed 1 holds 50
-    assert late.seeds == 2 and late.low == 0.0 and late.high == 50.0 and late["median"] == 25.0
+# ---------------------------------------------------------------------------------------------- matched settings
+
+def test_the_matched_network_has_69124_parameters_on_lunarlander():
+    assert MATCHED.n_params(*LUNAR) == 69_124
+    assert env_dims("LunarLander-v3") == LUNAR
 
 
-@pytest.mark.parametrize("name", ["pal", "pal-processes", "pal-apex"])
-def test_pal_contestant_runs_to_its_budget_and_reports_its_evaluations(name):
-    run = race.run_one(name, SMOKE, seed=0, split=(1, 1))
-    steps = [e["env_steps"] for e in run["curve"]]
-    assert steps and steps[-1] >= SMOKE.max_steps and steps == sorted(steps)
-    assert 0 < run["setup_s"] < run["wall_s"] and all(e["wall_s"] > run["setup_s"] for e in run["curve"])
-    # the trainer's per-phase times come with the run (``pal-bench race-profile`` prints them)
-    assert {"actor0", "learner0"} <= set(run["phase_seconds"])
-    assert all(s >= 0 for ph in run["phase_seconds"].values() for s in ph.values())
+@pytest.mark.parametrize("change,what", [
+    ({"updates_per_step": 1 / 3}, "updates_per_step"),          # RLlib's "auto" fragment with n-step 3
+    ({"n_params": 35_076}, "n_params"),                         # RLlib's 8-256-4 network of the old race
+    ({"torch_threads": 2}, "torch_threads"),
+    ({"double_q": False}, "double_q"),
+    ({"target_update": 334}, "target_update"),
+    ({"updates_per_step": 0.2551}, "updates_per_step"),         # just over 2% off
+])
+def test_a_contestant_that_differs_from_the_matched_settings_is_refused(change, what):
+    check_matched("fake", matched_facts(), *LUNAR)
+    check_matched("fake", matched_facts(updates_per_step=0.2545), *LUNAR, measured=True)   # within 2%
+    with pytest.raises(SettingsMismatch, match=what):
+        check_matched("fake", matched_facts(**change), *LUNAR)
 
 
-def test_unknown_contestant_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown contestant"):
-        race.run_one("nope", SMOKE, seed=0, split=(1, 1))
+def test_the_race_refuses_a_mismatched_contestant_before_it_trains(monkeypatch):
+    from pal_bench.studies.race import contestants
+
+    trained = []
+
+    class Fake(contestants.Contestant):
+        @classmethod
+        def settings(cls, name, track, task):
+            return {}
+
+        def build(self):
+            pass
+
+        def facts(self):
+            return matched_facts(n_params=123, torch_threads=4) | {"n_params": MATCHED.n_params(4, 2) + 1}
+
+        def train(self, clock):
+            trained.append(True)
+            return {"env_steps": 0, "updates": 0}
+
+    monkeypatch.setitem(contestants.REGISTRY, "pal", (__name__, "Fake"))
+    monkeypatch.setattr(contestants, "contestant_class", lambda name: Fake)
+    with pytest.raises(SettingsMismatch, match="n_params.*torch_threads"):
+        run_one("pal", "matched", "smoke", 0)
+    assert trained == []
 
 
-def test_buffer_clock_sums_time_inside_the_wrapped_methods():
-    class Slow:
-        def add(self, x):
-            time.sleep(0.01)
-            return x
+def test_a_matched_run_whose_measured_updates_per_step_is_off_is_an_error_not_a_result(monkeypatch):
+    from pal_bench.studies.race import contestants
 
-    buf = Slow()
-    clock = plugin_bench.BufferClock(buf, methods=("add", "sample"))
-    assert buf.add(3) == 3 and buf.add(4) == 4
-    assert 0.02 <= clock.seconds < 0.5
+    class Lazy(contestants.Contestant):
+        @classmethod
+        def settings(cls, name, track, task):
+            return {}
 
+        def build(self):
+            pass
 
-def test_speedup_table_and_amdahl_bound():
-    rows = [dict(framework="rllib-dqn", env="E", batch_size=32, env_runners=0, buffer="default",
-                 iteration_s=1.0, buffer_share=0.5),
-            dict(framework="rllib-dqn", env="E", batch_size=32, env_runners=0, buffer="pal",
-                 iteration_s=0.8, buffer_share=0.3)]
-    t = plugin_bench.speedup_table(pd.DataFrame(rows))
-    assert t.speedup.iloc[0] == pytest.approx(1.25) and t.bound.iloc[0] == pytest.approx(2.0)
-    assert t.note.iloc[0] == ""
-    # above the bound: expected for a drop-in that changes work outside the buffer, a problem otherwise
-    fast = [r | {"iteration_s": 0.4} if r["buffer"] == "pal" else r for r in rows]
-    for framework, problem in (("rllib-dqn", False), ("tianshou-dqn", True)):
-        t = plugin_bench.speedup_table(pd.DataFrame([r | {"framework": framework} for r in fast]))
-        assert t.speedup.iloc[0] == pytest.approx(2.5)
-        assert ("measurement problem" in t.note.iloc[0] or "not a result" in t.note.iloc[0]) == problem
-        assert "learner-connector" in t.note.iloc[0] or problem
+        def facts(self):
+            return matched_facts(n_params=MATCHED.n_params(4, 2))
+
+        def train(self, clock):
+            return {"env_steps": 1500, "updates": 200}        # 0.2 per step after the 500 of learning starts
+
+    monkeypatch.setattr(contestants, "contestant_class", lambda name: Lazy)
+    with pytest.raises(SettingsMismatch, match="measured from its logs"):
+        run_one("pal", "matched", "smoke", 0)
 
 
-def test_paired_alternates_the_two_buffers_and_closes_both():
-    log = []
+# ---------------------------------------------------------------------------------------------- clock
 
-    class Buf:
-        def __len__(self):
-            return 7
+def test_evaluation_is_outside_the_training_clock_and_the_run_stops_at_target_or_budget(monkeypatch):
+    now = FakeClock()
+    returns = iter([100.0, 600.0])
 
-        def add(self):
-            time.sleep(0.002)
+    def slow_eval(act, env, episodes, seed):
+        now.t += 5.0                                         # each evaluation takes 5 s
+        return next(returns)
 
-    class Run:
-        methods = ("add",)
-
-        def __init__(self, name):
-            self.name, self.buffer, self.closed = name, Buf(), False
-
-        def prepare(self, warmup):
-            log.append(("prepare", self.name, warmup))
-
-        def iterate(self):
-            log.append(("iterate", self.name))
-            self.buffer.add()
-
-        def close(self):
-            log.append(("close", self.name))
-
-    out = plugin_bench.paired(Run, warmup=2, iters=4)
-    order = [name for what, name, *_ in log if what == "iterate"]
-    assert order == ["default", "pal", "pal", "default", "default", "pal", "pal", "default"]
-    assert [e for e in log if e[0] == "close"] == [("close", "default"), ("close", "pal")]
-    for r in out.values():
-        assert r["iterations"] == 4 and r["buffer_len"] == 7 and 0 < r["buffer_share"] <= 1
+    monkeypatch.setattr("pal_bench.studies.race.clock.greedy_return", slow_eval)
+    clock = Clock(SMOKE, 0, now=now, quiet=True)
+    now.t = 2.0
+    clock.started()
+    now.t = 4.0
+    assert not clock.tick(999, None)                          # not due yet
+    assert not clock.tick(1000, None)                         # evaluated: 100 < 500
+    assert clock.curve[-1] == {"env_steps": 1000, "train_s": 2.0, "eval_s": 0.0, "setup_s": 2.0, "mean_return": 100.0}
+    now.t = 10.0                                              # 1 s of training after the 5 s evaluation
+    assert clock.train_s() == pytest.approx(3.0)
+    assert clock.tick(2000, None)                             # 600 >= 500: reached
+    assert clock.curve[-1]["train_s"] == pytest.approx(3.0) and clock.curve[-1]["eval_s"] == 5.0
+    budget = Clock(dataclasses.replace(SMOKE, max_wall_s=10.0), 0, now=now, quiet=True)
+    budget.started()
+    now.t += 11.0
+    assert budget.tick(10, None)                              # training budget spent
 
 
-def test_each_pal_backend_takes_the_split_from_its_own_curves(tmp_path, monkeypatch):
-    """Actor-bound curves (learners 16x faster than 0.25 updates per step needs): threads lose with a second
-    actor, processes gain, so on 3 cores the solver gives processes 2 actors and threads 1."""
-    from pal_bench.studies import scaling
-
-    monkeypatch.setattr(scaling, "usable_cores", lambda: 3)
-    rows = [{"curve": c, "threads": x, "throughput": v, "backend": b}
-            for b, fa in (("threads", (1000, 900)), ("processes", (1000, 1900)))
-            for c, vals in (("f_a", fa), ("f_l", (1000, 1100))) for x, v in zip((1, 2), vals)]
-    df = pd.DataFrame(rows)
-    df[df.backend == "threads"].drop(columns="backend").to_csv(tmp_path / "scaling.csv", index=False)
-    df[df.backend == "processes"].to_csv(tmp_path / "scaling_processes.csv", index=False)
-    task = race.TASKS["full"]
-    assert race.dse_split(task, "threads", tmp_path)[0] == 1
-    assert race.dse_split(task, "processes", tmp_path) == (2, 1)
-    assert race.dse_split(task, "processes", tmp_path / "none") == (1, 1)
+def test_speed_mode_times_the_span_after_learning_starts():
+    now = FakeClock()
+    clock = Clock(SMOKE, 0, mode="speed", now=now, quiet=True)
+    clock.started()
+    for steps in range(0, 1200, 100):
+        now.t += 1.0
+        if clock.tick(steps, None):
+            break
+    assert clock.span["start_steps"] == 500 and clock.span["end_steps"] == 1000
+    assert clock.speed() == pytest.approx(100.0)
+    assert clock.curve == []                                  # no evaluation in a speed round
 
 
-def _fake_launch(calls: list, busy: bool = False):
-    """A contestant run without training: reaches the target at its second evaluation."""
-    def launch(name, task_name, seed, split, log):
-        calls.append((name, seed, split))
-        task = race.TASKS[task_name]
-        return {"contestant": name, "seed": seed, "setup_s": 1.0, "wall_s": 30.0,
-                "curve": [{"env_steps": 1000, "wall_s": 10.0, "mean_return": 10.0},
-                          {"env_steps": 2000, "wall_s": 20.0, "mean_return": task.target}]}
-    return launch
+# ---------------------------------------------------------------------------------------------- probe
+
+def test_the_speed_probe_times_env_steps_and_updates():
+    now = FakeClock()
+
+    def tick():
+        now.t += 0.5
+        return now.t
+
+    p = speed_probe(SMOKE, env_steps=10, updates=2, now=tick)
+    assert p == {"probe_s": 1.0, "probe_env_s": 0.5, "probe_update_s": 0.5}
 
 
-def test_race_stores_each_run_and_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
-    calls: list = []
-    monkeypatch.setattr(race, "launch", _fake_launch(calls))
-    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
-    split = lambda name: (1, 1)                                          # noqa: E731
-    # --max-minutes 0: the first run, then a clean stop with what is stored
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, max_minutes=0, settle_s=0) == 0
-    assert calls == [("pal", 0, (1, 1))]
-    assert sorted(p.name for p in (tmp_path / "race_smoke_runs").iterdir()) == ["pal-s0.json"]
-    assert not (tmp_path / "race_smoke.csv").exists()
-    assert "1 of 4 runs stored" in capsys.readouterr().err
-    # the same command again: the stored run is skipped, the other three run, then the race's files
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, settle_s=0) == 0
-    assert calls[1:] == [("tianshou", 0, (1, 1)), ("pal", 1, (1, 1)), ("tianshou", 1, (1, 1))]
-    runs = pd.read_csv(tmp_path / "race_smoke.csv")
-    assert len(runs) == 4 and runs.reached.all() and (runs.wall_to_target_s == 20.0).all()
-    meta = json.loads((tmp_path / "race_smoke.csv.meta.json").read_text())
-    assert meta["runs"] == 4 and "load_before" in meta
-    # everything stored: nothing runs; a different split for PAL runs PAL again, not tianshou
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, split, tmp_path, settle_s=0) == 0 and len(calls) == 4
-    assert race.run_race("smoke", ["pal", "tianshou"], 2, lambda n: (2, 1), tmp_path, settle_s=0) == 0
-    assert calls[4:] == [("pal", 0, (2, 1)), ("pal", 1, (2, 1))]
+def test_a_run_whose_probe_is_20_percent_slow_is_flagged_and_run_again(tmp_path, monkeypatch):
+    assert probe_outliers({"a": 10.0, "b": 10.5, "c": 9.8, "d": 12.0}) == {"d": pytest.approx(12 / 10.25, abs=1e-3)}
+    assert probe_outliers({"a": 10.0, "b": 10.9}) == {}
+    stored = fake_runs(tmp_path, {("pal", s): 10.0 for s in range(4)} | {("pal", 4): 12.0})
+    launched = []
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+
+    def launch(name, track, task_name, seed, log, mode="race"):
+        launched.append((name, seed))
+        return stored[name, seed] | {"probe_s": 10.1}
+
+    orchestrate.run_race("matched", "smoke", ["pal"], 5, tmp_path, launch_run=launch)
+    assert launched == []                                     # all stored and current
+    orchestrate.run_race("matched", "smoke", ["pal"], 5, tmp_path, rerun_slow=True, launch_run=launch)
+    assert launched == [("pal", 4)]
 
 
-def test_a_changed_preset_runs_its_contestant_again(tmp_path, monkeypatch):
-    from pal_bench.train.config import PRESETS
+# ---------------------------------------------------------------------------------------------- statistics
 
-    calls: list = []
-    monkeypatch.setattr(race, "launch", _fake_launch(calls))
-    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
-    split = lambda name: (1, 1)                                          # noqa: E731
-    assert race.run_race("smoke", ["pal", "pal-apex"], 1, split, tmp_path, settle_s=0) == 0
-    assert race.run_key("smoke", "pal-apex", (1, 1))["preset"]["local_buffer"] == PRESETS["apex"]["local_buffer"]
-    monkeypatch.setitem(PRESETS, "apex", PRESETS["apex"] | {"local_buffer": 7})
-    assert race.run_race("smoke", ["pal", "pal-apex"], 1, split, tmp_path, settle_s=0) == 0
-    assert calls == [("pal", 0, (1, 1)), ("pal-apex", 0, (1, 1)), ("pal-apex", 0, (1, 1))]
+@pytest.mark.parametrize("n,lo_rank,cover", [(5, 1, 0.9375), (10, 2, 0.978515625), (20, 6, 0.958610534667969)])
+def test_order_statistic_interval_of_a_median_by_hand(n, lo_rank, cover):
+    """n=10: P(2 <= B <= 8), B ~ Bin(10, 1/2) = 1 - 2 (1 + 10) / 1024 = 0.9785; rank 3 would give 0.8906 < 0.95.
+    n=20: P(6 <= B <= 14) = 0.9586 (rank 7: 0.8847). n=5: too few for 95%: the range, 1 - 2/32 = 0.9375."""
+    x = np.arange(1, n + 1) * 10.0
+    med, lo, hi, c = median_order_ci(np.random.default_rng(0).permutation(x))
+    assert (lo, hi) == (x[lo_rank - 1], x[n - lo_rank]) and med == np.median(x)
+    assert c == pytest.approx(cover)
 
 
-def test_noisy_runs_are_marked_and_run_again_on_request(tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setattr(race, "launch", _fake_launch(calls))
-    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
-    split = lambda name: (1, 1)                                          # noqa: E731
-    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, settle_s=0) == 0
-    path = tmp_path / "race_smoke_runs" / "pal-s0.json"
-    run = json.loads(path.read_text())
-    assert "noisy" in run and run["conditions"]["what"].startswith("race (smoke): pal seed 0")
-    run["noisy"] = True
-    path.write_text(json.dumps(run))
-    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, settle_s=0) == 0 and len(calls) == 1
-    assert race.run_race("smoke", ["pal"], 1, split, tmp_path, rerun_noisy=True, settle_s=0) == 0 and len(calls) == 2
+def test_order_statistic_interval_covers_the_median_as_it_says():
+    rng = np.random.default_rng(1)
+    for n in (10, 20):
+        hits = 0
+        for _ in range(4000):
+            _, lo, hi, cover = median_order_ci(rng.exponential(size=n))
+            hits += lo <= np.log(2) <= hi
+        assert abs(hits / 4000 - cover) < 0.015
 
 
-def test_each_run_waits_for_the_previous_runs_load_to_fade(tmp_path, monkeypatch):
-    """The load average still holds the previous run's own load when the next starts: the race waits (bounded)
-    for it to fall to half the cores before it measures, so only other work marks a run noisy."""
-    from pal_bench.bench import conditions
+def test_censored_runs_make_the_median_a_lower_bound():
+    med, lo, hi, _ = median_order_ci([1, 2, 3, np.inf, np.inf, np.inf])
+    assert hi == np.inf and med == np.inf
+    assert pairing_range([2, 4], [1, 2]) == (1.0, 4.0)
 
-    loads = iter([1.9, 1.6, 1.2, 0.8] + [0.5] * 100)
-    monkeypatch.setattr(conditions, "load1", lambda: next(loads))
-    monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
-    slept: list[float] = []
-    now = [0.0]
 
-    def sleep(s):
-        slept.append(s)
-        now[0] += s
+def test_target_table_marks_lower_bounds_and_uses_the_bootstrap_only_with_ten_seeds():
+    def runs(name, n, reached=True, scale=1.0):
+        return [{"track": "matched", "contestant": name, "seed": s, "reached": reached,
+                 "steps_to_target": int(1000 * (s + 1) * scale), "wall_to_target_s": 10.0 * (s + 1) * scale,
+                 "wall_with_eval_to_target_s": 11.0 * (s + 1) * scale} for s in range(n)]
 
-    said: list[str] = []
-    assert conditions.settle(60, poll_s=5, progress=said.append, sleep=sleep, clock=lambda: now[0])
-    assert slept == [5, 5, 5] and len(said) == 1 and "1.90" in said[0]
-    # a machine that stays busy: give up at the bound, and the run is measured (and marked) anyway
-    monkeypatch.setattr(conditions, "load1", lambda: 1.9)
-    now[0], slept[:] = 0.0, []
-    assert not conditions.settle(12, poll_s=5, sleep=sleep, clock=lambda: now[0])
-    assert sum(slept) == 12
-    # the race settles before every run it launches
-    settled: list[float] = []
-    monkeypatch.setattr(race, "settle", lambda s, progress=None: settled.append(s) or True)
-    monkeypatch.setattr(race, "launch", _fake_launch([]))
-    monkeypatch.setattr(race, "report", lambda out, task_name: 0)
-    assert race.run_race("smoke", ["pal", "tianshou"], 1, lambda n: (1, 1), tmp_path, settle_s=7) == 0
-    assert settled == [7, 7]
+    df = pd.DataFrame(runs("pal", 10) + runs("tianshou", 10, scale=3.0) + runs("rllib", 5, reached=False, scale=9))
+    t = results.target_table(df).set_index("contestant")
+    assert t.loc["tianshou", "reached"] == "10/10" and t.loc["rllib", "reached"] == "0/5"
+    assert t.loc["rllib", "env steps to target"].startswith(">= ")
+    assert t.loc["tianshou", "wall / pal's"].startswith("3.00x (pairings 0.30-30.00) [")   # 10 seeds each: bootstrap
+    assert t.loc["rllib", "wall / pal's"].startswith(">= 4.91x") and "[" not in t.loc["rllib", "wall / pal's"]
+    assert "(94% range of 5)" in t.loc["rllib", "env steps to target"]
+
+
+# ---------------------------------------------------------------------------------------------- storage
+
+def fake_run(name, seed, probe=10.0, reached=True, track="matched", task="smoke"):
+    return {"contestant": name, "track": track, "task": task, "seed": seed, "mode": "race", "setup_s": 1.0,
+            "train_s": 5.0, "eval_s": 0.5, "wall_s": 6.5, "env_steps": 1000, "updates": 125,
+            "updates_per_env_step": 0.25, "n_params": 1, "torch_threads": 1, "facts": {"n_params": 1},
+            "env_steps_per_s": 200.0, "probe_s": probe,
+            "curve": [{"env_steps": 1000, "train_s": 5.0, "eval_s": 0.0, "setup_s": 1.0,
+                       "mean_return": 600.0 if reached else 10.0}]}
+
+
+def fake_runs(tmp_path, probes: dict) -> dict:
+    d = orchestrate.runs_dir(tmp_path, "smoke", "matched")
+    d.mkdir(parents=True)
+    out = {}
+    for (name, seed), p in probes.items():
+        run = fake_run(name, seed, p) | {"settings_hash": orchestrate.run_hash(name, "matched", "smoke"),
+                                         "noisy": False, "conditions": {}}
+        (d / f"{name}-s{seed}.json").write_text(json.dumps(run))
+        out[name, seed] = run
+    return out
+
+
+def test_runs_are_stored_resumed_rotated_and_run_again_when_their_settings_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+    launched = []
+
+    def launch(name, track, task_name, seed, log, mode="race"):
+        launched.append((seed, name))
+        return fake_run(name, seed)
+
+    assert orchestrate.run_race("matched", "smoke", ["pal", "tianshou"], 2, tmp_path, launch_run=launch)
+    assert launched == [(0, "pal"), (0, "tianshou"), (1, "tianshou"), (1, "pal")]     # rotated by seed
+    launched.clear()
+    orchestrate.run_race("matched", "smoke", ["pal", "tianshou"], 2, tmp_path, launch_run=launch)
+    assert launched == []
+    path = orchestrate.runs_dir(tmp_path, "smoke", "matched") / "pal-s1.json"
+    stale = json.loads(path.read_text()) | {"settings_hash": "old"}
+    path.write_text(json.dumps(stale))
+    orchestrate.run_race("matched", "smoke", ["pal", "tianshou"], 2, tmp_path, launch_run=launch)
+    assert launched == [(1, "pal")]
+
+
+def test_a_contestant_that_never_reaches_stops_after_five_seeds(tmp_path, monkeypatch):
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+    launched = []
+
+    def launch(name, track, task_name, seed, log, mode="race"):
+        launched.append(name)
+        return fake_run(name, seed, reached=name == "pal")
+
+    orchestrate.run_race("matched", "smoke", ["pal", "pal-processes"], 10, tmp_path, launch_run=launch)
+    assert launched.count("pal") == 10 and launched.count("pal-processes") == orchestrate.MIN_UNREACHED_SEEDS
+
+
+# ---------------------------------------------------------------------------------------------- real runs
+
+@pytest.mark.parametrize("name", ["pal", "pal-processes"])
+def test_pal_runs_the_matched_learner_and_its_counts_hold(name):
+    run = run_one(name, "matched", "smoke", 0)
+    assert run["n_params"] == MATCHED.n_params(4, 2) and run["torch_threads"] == 1
+    assert run["facts"]["double_q"] and run["facts"]["n_envs"] == 1 and run["facts"]["beta"] == MATCHED.beta
+    assert run["updates_per_env_step"] == pytest.approx(0.25, rel=0.02)
+    assert run["curve"] and all(e["eval_s"] >= 0 for e in run["curve"])
+    assert run["wall_s"] == pytest.approx(run["setup_s"] + run["train_s"] + run["eval_s"], abs=0.01)
+
+
+def test_a_speed_round_of_pal_times_its_span(tmp_path):
+    run = run_one("pal", "matched", "smoke", 0, mode="speed")
+    assert run["span"]["start_steps"] >= SMOKE.learning_starts and run["env_steps_per_s"] > 0
+    assert run["updates_per_s"] == pytest.approx(run["env_steps_per_s"] * run["updates_per_env_step"])

@@ -463,32 +463,77 @@ def plugin_block(results: Path) -> str:
             + md(out, ".2f") + "\n\n" + source(results, "plugin.csv") + "\n")
 
 
-def race_block(results: Path, name: str = "race_quick.csv") -> str:
+def race_target_block(results: Path, track: str, task_name: str = "full") -> str:
+    """Steps and wall time to target per contestant of one track, with the probe spread of the runs compared."""
+    from pal_bench.studies.race import results as race_results
+    from pal_bench.studies.race import suffix
+    from pal_bench.studies.race.probe import probe_spread
+    from pal_bench.studies.race.task import TASKS
+
+    name = f"race{suffix(task_name)}.csv"
     path = results / name
     if not path.exists():
-        return missing(name, "make race")
-    from pal_bench.studies.race import race_table, reference
+        return missing(name, "pal-bench race" + (" --quick" if task_name == "quick" else ""))
+    df = pd.read_csv(path)
+    df = df[df.track == track]
+    if df.empty:
+        return missing(name, f"pal-bench race --track {track}" + (" --quick" if task_name == "quick" else ""))
+    task = TASKS[task_name]
+    t = race_results.target_table(df)
+    med, lo, hi = probe_spread(df.probe_s.dropna())
+    ref = race_results.best_pal(df)
+    return (f"{track.capitalize()} track, {task.env} to a mean greedy return of {task.target:g} ({task.eval_episodes} "
+            f"episodes every {task.eval_interval:,} env steps; budget {task.max_steps:,} env steps or "
+            f"{task.max_wall_s / 60:.0f} minutes of training). Medians over seeds with the exact order-statistic "
+            f"interval of the median (95% or more; its true coverage in brackets where the seeds are too few); a "
+            f"run that never reached the target counts at its stop (`>=`: a lower bound). Wall to target: set-up "
+            f"plus training, evaluation excluded (every contestant's training stands still while it is evaluated); "
+            f"'with eval' adds the evaluations before the target. Ratios: the contestant's median over "
+            f"`{ref}`'s (PAL's best matched contestant here), the range over every pairing of seeds, and a "
+            f"bootstrap 95% interval where both have at least 10 seeds. Speed probes of these runs: median "
+            f"{med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n" + md(t, "") + "\n\n" + source(results, name) + "\n")
 
-    runs = pd.read_csv(path)
-    t = race_table(runs)
-    ref = reference(runs.contestant)
-    speedups = [f"{b} {fmt_ci(s, lo, hi, 1)}".strip() if math.isfinite(s) else ""
-                for b, s, lo, hi in zip(t.speedup_bound, t.speedup, t.speedup_low, t.speedup_high)]
-    shown = pd.DataFrame({
-        "contestant": t.contestant, "runs": t.runs, "reached": t.reached,
-        "wall-clock to target, s [95% CI]": [fmt_ci(m, lo, hi, 1) for m, lo, hi in
-                                             zip(t.median_wall_to_target_s, t.wall_low_s, t.wall_high_s)],
-        "set-up, s": t.median_setup_s, "env steps to target": t.median_steps_to_target,
-        "best return": t.best_return, f"{ref} speedup [95% CI]": speedups})
-    env = runs.env.iloc[0]
-    target = runs.target.iloc[0]
-    return (f"DQN on {env} to a greedy return of {target:g}, per contestant: medians over seeds with 95% bootstrap "
-            f"intervals. Wall-clock to target includes start-up (set-up is also shown alone); a run that never "
-            f"reached the target counts at the time it ran (its budget). Env steps: median over the runs that "
-            f"reached it. Speedup = the contestant's median time to target / `{ref}`'s (PAL's best backend that "
-            f"raced); `>=` marks a lower bound (the contestant has runs counted at their budget), `<=` an upper "
-            f"bound (`{ref}` has).\n\n" + md(shown, ("", ".0f", ".0f", "", ".1f", ".0f", ".1f", "")) + "\n\n"
-            + source(results, name) + "\n")
+
+def race_speed_block(results: Path, track: str = "matched", task_name: str = "full") -> str:
+    from pal_bench.studies.race import results as race_results
+    from pal_bench.studies.race import suffix
+    from pal_bench.studies.race.task import TASKS
+
+    name = f"race{suffix(task_name)}_speed.csv"
+    path = results / name
+    if not path.exists():
+        return missing(name, "pal-bench race --speed")
+    sp = pd.read_csv(path)
+    sp = sp[sp.track == track]
+    if sp.empty:
+        return missing(name, f"pal-bench race --speed --track {track}")
+    task = TASKS[task_name]
+    return (f"Env steps per second of training in one sitting, {track} track: each round runs every contestant for "
+            f"{task.speed_span:,} env steps after learning starts ({task.learning_starts:,}), one after the other in "
+            f"an order rotated by one each round; medians over the rounds with the range (with fewer than 10 rounds "
+            f"the range, not an interval). Updates/s: the run's measured updates per env step times its env steps "
+            f"per second.\n\n" + md(race_results.speed_table(sp), "") + "\n\n" + source(results, name) + "\n")
+
+
+def race_settings_block(results: Path, track: str = "matched", task_name: str = "full") -> str:
+    from pal_bench.studies.race import results as race_results
+    from pal_bench.studies.race.orchestrate import load_runs, runs_dir
+
+    where = runs_dir(results, task_name, track)
+    runs = load_runs(where)
+    if not runs:
+        return missing(f"{where.relative_to(results)}/", f"pal-bench race --track {track}")
+    return (f"What each {track} contestant built, read back from its framework's own objects when it was built "
+            f"(not from our configuration), and its measured updates per env step (median over its runs).\n\n"
+            + md(race_results.settings_table(runs), "") + "\n")
+
+
+def race_blocks(results: Path, task_name: str = "full") -> str:
+    """Every race table of a task (what ``pal-bench race`` prints)."""
+    parts = [race_target_block(results, track, task_name) for track in ("matched", "tuned")]
+    if task_name == "full":
+        parts.append(race_speed_block(results))
+    return "\n".join(parts)
 
 
 # ------------------------------------------------------------------ long-haul and aggregation
@@ -579,8 +624,12 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "processes": processes_block,
     "end-to-end-processes": end_to_end_processes_block,
     "plugin": plugin_block,
-    "race-quick": race_block,
-    "race-full": lambda results: race_block(results, "race.csv"),
+    "race-quick": lambda results: race_target_block(results, "matched", "quick"),
+    "race-matched": lambda results: race_target_block(results, "matched"),
+    "race-tuned": lambda results: race_target_block(results, "tuned"),
+    "race-speed": race_speed_block,
+    "race-settings": race_settings_block,
+    "race-settings-tuned": lambda results: race_settings_block(results, "tuned"),
     "longhaul-quick": longhaul_block,
     "longhaul-full": longhaul_full_block,
     "aggregation-quick": aggregation_block,

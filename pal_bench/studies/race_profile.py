@@ -30,7 +30,10 @@ import time
 import pandas as pd
 
 from pal_bench.argtypes import positive_float, positive_int, rng_seed
-from pal_bench.studies.race import CONTESTANTS, PAL_BACKENDS, TASKS, dse_split, run_one
+from pal_bench.studies.race import CONTESTANTS, TASKS, TRACKS
+from pal_bench.studies.race.contestants import TRACK_CONTESTANTS
+from pal_bench.studies.race.contestants.pal import BACKENDS as PAL_BACKENDS
+from pal_bench.studies.race.run import run_one
 
 # (area, substrings of a code path that put a function in it), first match wins
 AREAS = (
@@ -54,7 +57,7 @@ COMPONENTS = (
     ("replay buffer update_priorities", BUFFERS, "update_priorities"),
     ("learner update: batch from episodes, forward, backward, optimizer", ("rllib/core/learner/learner_group.py",),
      "update"),
-    ("race evaluation (greedy episodes)", ("pal_bench/studies/race.py",), "greedy_return"),
+    ("race evaluation (greedy episodes)", ("pal_bench/studies/race/clock.py",), "greedy_return"),
 )
 
 
@@ -114,11 +117,11 @@ def component_table(stats: pstats.Stats, total_s: float) -> pd.DataFrame:
     return t
 
 
-def profile_framework(name: str, task, seed: int) -> tuple[dict, pstats.Stats]:
+def profile_framework(name: str, track: str, task_name: str, task, seed: int) -> tuple[dict, pstats.Stats]:
     prof = cProfile.Profile()
     prof.enable()
     try:
-        run = run_one(name, task, seed, (1, 1))
+        run = run_one(name, track, task_name, seed, task=task)
     finally:
         prof.disable()
     return run, pstats.Stats(prof)
@@ -131,25 +134,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=positive_float, default=300.0, help="wall-clock to run (default 300)")
     ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--task", choices=sorted(TASKS), default="full", help="the race's task (default: full)")
+    ap.add_argument("--track", choices=TRACKS, default="matched", help="the race's track (default: matched)")
     ap.add_argument("--top", type=positive_int, default=25, help="cProfile entries to list by cumulative time")
     args = ap.parse_args(argv)
     # the race's task, run for --seconds with a target no evaluation reaches
     task = dataclasses.replace(TASKS[args.task], max_wall_s=args.seconds, target=1e300)
     name = args.contestant
+    if name not in TRACK_CONTESTANTS[args.track]:
+        ap.error(f"{name} does not race in the {args.track} track ({', '.join(TRACK_CONTESTANTS[args.track])})")
     t0 = time.perf_counter()
     if name in PAL_BACKENDS:
         from pal_bench.train.profile import phase_frame, role_table
 
-        split = dse_split(task, PAL_BACKENDS[name])
-        run = run_one(name, task, args.seed, split)
+        run = run_one(name, args.track, args.task, args.seed, task=task)
         stats = None
     else:
-        run, stats = profile_framework(name, task, args.seed)
+        run, stats = profile_framework(name, args.track, args.task, task, args.seed)
     wall = time.perf_counter() - t0
-    steps = run["curve"][-1]["env_steps"] if run["curve"] else 0
-    print(f"{name} on {task.env}, seed {args.seed}: {wall:.1f} s (set-up {run['setup_s']:.1f} s), "
-          f"{len(run['curve'])} evaluations, last at {steps} env steps"
-          + (" (under cProfile)" if stats else f", split {split[0]}+{split[1]}"))
+    print(f"{name} ({args.track}) on {task.env}, seed {args.seed}: {wall:.1f} s (set-up {run['setup_s']:.1f} s), "
+          f"{len(run['curve'])} evaluations, {run['env_steps']} env steps"
+          + (" (under cProfile)" if stats else f", {run['facts'].get('actors')} actor(s) + "
+             f"{run['facts'].get('learners')} learner(s)"))
     if stats is None:
         t = role_table(phase_frame(run["phase_seconds"]))
         t["share_%"] = (t.pop("share") * 100).round(1)

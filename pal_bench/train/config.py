@@ -111,6 +111,8 @@ class TrainConfig:
     eval_episodes: int = 5                             # 0: no evaluation (throughput measurements)
     checkpoint_interval: int = 0                       # transitions between checkpoints (0: only at the end)
     stop_return: float | None = None                   # stop once an evaluation's mean return reaches this
+    eval_pauses_training: bool = False                 # actors and learners wait while the driver evaluates (so
+                                                       # that evaluation is outside the training clock: the race)
     progress: bool = True
 
     def run_name(self) -> str:
@@ -405,6 +407,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"ray_placement must be 'pack' or 'spread', got {cfg.ray_placement!r}")
     if cfg.env_backend not in ("sync", "async"):
         raise ConfigError(f"env_backend must be 'sync' or 'async', got {cfg.env_backend!r}")
+    if cfg.eval_pauses_training and cfg.backend == "ray":
+        raise ConfigError("eval_pauses_training: the Ray backend's workers cannot be paused for an evaluation "
+                          "(backend threads or processes)")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
     if cfg.exploration not in ("decay", "apex"):

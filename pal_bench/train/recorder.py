@@ -51,7 +51,8 @@ class RunFileError(ConfigError):
     the file and what is wrong with it."""
 
 
-EVAL_FIELDS = ["env_steps", "updates", "version", "wall_s", "mean_return", "std_return"]
+# wall_s: when the evaluation ended; eval_s: its seconds; train_s: run seconds at its start less earlier evaluations
+EVAL_FIELDS = ["env_steps", "updates", "version", "wall_s", "mean_return", "std_return", "eval_s", "train_s"]
 EVENT_FIELDS = ["wall_s", "env_steps", "worker", "event", "transitions_lost", "detail"]
 EPISODE_FIELDS = ["env_steps", "return", "length", "wall_s"]
 
@@ -76,7 +77,7 @@ class RunRecorder:
         with atomic_open(self.run_dir / name, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(fieldnames)
-            w.writerows([r[k] for k in fieldnames] if isinstance(r, dict) else r for r in rows)
+            w.writerows([r.get(k, "") for k in fieldnames] if isinstance(r, dict) else r for r in rows)
 
     def write_config(self, config: dict) -> None:
         import yaml

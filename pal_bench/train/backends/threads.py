@@ -160,6 +160,7 @@ class Trainer(RunCore):
         self.timers: dict = {}
         self._lock = threading.Lock()
         self.reached_return: dict | None = None         # the evaluation that reached cfg.stop_return
+        self.eval_seconds = 0.0                         # seconds spent evaluating so far
         self.update_count = 0
         self.resumed_steps = 0
         self.t0 = time.perf_counter()
@@ -382,12 +383,26 @@ class Trainer(RunCore):
     # ------------------------------------------------------------------ evaluation, logs
 
     def evaluate(self) -> dict:
-        """Mean return of ``eval_episodes`` greedy episodes with the latest published weights."""
-        snap = self.ps.snapshot
-        returns = self.greedy_returns(snap.online)
-        row = {"env_steps": self.rate.steps, "updates": self.rate.done, "version": snap.version,
-               "wall_s": round(self.wall(), 3), "mean_return": float(np.mean(returns)),
-               "std_return": float(np.std(returns))}
+        """Mean return of ``eval_episodes`` greedy episodes with the latest published weights. With
+        ``eval_pauses_training`` the actors and learners wait at a step boundary meanwhile, so that the row's
+        ``train_s`` (seconds at its start less earlier evaluations) is training time alone."""
+        pause = self.cfg.eval_pauses_training
+        if pause:
+            self.rate.pause(self.stop)
+        t0 = self.wall()
+        try:
+            snap = self.ps.snapshot
+            steps, updates = self.rate.steps, self.rate.done
+            returns = self.greedy_returns(snap.online)
+        finally:
+            if pause:
+                self.rate.resume()
+        took = self.wall() - t0
+        row = {"env_steps": steps, "updates": updates, "version": snap.version,
+               "wall_s": round(t0 + took, 3), "mean_return": float(np.mean(returns)),
+               "std_return": float(np.std(returns)), "eval_s": round(took, 3),
+               "train_s": round(t0 - self.eval_seconds, 3)}
+        self.eval_seconds += took
         self.recorder.evaluation(row)
         return row
 
@@ -408,7 +423,7 @@ class Trainer(RunCore):
             "mean_return_last20": float(np.mean(recent)) if recent else None,
             "final_eval_return": self.evals[-1]["mean_return"] if self.evals else None,
             "reached_return": self.reached_return,
-            "eval": self.evals, "run_dir": str(self.run_dir),
+            "eval": self.evals, "eval_s": round(self.eval_seconds, 3), "run_dir": str(self.run_dir),
             "phase_seconds": {k: {p: round(s, 4) for p, s in t.seconds.items()} for k, t in self.timers.items()}
             | ({} if self.ps.direct else {"parameter-server": self._ps_phases(wall)}),
             "rate_wait_s": self.rate.wait_s,
@@ -503,6 +518,7 @@ class Trainer(RunCore):
         self.rate.restore(state["steps"], state["updates"])
         self.update_count = state["update_count"]
         self.wall_offset = state["wall_s"]
+        self.eval_seconds = sum(float(e.get("eval_s") or 0.0) for e in self.evals)
         self.buffer = self._restore_buffer(state)
         self.resumed_steps = state["steps"]
 

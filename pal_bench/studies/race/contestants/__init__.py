@@ -1,0 +1,77 @@
+"""The race's contestants, one module per framework (``pal``, ``tianshou``, ``rllib``), each a ``Contestant``.
+
+A contestant is built (``build``: everything constructed, counted as set-up), read back (``facts``: what the
+framework actually built and configured, from its own objects, never from our config), trained under the race's
+``Clock`` (``train``: returns the env steps and updates counted by the framework itself), and closed. The matched
+track checks ``facts`` against ``task.MATCHED`` before training and the measured updates per env step after.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pal_bench.studies.race.clock import Clock
+from pal_bench.studies.race.task import Task
+
+
+class Contestant:
+    """One framework's DQN in the race. ``name`` is the contestant's (``pal-processes``), ``track`` "matched" or
+    "tuned"."""
+
+    def __init__(self, name: str, track: str, task: Task, seed: int):
+        self.name, self.track, self.task, self.seed = name, track, task, seed
+
+    @classmethod
+    def settings(cls, name: str, track: str, task: Task) -> dict:
+        """The settings this contestant is configured with on ``track`` (JSON-able, no framework import): they go
+        into each stored run's settings hash, so a run whose settings changed is run again."""
+        raise NotImplementedError
+
+    def build(self) -> None:
+        """Construct the learner, buffer, environments and workers it needs before the first env step."""
+        raise NotImplementedError
+
+    def facts(self) -> dict:
+        """What was built, read back from the framework's objects: ``n_params`` (online Q-network),
+        ``torch_threads``, ``n_envs``, ``batch_size``, ``n_step``, ``target_update`` (in updates), ``double_q``,
+        ``dueling``, ``gamma``, ``lr``, ``grad_clip`` (0: none), ``buffer_capacity``, ``alpha``, ``beta``,
+        ``updates_per_step`` (as configured), ``loss`` (a short text), ``hidden`` (list), and anything else worth
+        showing in the settings table."""
+        raise NotImplementedError
+
+    def train(self, clock: Clock) -> dict:
+        """Train until ``clock.tick(steps, act)`` returns True; returns ``{"env_steps", "updates"}`` as the
+        framework counted them."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop everything it started (processes, Ray, environments)."""
+
+
+# contestant -> (module, class). Which track each runs in: ``TRACK_CONTESTANTS``.
+REGISTRY = {
+    "pal": ("pal_bench.studies.race.contestants.pal", "PALContestant"),
+    "pal-processes": ("pal_bench.studies.race.contestants.pal", "PALContestant"),
+    "pal-apex": ("pal_bench.studies.race.contestants.pal", "PALContestant"),
+    "tianshou": ("pal_bench.studies.race.contestants.tianshou", "TianshouContestant"),
+    "rllib": ("pal_bench.studies.race.contestants.rllib", "RLlibContestant"),
+    "rllib-pal": ("pal_bench.studies.race.contestants.rllib", "RLlibContestant"),
+}
+TRACK_CONTESTANTS = {
+    "matched": ("pal", "pal-processes", "tianshou", "rllib", "rllib-pal"),
+    "tuned": ("pal-apex", "tianshou", "rllib"),
+}
+CONTESTANTS = tuple(REGISTRY)
+
+
+def contestant_class(name: str) -> type[Contestant]:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown contestant {name!r}; choose from {', '.join(REGISTRY)}")
+    module, cls = REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def make(name: str, track: str, task: Task, seed: int) -> Contestant:
+    if name not in TRACK_CONTESTANTS[track]:
+        raise ValueError(f"{name} does not race in the {track} track (it has {', '.join(TRACK_CONTESTANTS[track])})")
+    return contestant_class(name)(name, track, task, seed)

@@ -1,0 +1,179 @@
+"""The race's tables, from stored run files only.
+
+Machine-independent: **env steps to target** per contestant over seeds (median, its exact order-statistic
+interval, the fraction of seeds reaching the target). Machine-dependent: **env steps per second** from the
+interleaved speed rounds of one sitting, and **wall time to target** (set-up plus training, evaluation excluded;
+with evaluation as well) of runs whose speed probes agree. A run that never reached the target counts at the
+steps and time it ran: a lower bound, marked ``>=``; a ratio is a lower bound where the peer has such runs, an
+upper bound where PAL has, unknown (``?``) where both have.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from pal_bench.bench.stats import median_order_ci, pairing_range, ratio_ci
+from pal_bench.studies.race.task import TASKS
+
+PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
+MIN_SEEDS_FOR_BOOTSTRAP = 10
+
+RUN_COLUMNS = ["track", "contestant", "seed", "reached", "steps_to_target", "wall_to_target_s",
+               "wall_with_eval_to_target_s", "train_to_target_s", "wall_s", "train_s", "eval_s", "setup_s",
+               "env_steps", "env_steps_per_s", "updates_per_env_step", "n_params", "torch_threads", "probe_s",
+               "best_return", "noisy", "commit", "settings_hash"]
+
+
+def run_row(run: dict) -> dict:
+    """One run as a row of ``race.csv``. A run that never reached the target gets its steps and times at the stop
+    in the *_to_target columns, with ``reached`` False (a lower bound)."""
+    task = TASKS[run["task"]]
+    hit = next((e for e in run["curve"] if e["mean_return"] >= task.target), None)
+    returns = [e["mean_return"] for e in run["curve"]]
+    if hit is not None:
+        steps, train, evals = hit["env_steps"], hit["train_s"], hit["eval_s"]
+    else:
+        steps, train, evals = run["env_steps"], run["train_s"], run["eval_s"]
+    return {"track": run["track"], "contestant": run["contestant"], "seed": run["seed"], "reached": hit is not None,
+            "steps_to_target": int(steps), "wall_to_target_s": round(run["setup_s"] + train, 2),
+            "wall_with_eval_to_target_s": round(run["setup_s"] + train + evals, 2),
+            "train_to_target_s": round(train, 2), "wall_s": run["wall_s"], "train_s": run["train_s"],
+            "eval_s": run["eval_s"], "setup_s": run["setup_s"], "env_steps": run["env_steps"],
+            "env_steps_per_s": run["env_steps_per_s"], "updates_per_env_step": run["updates_per_env_step"],
+            "n_params": run["n_params"], "torch_threads": run["torch_threads"], "probe_s": run.get("probe_s"),
+            "best_return": max(returns) if returns else None, "noisy": bool(run.get("noisy")),
+            "commit": run.get("commit"), "settings_hash": run.get("settings_hash")}
+
+
+def runs_frame(runs: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([run_row(r) for r in runs], columns=RUN_COLUMNS)
+
+
+def curves_frame(runs: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{"track": r["track"], "contestant": r["contestant"], "seed": r["seed"], **e}
+                         for r in runs for e in r["curve"]])
+
+
+def speed_frame(runs: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{"track": r["track"], "round": r["round"], "contestant": r["contestant"],
+                          "env_steps_per_s": round(r["env_steps_per_s"], 1),
+                          "updates_per_s": round(r["updates_per_s"], 1),
+                          "updates_per_env_step": r["updates_per_env_step"],
+                          "noisy": bool(r.get("noisy")), "commit": r.get("commit")} for r in runs],
+                        columns=["track", "round", "contestant", "env_steps_per_s", "updates_per_s",
+                                 "updates_per_env_step", "noisy", "commit"])
+
+
+def _num(v: float, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def median_cell(values: pd.Series, censored: bool, digits: int = 0) -> str:
+    """``median [low, high]`` of the order-statistic interval (its exact coverage when below 95%), ``>=`` before a
+    value that is a lower bound."""
+    med, lo, hi, cover = median_order_ci(values.astype(float))
+    mark = ">= " if censored else ""
+    note = "" if cover >= 0.95 else f" ({cover:.0%} range of {len(values)})"
+    return f"{mark}{_num(med, digits)} [{_num(lo, digits)}, {_num(hi, digits)}]{note}"
+
+
+def best_pal(df: pd.DataFrame) -> str | None:
+    """PAL's matched contestant with the smallest median wall time to target (runs that never reached counted at
+    their stop)."""
+    pal = df[df.contestant.isin(PAL_MATCHED)]
+    if pal.empty:
+        return None
+    return pal.groupby("contestant").wall_to_target_s.median().idxmin()
+
+
+def ratio_cell(peer: pd.Series, pal: pd.Series, peer_censored: bool, pal_censored: bool) -> str:
+    """Ratio of medians peer / PAL, the range over every seed pairing, and a bootstrap 95% interval only where both
+    sides have at least ``MIN_SEEDS_FOR_BOOTSTRAP`` seeds."""
+    if peer.empty or pal.empty:
+        return ""
+    point = float(np.median(peer) / np.median(pal))
+    lo, hi = pairing_range(peer, pal)
+    mark = {(True, False): ">= ", (False, True): "<= ", (True, True): "? "}.get((peer_censored, pal_censored), "")
+    cell = f"{mark}{point:.2f}x (pairings {lo:.2f}-{hi:.2f})"
+    if len(peer) >= MIN_SEEDS_FOR_BOOTSTRAP and len(pal) >= MIN_SEEDS_FOR_BOOTSTRAP:
+        _, blo, bhi = ratio_ci(peer, pal)
+        cell += f" [{blo:.2f}, {bhi:.2f}]"
+    return cell
+
+
+def target_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per contestant: seeds, fraction reaching the target, env steps to target and wall time to target (medians
+    with order-statistic intervals), and the peer / PAL ratios of both."""
+    ref = best_pal(df)
+    ref_runs = df[df.contestant == ref] if ref else df.iloc[:0]
+    rows = []
+    for name, g in df.groupby("contestant", sort=False):
+        censored = not g.reached.all()
+        row = {"contestant": name, "seeds": len(g), "reached": f"{int(g.reached.sum())}/{len(g)}",
+               "env steps to target": median_cell(g.steps_to_target, censored),
+               "wall to target, s (eval excluded)": median_cell(g.wall_to_target_s, censored, 1),
+               "with eval, s": _num(float(g.wall_with_eval_to_target_s.median()), 1)}
+        if ref and name != ref:
+            ref_censored = not ref_runs.reached.all()
+            row[f"steps / {ref}'s"] = ratio_cell(g.steps_to_target, ref_runs.steps_to_target, censored, ref_censored)
+            row[f"wall / {ref}'s"] = ratio_cell(g.wall_to_target_s, ref_runs.wall_to_target_s, censored,
+                                                ref_censored)
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("")
+
+
+def speed_table(sp: pd.DataFrame) -> pd.DataFrame:
+    """Per contestant over the interleaved rounds: median env steps/s with the range, median updates/s, and each
+    peer's speed as a fraction of PAL's best (ratio of medians, range over round pairings)."""
+    if sp.empty:
+        return pd.DataFrame()
+    med = sp.groupby("contestant").env_steps_per_s.median()
+    pal = [c for c in PAL_MATCHED if c in med.index]
+    ref = max(pal, key=lambda c: med[c]) if pal else None
+    rows = []
+    for name, g in sp.groupby("contestant", sort=False):
+        v = g.env_steps_per_s.astype(float)
+        row = {"contestant": name, "rounds": len(g),
+               "env steps/s": f"{v.median():,.0f} [{v.min():,.0f}, {v.max():,.0f}]",
+               "updates/s": f"{g.updates_per_s.median():,.1f}",
+               "updates per env step": f"{g.updates_per_env_step.median():.3f}"}
+        if ref and name != ref:
+            r = sp[sp.contestant == ref].env_steps_per_s.astype(float)
+            lo, hi = pairing_range(r, v)
+            row[f"{ref} / this"] = f"{r.median() / v.median():.2f}x (pairings {lo:.2f}-{hi:.2f})"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("")
+
+
+SETTINGS_ROWS = ("n_params", "hidden", "double_q", "dueling", "loss", "grad_clip", "lr", "batch_size", "gamma",
+                 "n_step", "buffer_capacity", "alpha", "beta", "target_update", "n_envs", "updates_per_step",
+                 "torch_threads")
+
+
+def settings_table(runs: list[dict]) -> pd.DataFrame:
+    """The settings side by side, read from the run files (each contestant's ``facts``: what its framework built),
+    plus the measured updates per env step (median over its runs)."""
+    by: dict[str, dict] = {}
+    measured: dict[str, list] = {}
+    for r in runs:
+        by.setdefault(r["contestant"], r["facts"])
+        measured.setdefault(r["contestant"], []).append(r["updates_per_env_step"])
+    keys = [k for k in SETTINGS_ROWS if any(k in f for f in by.values())]
+    extra = sorted({k for f in by.values() for k in f} - set(SETTINGS_ROWS))
+    table = {name: {k: _plain(f.get(k, "")) for k in keys + extra} for name, f in by.items()}
+    for name in table:
+        table[name]["measured updates per env step"] = f"{np.median(measured[name]):.3f}"
+    return pd.DataFrame(table).rename_axis("setting").reset_index()
+
+
+def _plain(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "-".join(str(x) for x in v) if all(isinstance(x, int) for x in v) else str(list(v))
+    return str(v)

@@ -1,0 +1,102 @@
+"""One race run, in its own process: probe the machine, build the contestant, check it, train it under the clock.
+
+``launch`` starts ``python -m pal_bench.studies.race --worker NAME ...`` (so that Ray, torch thread pools and
+imports of one contestant cannot slow another), with one torch/OpenMP thread per process for every contestant;
+``run_one`` is what that process does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pal_bench.studies.race.clock import Clock
+from pal_bench.studies.race.contestants import make
+from pal_bench.studies.race.probe import speed_probe
+from pal_bench.studies.race.task import MATCHED, TASKS, Task, check_matched
+
+
+def env_dims(env_id: str) -> tuple[int, int]:
+    """(observation size, number of actions) of a discrete-action gymnasium environment."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make(env_id)
+    try:
+        return int(np.prod(env.observation_space.shape)), int(env.action_space.n)
+    finally:
+        env.close()
+
+
+def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race", task: Task | None = None) -> dict:
+    """Probe (race mode), build, read back and check (matched track: before training, and the measured updates per
+    env step after), train, close. Returns the run's record (times in seconds). ``task``: a variant of
+    ``TASKS[task_name]`` (the race profile's longer budget and unreachable target)."""
+    import torch
+
+    task = task or TASKS[task_name]
+    torch.set_num_threads(MATCHED.torch_threads)
+    probe = speed_probe(task, seed) if mode == "race" else {}
+    obs_dim, n_actions = env_dims(task.env)
+    clock = Clock(task, seed, mode)
+    contestant = make(name, track, task, seed)
+    contestant.mode = mode
+    try:
+        contestant.build()
+        facts = contestant.facts()
+        if track == "matched":
+            check_matched(name, facts, obs_dim, n_actions)
+        clock.started()
+        measured = contestant.train(clock)
+    finally:
+        contestant.close()
+    train_s = measured.get("train_s", clock.train_s())
+    learning = max(1, measured["env_steps"] - task.learning_starts)
+    ups = measured["updates"] / learning
+    if track == "matched":
+        check_matched(name, facts | {"updates_per_step": ups}, obs_dim, n_actions, measured=True)
+    run = {"contestant": name, "track": track, "task": task_name, "seed": seed, "mode": mode,
+           "setup_s": round(clock.setup_s or 0.0, 3), "train_s": round(train_s, 3), "eval_s": round(clock.eval_s, 3),
+           "env_steps": int(measured["env_steps"]), "updates": int(measured["updates"]),
+           "updates_per_env_step": round(ups, 5), "n_params": facts.get("n_params"),
+           "torch_threads": facts.get("torch_threads"), "facts": facts, "curve": clock.curve} | probe
+    run["wall_s"] = round(run["setup_s"] + run["train_s"] + run["eval_s"], 3)
+    if clock.phase_seconds:
+        run["phase_seconds"] = clock.phase_seconds
+    if mode == "speed":
+        span = clock.span
+        run["span"] = span
+        run["env_steps_per_s"] = clock.speed()
+        # updates per second over the span: the run's measured updates per env step times its env steps per second
+        run["updates_per_s"] = run["env_steps_per_s"] * ups
+    else:
+        run["env_steps_per_s"] = round(run["env_steps"] / max(train_s, 1e-9), 1)
+    return run
+
+
+def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: str = "race") -> dict:
+    """Run one contestant in its own process (one torch/OpenMP thread); its evaluations stream to ``log``.
+    RuntimeError naming the log when it fails (a matched contestant that does not do the matched work included)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    cmd = [sys.executable, "-m", "pal_bench.studies.race", "--worker", name, "--track", track, "--task", task_name,
+           "--seed", str(seed), "--mode", mode, "--worker-out", str(out)]
+    threads = str(MATCHED.torch_threads)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", RAY_DEDUP_LOGS="0", OMP_NUM_THREADS=threads,
+               MKL_NUM_THREADS=threads)
+    with open(log, "a") as lf:
+        lf.write(f"\n=== {name} ({track}, {task_name}) seed {seed} {mode}\n")
+        lf.flush()
+        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env).returncode
+    try:
+        if rc != 0:
+            tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+            raise RuntimeError(f"{name} ({track}) seed {seed} failed with exit code {rc}: "
+                               f"{tail[0] if tail else ''} (see {log})")
+        return json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)

@@ -1,0 +1,118 @@
+"""What a race is: the task (environment, target, budget, evaluation) and, per track, what each contestant trains.
+
+- **matched** track: every contestant trains the same learner (``Matched``) on the same data rhythm; what each
+  actually built and did (network size, updates per env step, torch threads, ...) is read back from the framework
+  and checked against it (``check_matched``), before training and again after.
+- **tuned** track: each framework at its authors' own settings for the task (each contestant module's ``TUNED``,
+  with the example file it follows).
+
+Stored runs carry ``settings_hash`` of their task and contestant settings: a stored run whose hash differs from the
+code's is run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+TRACKS = ("matched", "tuned")
+
+
+@dataclass(frozen=True)
+class Task:
+    """The environment, the target, the budget per run and the evaluation every contestant gets."""
+
+    env: str
+    target: float                  # mean greedy evaluation return that counts as solved
+    max_steps: int                 # env-step budget per run
+    max_wall_s: float              # training wall-clock budget per run (s, evaluation excluded)
+    eval_interval: int             # env steps between evaluations
+    eval_episodes: int             # greedy episodes per evaluation, on fixed seeds
+    learning_starts: int           # env steps collected before the first update
+    eps_decay_steps: int           # env steps over which epsilon decays linearly from 1 to its final value
+    speed_span: int                # speed rounds: env steps timed after learning starts
+    probe_env_steps: int = 40_000  # the speed probe before each run (probe.py): random env steps ...
+    probe_updates: int = 2_000     # ... and matched-network updates (about 5 s on LunarLander here)
+
+
+TASKS = {
+    "full": Task(env="LunarLander-v3", target=200.0, max_steps=500_000, max_wall_s=1_200.0, eval_interval=10_000,
+                 eval_episodes=10, learning_starts=10_000, eps_decay_steps=75_000, speed_span=20_000),
+    "quick": Task(env="CartPole-v1", target=200.0, max_steps=50_000, max_wall_s=240.0, eval_interval=2_500,
+                  eval_episodes=5, learning_starts=1_000, eps_decay_steps=10_000, speed_span=5_000),
+    # seconds per contestant: for tests of the race itself, not a result
+    "smoke": Task(env="CartPole-v1", target=500.0, max_steps=2_000, max_wall_s=120.0, eval_interval=1_000,
+                  eval_episodes=2, learning_starts=500, eps_decay_steps=1_000, speed_span=500, probe_env_steps=500,
+                  probe_updates=20),
+}
+
+
+@dataclass(frozen=True)
+class Matched:
+    """The learner of the matched track: Double DQN, an MLP of ``hidden`` ReLU layers, Huber loss (delta 1) times
+    the prioritized-replay importance weights, averaged over the batch; gradient norm clipped at ``grad_clip``; Adam;
+    n-step returns; prioritized replay with a constant beta; a hard target copy every ``target_update`` updates;
+    epsilon-greedy from 1 to ``eps_end`` over the task's ``eps_decay_steps``; one environment; exactly
+    ``updates_per_step`` updates per env step once learning starts; one torch thread per process."""
+
+    double_q: bool = True
+    dueling: bool = False
+    hidden: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    loss: str = "huber(delta=1) x importance weights, batch mean"
+    grad_clip: float = 10.0
+    lr: float = 5e-4
+    batch_size: int = 128
+    gamma: float = 0.99
+    n_step: int = 3
+    buffer_capacity: int = 200_000
+    alpha: float = 0.6
+    beta: float = 0.4
+    target_update: int = 250
+    eps_end: float = 0.05
+    n_envs: int = 1
+    updates_per_step: float = 0.25
+    torch_threads: int = 1
+
+    def n_params(self, obs_dim: int, n_actions: int) -> int:
+        """Parameters of the online Q-network: obs_dim -> hidden... -> n_actions, with biases (8-256-256-4:
+        69,124)."""
+        sizes = (obs_dim, *self.hidden, n_actions)
+        return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+MATCHED = Matched()
+UPDATES_TOLERANCE = 0.02           # a matched run's measured updates per env step may be off by this fraction
+
+
+class SettingsMismatch(ValueError):
+    """A matched contestant does not do the matched work (the message names what differs)."""
+
+
+def check_matched(name: str, facts: dict, obs_dim: int, n_actions: int, measured: bool = False) -> None:
+    """Refuse a matched contestant whose ``facts`` (read back from what it built, or after the run, ``measured``:
+    from its logs) differ from ``MATCHED``: parameter count, torch threads, environments, batch, n-step, target
+    period, double Q, dueling, and (configured before, measured after) updates per env step within
+    ``UPDATES_TOLERANCE``."""
+    m = MATCHED
+    want = {"n_params": m.n_params(obs_dim, n_actions), "torch_threads": m.torch_threads, "n_envs": m.n_envs,
+            "batch_size": m.batch_size, "n_step": m.n_step, "target_update": m.target_update,
+            "double_q": m.double_q, "dueling": m.dueling, "gamma": m.gamma, "lr": m.lr, "grad_clip": m.grad_clip,
+            "buffer_capacity": m.buffer_capacity, "alpha": m.alpha, "beta": m.beta}
+    bad = [f"{k} = {facts.get(k)!r} (matched: {v!r})" for k, v in want.items() if facts.get(k) != v]
+    ups = facts.get("updates_per_step")
+    if ups is None or abs(ups - m.updates_per_step) > UPDATES_TOLERANCE * m.updates_per_step:
+        bad.append(f"updates_per_step = {ups!r} (matched: {m.updates_per_step}, within "
+                   f"{UPDATES_TOLERANCE:.0%}{', measured from its logs' if measured else ''})")
+    if bad:
+        raise SettingsMismatch(f"{name} does not do the matched work: " + "; ".join(bad))
+
+
+def settings_hash(*parts) -> str:
+    """A short hash of JSON-able settings: what a stored run must still match to be reused."""
+    def plain(x):
+        return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
+    text = json.dumps([plain(p) for p in parts], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
