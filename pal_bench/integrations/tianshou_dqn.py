@@ -1,8 +1,8 @@
-"""tianshou 2.0.1 DQN driven step by step, for the race and the plug-in benchmark.
+"""tianshou 2.0.1 DQN driven step by step, for the plug-in benchmark (the race's tianshou contestant is
+pal_bench/studies/race/contestants/tianshou.py).
 
-tianshou's own ``OffPolicyTrainer`` runs epochs of a fixed size; the race needs an evaluation
-every N env steps and a stop at a target, and the plug-in benchmark needs timed iterations, so
-this module builds the same objects (``DiscreteQLearningPolicy``, ``DQN``, ``Collector``) and
+tianshou's own ``OffPolicyTrainer`` runs epochs of a fixed size; the plug-in benchmark needs timed
+iterations, so this module builds the same objects (``DiscreteQLearningPolicy``, ``DQN``, ``Collector``) and
 drives them with tianshou's own calls: ``Collector.collect(n_step=...)`` with the policy in
 its training step (epsilon-greedy), then ``DQN.update(buffer, sample_size)`` per gradient step.
 """
@@ -76,29 +76,6 @@ def build(env_id: str, *, hidden, lr: float, gamma: float, n_step: int, target_u
     collector = Collector(algo, envs, buf, exploration_noise=True)
     collector.reset()
     return DQNRun(algo, policy, buf, collector)
-
-
-def train_dqn(task, seed: int, clock) -> None:
-    """The race: collect 16 steps, then ``16 x updates_per_step`` updates, epsilon decaying linearly
-    over ``eps_fraction`` of the budget; ``clock`` evaluates and decides when to stop."""
-    run = build(task.env, hidden=task.hidden, lr=task.lr, gamma=task.gamma, n_step=task.n_step,
-                target_update=task.target_update, capacity=task.buffer_capacity, alpha=task.alpha,
-                beta=task.beta, seed=seed)
-    clock.started()
-    chunk, steps, owed = 16, 0, 0.0
-    decay = max(1, int(task.eps_fraction * task.max_steps))
-    while True:
-        run.collect(chunk, eps=max(task.eps_end, 1.0 - (1.0 - task.eps_end) * steps / decay))
-        steps += chunk
-        if steps >= task.learning_starts:
-            owed += chunk * task.updates_per_step
-            n = int(owed)
-            owed -= n
-            run.learn(n, task.batch_size)
-        if clock.due(steps) and clock.record(steps, run.act):
-            break
-        if clock.done(steps):
-            break
 
 
 class TianshouRun:

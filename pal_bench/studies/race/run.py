@@ -55,7 +55,7 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
     finally:
         contestant.close()
     train_s = measured.get("train_s", clock.train_s())
-    learning = max(1, measured["env_steps"] - task.learning_starts)
+    learning = max(1, measured["env_steps"] - facts.get("learning_starts", task.learning_starts))
     ups = measured["updates"] / learning
     if track == "matched":
         check_matched(name, facts | {"updates_per_step": ups}, obs_dim, n_actions, measured=True)
