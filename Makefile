@@ -43,7 +43,8 @@ scaling: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --validate 20000 --out results
 
 # PAL's drop-in buffers inside RLlib and tianshou (about 15 min) and the race to a target return
-# (quick: CartPole-v1, about 10 min; `$(VENV)/bin/pal-bench race` alone is the full LunarLander race)
+# (quick: the matched track on CartPole-v1, 3 seeds, about 15 min; `$(VENV)/bin/pal-bench race` alone is the
+# full LunarLander race in resumable pieces, `--track tuned` the tuned track, `--speed` the speed rounds)
 plugin-bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(VENV)/bin/pal-bench plugin-bench
 

@@ -33,6 +33,7 @@ from pal_bench.studies.race.task import TASKS, TRACKS
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SEEDS = {"matched": 10, "tuned": 5}
+QUICK_SEEDS = 3                     # --quick: a first look in minutes, not a result to quote
 SPEED_ROUNDS = 5
 
 
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", choices=sorted(TASKS), help=argparse.SUPPRESS)
     ap.add_argument("--seeds", type=positive_int,
                     help=f"seeds per contestant (default: {DEFAULT_SEEDS['matched']} matched, "
-                         f"{DEFAULT_SEEDS['tuned']} tuned; a contestant that reaches the target in none of its first "
-                         f"5 runs no more)")
+                         f"{DEFAULT_SEEDS['tuned']} tuned, {QUICK_SEEDS} with --quick; a contestant that reaches the "
+                         f"target in none of its first 5 runs no more)")
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants of the track")
     ap.add_argument("--speed", action="store_true",
                     help=f"run the interleaved speed rounds instead ({SPEED_ROUNDS} by default, --rounds)")
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed:
         orchestrate.run_speed(args.track, task_name, names, args.rounds, args.out)
     else:
-        seeds = args.seeds or DEFAULT_SEEDS[args.track]
+        seeds = args.seeds or (QUICK_SEEDS if task_name == "quick" else DEFAULT_SEEDS[args.track])
         if not orchestrate.run_race(args.track, task_name, names, seeds, args.out, args.max_minutes,
                                     args.rerun_noisy, args.rerun_slow):
             return 0
