@@ -528,6 +528,32 @@ def race_settings_block(results: Path, track: str = "matched", task_name: str = 
             + md(race_results.settings_table(runs), "") + "\n")
 
 
+def race_headline_block(results: Path) -> str:
+    """README's one sentence on the race: the matched track's best PAL contestant against each peer that raced."""
+    from pal_bench.studies.race import results as race_results
+
+    path = results / "race.csv"
+    if not path.exists():
+        return missing("race.csv", "pal-bench race")
+    df = pd.read_csv(path)
+    df = df[df.track == "matched"]
+    ref = race_results.best_pal(df)
+    if ref is None:
+        return missing("race.csv", "pal-bench race --only pal pal-processes")
+    mine = df[df.contestant == ref]
+    parts = []
+    for name, g in df[~df.contestant.isin(race_results.PAL_MATCHED)].groupby("contestant"):
+        bound = "at least " if not g.reached.all() else ""
+        parts.append(f"{bound}{g.wall_to_target_s.median() / mine.wall_to_target_s.median():.1f}x sooner than "
+                     f"{name} ({int(g.reached.sum())} of {len(g)} seeds reached; median "
+                     f"{g.steps_to_target.median() / 1000:.0f}k steps, {g.wall_to_target_s.median():.0f} s)")
+    return (f"**The race** (matched track: every contestant trains the same Double DQN on the same data rhythm; "
+            f"LunarLander-v3 to 200): PAL's `{ref}` reached the target in {int(mine.reached.sum())} of {len(mine)} "
+            f"seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k env steps and "
+            f"{mine.wall_to_target_s.median():.0f} s of set-up and training: " + "; ".join(parts)
+            + ". Ratios of medians; intervals, the speed table and the tuned track: [docs/race.md](docs/race.md).\n")
+
+
 def race_blocks(results: Path, task_name: str = "full") -> str:
     """Every race table of a task (what ``pal-bench race`` prints)."""
     parts = [race_target_block(results, track, task_name) for track in ("matched", "tuned")]
@@ -625,6 +651,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "end-to-end-processes": end_to_end_processes_block,
     "plugin": plugin_block,
     "race-quick": lambda results: race_target_block(results, "matched", "quick"),
+    "race-headline": race_headline_block,
     "race-matched": lambda results: race_target_block(results, "matched"),
     "race-tuned": lambda results: race_target_block(results, "tuned"),
     "race-speed": race_speed_block,
