@@ -12,7 +12,8 @@ import os
 import pytest
 from conftest import PROFILE
 
-from pal_bench.studies.scaling import measure_fa, measure_fl, usable_cores
+from pal_bench.conditions import usable_cores
+from pal_bench.studies.scaling.measure import measure_fa, measure_fl
 from pal_bench.train import make_config
 
 CORES = usable_cores()

@@ -5,7 +5,7 @@ import time
 import pandas as pd
 import pytest
 
-from pal_bench.studies import plugin as plugin_bench
+from pal_bench.studies.plugin import measure as plugin_bench
 
 
 def test_buffer_clock_sums_time_inside_the_wrapped_methods():

@@ -307,7 +307,7 @@ def test_learner_processes_need_the_process_backend(tmp_path):
 
 
 def test_scaling_measures_learner_processes_and_cleans_up():
-    from pal_bench.studies import scaling
+    from pal_bench.studies.scaling import measure as scaling
 
     before = _shm()
     cfg = make_config("dqn", "CartPole-v1", backend="processes", learner_processes=True, batch_size=32)

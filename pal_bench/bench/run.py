@@ -1,8 +1,8 @@
 """Run the benchmark suites and write their results: ``python -m pal_bench.bench.run``.
 
 Runs each suite in ``suites/`` with pytest-benchmark (GC off, warm-up on), stores the raw
-pytest-benchmark JSON (machine info included) in ``results/``, then rebuilds the tidy CSV and the
-Markdown tables from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
+pytest-benchmark JSON (machine info included) in ``results/``; ``make bench`` then rebuilds the tidy CSV, the
+tables and the figures from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
 one per case with how many are done and left, and pytest's verbose result lines.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_bench import report
 from pal_bench.argtypes import choice_list
+from pal_bench.bench import suite_json
 from pal_bench.bench.adapters import ADAPTERS
-from pal_bench.bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private",
@@ -76,8 +76,8 @@ def compare(stored: Path, new: Path) -> None:
     the change of its median."""
     subprocess.call([sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare",
                      "--columns=median,iqr", "--sort=name", "--group-by=name", str(stored), str(new)])
-    old, _ = report.load(stored)
-    cur, _ = report.load(new)
+    old, _ = suite_json.load(stored)
+    cur, _ = suite_json.load(new)
     both = old[old.status == "ok"].merge(cur[cur.status == "ok"], on="name", suffixes=("_stored", "_new"))
     if both.empty:
         print(f"no case of {new.name} is in the stored results")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare and (args.results / f"{suite}.json").exists():
             compare(args.results / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:
-        report.main(["--results", str(args.results)])
+        print("stored; `python -m pal_bench.report` (make figures) rebuilds the tables and figures", file=sys.stderr)
     return rc
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pal_bench.train.core import Diverged
+from pal_bench.train.errors import Diverged
 
 
 @dataclass(frozen=True)

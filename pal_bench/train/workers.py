@@ -15,7 +15,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from pal_bench.train.core import check_losses
+from pal_bench.train.losses import check_losses
 from pal_bench.train.sequences import SequenceBuilder, stack
 
 ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")

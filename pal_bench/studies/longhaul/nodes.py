@@ -41,7 +41,6 @@ from pal_bench.train.core import RunCore
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate_policy import RatePolicy
 
-TOPOLOGIES = ("learner-replay", "buffer-replay")   # replay at the learner, or at the buffer node
 RECV_TIMEOUT_S = 60.0
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from pal_bench.argtypes import positive_float, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
-from pal_bench.bench.conditions import add_force_flag, refuse_if_busy
+from pal_bench.conditions import add_force_flag, refuse_if_busy
 from pal_bench.studies.race.contestants import CONTESTANTS, TRACK_CONTESTANTS
-from pal_bench.studies.race.task import TASKS, TRACKS
+from pal_bench.studies.race.task import TASKS, TRACKS, suffix
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SEEDS = {"matched": 10, "tuned": 5}
@@ -37,14 +37,10 @@ QUICK_SEEDS = 3                     # --quick: a first look in minutes, not a re
 SPEED_ROUNDS = 5
 
 
-def suffix(task_name: str) -> str:
-    return "" if task_name == "full" else f"_{task_name}"
-
-
 def report(out: Path, task_name: str, quiet: bool = False) -> int:
     """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv`` and the figures from the stored run files;
     print the tables."""
-    from pal_bench.bench.conditions import write_meta
+    from pal_bench.conditions import write_meta
     from pal_bench.studies.race import figure, results
     from pal_bench.studies.race.orchestrate import load_runs, runs_dir
 
@@ -73,7 +69,7 @@ def report(out: Path, task_name: str, quiet: bool = False) -> int:
             if not quiet:
                 print(f"figure: {path}")
     if not quiet:
-        from pal_bench.bench.tables import race_blocks
+        from pal_bench.studies.race.publish import race_blocks
 
         print(race_blocks(out, task_name))
     return 0

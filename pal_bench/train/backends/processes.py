@@ -39,7 +39,7 @@ import numpy as np
 
 from pal_bench.train.backends.threads import Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.core import Diverged, TrainingError
+from pal_bench.train.errors import Diverged, TrainingError
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import RatePolicy, default_slack
 from pal_bench.train.replay_spec import buffer_class, make_buffer
@@ -249,7 +249,8 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
     _ignore_stop_signals()
     import torch
 
-    from pal_bench.train.core import RunCore, check_losses
+    from pal_bench.train.core import RunCore
+    from pal_bench.train.losses import check_losses
 
     torch.set_num_threads(1)
     pin(cfg.actors + learner if cfg.pin_cores else None)

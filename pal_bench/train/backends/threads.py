@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from pal_bench.train.config import Q_ALGOS, ConfigError, TrainConfig, validate
-from pal_bench.train.core import RunCore, TrainingError
+from pal_bench.train.core import RunCore
+from pal_bench.train.errors import TrainingError
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import default_slack

@@ -27,9 +27,9 @@ BACKENDS = {"pal": "threads", "pal-processes": "processes", "pal-apex": "process
 def apex_actors(task: Task) -> int:
     """The actors of ``pal-apex``: the core-split solver's choice for the process backend on this machine (from
     ``results/scaling_processes.csv``; 1 without stored curves)."""
-    from pal_bench.studies.race.split import dse_split
+    from pal_bench.studies.dse import split_from_curves
 
-    return dse_split(MATCHED.updates_per_step, "processes")[0]
+    return split_from_curves(MATCHED.updates_per_step, "processes")[0]
 
 
 class PALContestant(Contestant):

@@ -30,7 +30,7 @@ import numpy as np
 from pal_bench.train.backends.ray.context import from_numpy, rate_slack
 from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import ConfigError, TrainConfig
-from pal_bench.train.core import TrainingError
+from pal_bench.train.errors import TrainingError
 from pal_bench.train.param_server import Snapshot
 from pal_bench.train.workers import PhaseTimer
 

@@ -31,7 +31,8 @@ import torch
 from pal_bench.train.backends.ray.buffer_actor import _reconstructed
 from pal_bench.train.backends.ray.context import chunk_size, from_numpy, to_numpy
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.core import RunCore, check_losses
+from pal_bench.train.core import RunCore
+from pal_bench.train.losses import check_losses
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.workers import PhaseTimer
 

@@ -1,4 +1,4 @@
-"""Where one plug-in benchmark iteration goes: ``python -m pal_bench.studies.plugin_profile rllib-dqn 256 0 pal``.
+"""Where one plug-in benchmark iteration goes: ``python -m pal_bench.studies.plugin.profile rllib-dqn 256 0 pal``.
 
 Builds the benchmark's run for one configuration (framework, train batch, env runners, buffer "default" or
 "pal"), fills it past learning_starts, then times ``--iterations`` training iterations with each buffer method
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from pal_bench.argtypes import nonneg_int, positive_int
-from pal_bench.studies.plugin import ENVS, Case, RLlibRun
+from pal_bench.studies.plugin.measure import ENVS, Case, RLlibRun
 
 
 def _timed(fn, name: str, seconds: collections.Counter, calls: collections.Counter):
