@@ -7,6 +7,7 @@ import json
 import sys
 
 from pal_bench.argtypes import UsageError
+from pal_bench.studies import registry
 
 
 def _train(args) -> int:
@@ -61,24 +62,12 @@ def _train(args) -> int:
     return 0
 
 
-# sub-commands with their own argument parsers: name -> (module with main(argv), help)
-FORWARDED = {
-    "scaling": ("pal_bench.studies.scaling.measure", "actor and learner throughput against workers, per backend"),
-    "concurrency": ("pal_bench.studies.concurrency", "the buffer under concurrent writers and samplers"),
-    "fanout": ("pal_bench.studies.fanout", "sample + update latency against the sum tree's fan-out K"),
-    "shared-buffer": ("pal_bench.studies.shared_buffer",
-                      "the shared-memory buffer across processes against a private one"),
-    "race": ("pal_bench.studies.race", "time to a target return: PAL's trainer vs RLlib and tianshou DQN"),
-    "race-profile": ("pal_bench.studies.race_profile",
-                     "where one race contestant's time goes (cProfile areas, or PAL's per-phase times)"),
-    "plugin-bench": ("pal_bench.studies.plugin.measure",
-                     "training-iteration time with each framework's buffer vs PAL's drop-in"),
-    "aggregation": ("pal_bench.studies.aggregation",
-                    "share of a training iteration spent aggregating gradients, per scheme"),
-    "longhaul": ("pal_bench.studies.longhaul.experiment",
-                 "replay at the learner or at the buffer node, over a long-haul link"),
-    "shm": ("pal_bench.shm", "PAL-Bench's shared-memory segments, their creators, and --clean for the dead ones"),
-}
+def forwarded() -> dict[str, tuple[str, str]]:
+    """Sub-commands with their own argument parsers: name -> (module with ``main(argv)``, help); the studies'
+    come from their registry."""
+    return registry.commands() | {
+        "shm": ("pal_bench.shm", "PAL-Bench's shared-memory segments, their creators, and --clean for the dead ones"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,14 +93,15 @@ def _main(argv: list[str]) -> int:
         from pal_bench import report
 
         return report.main(["--html", *argv[1:]])
-    if argv and argv[0] in FORWARDED:
+    commands = forwarded()
+    if argv and argv[0] in commands:
         import importlib
 
-        return importlib.import_module(FORWARDED[argv[0]][0]).main(argv[1:])
+        return importlib.import_module(commands[argv[0]][0]).main(argv[1:])
     ap = argparse.ArgumentParser(prog="pal-bench", description="PAL-Bench: replay buffers and parallel RL, measured. "
                                  "Add --debug anywhere to see a traceback instead of a one-line error.")
     sub = ap.add_subparsers(dest="command", required=True)
-    for name, (_, helptext) in FORWARDED.items():
+    for name, (_, helptext) in commands.items():
         sub.add_parser(name, help=helptext + f" (see `pal-bench {name} --help`)", add_help=False)
     from pal_bench.train.config import ALGOS
 

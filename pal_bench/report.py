@@ -13,15 +13,14 @@ import sys
 from pathlib import Path
 
 from pal_bench.bench import publishing
+from pal_bench.paths import RESULTS, ROOT
 from pal_bench.studies import registry
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="where README.md and docs/ are (their generated blocks are rebuilt)")
     ap.add_argument("--no-figures", action="store_true", help="tables only")

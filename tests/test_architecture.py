@@ -57,3 +57,39 @@ def test_each_contract_fails_on_a_forbidden_import(package_copy, added, broken):
                 (package_copy / path).unlink()
             else:
                 (package_copy / path).write_text(text)
+
+
+def test_a_study_needs_its_module_and_one_registry_line(tmp_path, monkeypatch, capsys):
+    """docs/architecture.md's "how to add a study": a module with main(argv) and PUBLICATION, one Study line in
+    the registry, a block in a page; then `pal-bench <command>` runs it and the report fills its block."""
+    from pal_bench import cli, report
+    from pal_bench.studies import registry
+
+    (tmp_path / "toy_study.py").write_text('''
+from pathlib import Path
+from pal_bench.bench.publishing import Publication, missing
+
+def main(argv):
+    Path(argv[0], "toy.csv").write_text("x\\n42\\n")
+    return 0
+
+def toy_block(results):
+    path = results / "toy.csv"
+    return f"toy: {path.read_text().split()[1]}\\n" if path.exists() else missing("toy.csv", "pal-bench toy")
+
+def outputs(results, figures):
+    return [results / "toy.csv"] if (results / "toy.csv").exists() else []
+
+PUBLICATION = Publication("toy", {"toy": toy_block}, outputs)
+''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "STUDIES", (*registry.STUDIES, registry.Study("toy_study", "toy", "toy_study")))
+    results = tmp_path / "results"
+    results.mkdir()
+    assert cli.main(["toy", str(results)]) == 0
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "toy.md"
+    page.write_text("# toy\n<!-- BEGIN generated:toy -->\n<!-- END generated:toy -->\n")
+    (tmp_path / "README.md").write_text("readme\n")
+    assert report.main(["--results", str(results), "--root", str(tmp_path), "--no-figures"]) == 0
+    assert "toy: 42" in page.read_text()

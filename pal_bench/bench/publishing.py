@@ -25,12 +25,14 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from pal_bench import conditions
 
-ROOT = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    import pandas as pd
+from pal_bench.paths import ROOT
+
 BLOCK = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END generated:(?P=name) -->)",
                    re.S)
 DOC_ORDER = ("latency", "trainer", "scaling", "backends", "plugin", "race", "longhaul", "aggregation", "measuring")

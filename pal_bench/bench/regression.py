@@ -35,9 +35,9 @@ import numpy as np
 
 from pal_bench.bench import instructions
 from pal_bench.bench.adapters import lunar_row, make_adapter
+from pal_bench.paths import RESULTS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-BASELINE = ROOT / "results" / "regression_baseline.json"
+BASELINE = RESULTS / "regression_baseline.json"
 # A count above baseline x (1 + TOLERANCE) fails. Measured run-to-run variation of the project's counts:
 # 0.00% (identical counts over 5 runs, idle and with both cores loaded; see the baseline's "repeats").
 # 10% leaves room for small, intended changes (they need --update-baseline past it) and stays far

@@ -21,8 +21,8 @@ from pal_bench.argtypes import choice_list
 from pal_bench.bench import suite_json
 from pal_bench.bench.adapters import ADAPTERS
 from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+from pal_bench.paths import RESULTS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private",
           "sequence_replay"]
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
     ap.add_argument("--peers", type=choice_list(ADAPTERS), help=f"comma-separated adapters, of {', '.join(ADAPTERS)} "
                     "(default: all installed)")
-    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--compare", action="store_true",
                     help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
     add_force_flag(ap)

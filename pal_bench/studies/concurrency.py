@@ -23,6 +23,7 @@ from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters import ADAPTERS, lunar_row, make_adapter
 from pal_bench.bench.publishing import Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 
 CAPACITY = 10**5
 BATCH = 256
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", type=choice_list(ADAPTERS), default=["pal", "tianshou"],
                     help=f"comma-separated, of {', '.join(ADAPTERS)} (default: pal,tianshou)")
     ap.add_argument("--seconds", type=positive_float, default=1.0, help="measured seconds per point (default 1)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     if refuse_if_busy("pal_bench.studies.concurrency", args.force):

@@ -25,8 +25,7 @@ import pandas as pd
 from pal_bench.argtypes import WORKERS, Range, UsageError, nonneg_int, number, positive_int
 from pal_bench.bench.publishing import Publication, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
-
-ROOT = Path(__file__).resolve().parents[2]
+from pal_bench.paths import RESULTS
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, me
 
 
 def split_from_curves(updates_per_step: float, backend: str = "threads",
-                      results: Path = ROOT / "results") -> tuple[int, int]:
+                      results: Path = RESULTS) -> tuple[int, int]:
     """The split ``solve`` picks for this machine (its usable cores, at least 2) from the backend's stored f_a/f_l
     curves (``results/scaling.csv`` for threads, ``scaling_<backend>.csv`` otherwise) at ``updates_per_step``
     updates per env step; (1, 1) when none are stored."""

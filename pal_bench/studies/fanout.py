@@ -25,8 +25,8 @@ from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
 from pal_bench.bench.publishing import Publication, md, missing, source
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 
-ROOT = Path(__file__).resolve().parents[2]
 OPS = ("insert_one", "sample", "update", "sample_update")
 BATCH = 256
 INSERT_CALLS = 25     # a one-transition insert takes ~1 µs: its blocks are this many times longer
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated fan-outs K, each {FANOUT} (default 2,4,8,16,32,64)")
     ap.add_argument("--rounds", type=number(Range(2, MAX_COUNT)), default=100, help="interleaved rounds (default 100)")
     ap.add_argument("--calls", type=positive_int, default=20, help="calls per timed block (default 20)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     fanouts = list(dict.fromkeys(args.fanouts))

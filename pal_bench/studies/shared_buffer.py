@@ -24,8 +24,8 @@ from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
 from pal_bench.bench.publishing import Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 
-ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = 10**5
 BATCH = 256
 CHUNK = 64
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", type=choice_list(IMPLS), default=list(IMPLS),
                     help=f"comma-separated, of {', '.join(IMPLS)} (default: all)")
     ap.add_argument("--seconds", type=positive_float, default=2.0, help="measured seconds per point (default 2)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     impls = args.impls

@@ -21,9 +21,9 @@ import pandas as pd
 
 from pal_bench.bench.publishing import Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+from pal_bench.paths import RESULTS
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNS = ROOT / "results" / "runs"
+RUNS = RESULTS / "runs"
 
 # name -> (algo, env, extra `pal-bench train` arguments); targets from the issue: LunarLander-v3
 # solved at 200, Pendulum-v1 at -250
@@ -93,7 +93,7 @@ def summarise(runs: Path = RUNS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_tables(df: pd.DataFrame, out: Path = ROOT / "results") -> str:
+def write_tables(df: pd.DataFrame, out: Path = RESULTS) -> str:
     atomic_write_text(out / "training.csv", df.to_csv(index=False))
     cmds = "\n".join(f"    {shlex.join(command(r))}" for r in df.run if r in PRESETS)
     text = ("Evaluation return (mean of `eval_episodes` greedy episodes) of the trainer's reference runs, "
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 return rc
     print(write_tables(summarise()))
     if measured is not None:
-        measured.write(ROOT / "results" / "training.csv")
+        measured.write(RESULTS / "training.csv")
     return 0
 
 

@@ -44,7 +44,7 @@ class TrainConfig:
     pin_cores: bool = False                            # pin each worker thread to a core (round robin)
     deterministic: bool | None = None                  # lockstep actor/learner; None: on for 1 actor + 1 learner
 
-    # backend: threads in this process, or Ray processes (pal_bench.train.backends.ray)
+    # backend: where the workers run (pal_bench.train.backends: threads, processes, ray)
     backend: str = "threads"                           # "threads", "processes" (actor processes) or "ray"
     learner_processes: bool = False                    # backend "processes": learners as processes on the shared
                                                        # buffer (default: threads beside the parameter server)

@@ -15,7 +15,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from pal_bench.train.losses import check_losses
+from pal_bench.train.losses import check_losses, gradients, param_groups
 from pal_bench.train.sequences import SequenceBuilder, stack
 
 ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
@@ -84,7 +84,7 @@ class PhaseTimer:
 
 
 class EnvStepper:
-    """One actor's ``envs_per_actor`` environments stepped as a batch, for either backend: acting
+    """One actor's ``envs_per_actor`` environments stepped as a batch, for every backend: acting
     (uniform random actions for the continuous algorithms until ``learning_starts``), an n-step
     window per environment, and episode returns. ``policy`` supplies ``explore(t, actor)``,
     ``env_actions(actions)`` and ``act_dim`` (the thread trainer, or a worker's ``RunCore``)."""
@@ -279,7 +279,7 @@ def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
     else:
         nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
         targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
-        groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        groups = param_groups(algo, nets)
     timer.lap("setup")
     try:
         _learn(tr, learner_id, stop, nets, targets, groups, timer)
@@ -304,9 +304,7 @@ def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
         batch = tr.to_tensors(sample)
         losses, td = algo.losses(nets, targets, batch, cfg, update)
         check_losses(losses, update, f"learner{learner_id}")   # before the priorities and gradients use them
-        grads = {}
-        for g, loss in losses.items():
-            grads[g] = [x.detach() for x in torch.autograd.grad(loss, groups[g], allow_unused=False)]
+        grads = gradients(losses, groups)
         timer.lap("forward_backward")
         if cfg.prioritized:
             tr.buffer.update_priorities(sample["indices"], td.numpy().astype(np.float64))

@@ -40,6 +40,7 @@ import torch
 
 from pal_bench.argtypes import choice_list, nonneg_int, positive_int, workers
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 from pal_bench.studies.aggregation.publish import SCHEMES, draw
 from pal_bench.train.backends.ray.session import session
 
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schemes", type=choice_list(SCHEMES), default=list(SCHEMES),
                     help=f"comma-separated, of {', '.join(SCHEMES)} (default: all)")
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "results",
+    ap.add_argument("--out", type=Path, default=RESULTS,
                     help="where the CSV and figure go (default: the project's results/)")
     add_force_flag(ap)
     args = ap.parse_args(argv)

@@ -31,6 +31,7 @@ import numpy as np
 
 from pal_bench.argtypes import choice_list, nonneg_float, number, positive_int, rng_seed, workers
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 from pal_bench.studies.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
 from pal_bench.studies.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
 from pal_bench.studies.longhaul.publish import draw
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="buffer-replay: batch requests in flight beyond the one in use (ray_prefetch)")
     ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "results",
+    ap.add_argument("--out", type=Path, default=RESULTS,
                     help="where the CSV and figure go (default: the project's results/)")
     add_force_flag(ap)
     args = ap.parse_args(argv)

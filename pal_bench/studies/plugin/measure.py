@@ -34,10 +34,10 @@ import pandas as pd
 
 from pal_bench.argtypes import MAX_COUNT, Range, nonneg_int, number, rng_seed
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
+from pal_bench.paths import RESULTS
 from pal_bench.studies.plugin.publish import draw, plugin_block, speedup_table
 from pal_bench.train.backends.ray.session import local_ray
 
-ROOT = Path(__file__).resolve().parents[3]
 BUFFER_METHODS = ("add", "sample", "update_priorities", "get_metrics")
 ENVS = {"rllib-dqn": "LunarLander-v3", "rllib-sac": "Pendulum-v1", "tianshou-dqn": "LunarLander-v3"}
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: 5, or 10 with --full; tianshou's cases time 4x as many), for narrower intervals "
                          "where the bound is small")
     ap.add_argument("--seed", type=rng_seed, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     todo = [c for c in cases(args.full, usable_cores()) if (not args.only or c.framework in args.only)
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         label = case.name.replace("-default]", "]")
         print(f"[{i}/{len(todo)}, {time.perf_counter() - t_start:.0f} s] {label} ...", file=sys.stderr, flush=True)
         if case.framework.startswith("tianshou"):
-            from pal_bench.integrations.tianshou_dqn import TianshouRun
+            from pal_bench.studies.plugin.tianshou_run import TianshouRun
 
             def make(buffer, case=case):
                 return TianshouRun(dataclasses.replace(case, buffer=buffer), args.seed, steps)

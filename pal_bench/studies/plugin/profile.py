@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     case = Case(args.framework, ENVS[args.framework], args.batch, args.runners, args.buffer)
     if args.framework.startswith("tianshou"):
-        from pal_bench.integrations.tianshou_dqn import TianshouRun
+        from pal_bench.studies.plugin.tianshou_run import TianshouRun
 
         run = TianshouRun(case, 0, args.steps)
     else:

@@ -28,10 +28,10 @@ from pathlib import Path
 from pal_bench.argtypes import positive_float, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
 from pal_bench.conditions import add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 from pal_bench.studies.race.contestants import CONTESTANTS, TRACK_CONTESTANTS
 from pal_bench.studies.race.task import TASKS, TRACKS, suffix
 
-ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SEEDS = {"matched": 10, "tuned": 5}
 QUICK_SEEDS = 3                     # --quick: a first look in minutes, not a result to quote
 SPEED_ROUNDS = 5
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", action="store_true",
                     help=f"run the interleaved speed rounds instead ({SPEED_ROUNDS} by default, --rounds)")
     ap.add_argument("--rounds", type=positive_int, default=SPEED_ROUNDS, help="speed rounds (with --speed)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--report", action="store_true", help="only rebuild the CSVs, tables and figures from stored runs")
     ap.add_argument("--max-minutes", type=positive_float, metavar="M",
                     help="start no run after M minutes (the stored runs stay; run the same command to go on)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import math
 import os
 import sys
 import tempfile
@@ -19,13 +18,12 @@ import pandas as pd
 
 from pal_bench.argtypes import nonneg_int, positive_int, workers
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
+from pal_bench.paths import RESULTS
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.config import ALGOS
 from pal_bench.train.rate import RateController
 from pal_bench.train.workers import learner_loop
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _quiet(cfg, out_dir: str, **kw):
@@ -143,7 +141,7 @@ def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
     import ray
 
     from pal_bench.train.backends.ray.buffer_actor import BufferActor
-    from pal_bench.train.backends.ray.context import max_updates
+    from pal_bench.train.backends.ray.context import cpu_share, max_updates
     from pal_bench.train.backends.ray.ps_actor import ParameterServerActor
     from pal_bench.train.backends.ray.workers import LearnerWorker
     from pal_bench.train.core import RunCore
@@ -155,7 +153,7 @@ def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
         cfg = dataclasses.replace(cfg, updates_per_step=float(np.nextafter(cfg.updates_per_step, 1.0)))
     with ray_session(cfg):
         n = cfg.learners
-        cpu = math.floor(100 * min(1.0, ray.cluster_resources().get("CPU", 1.0) / n)) / 100
+        cpu = cpu_share(n)
         buffer = ray.remote(BufferActor).options(num_cpus=0).remote(cfg, 0)
         ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
         learners = [ray.remote(LearnerWorker).options(num_cpus=cpu).remote(cfg, i, buffer, ps) for i in range(n)]
@@ -321,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(results/scaling_ray.csv); a comma list (threads,processes) measures them side by side, "
                          "interleaved point by point")
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--end-to-end", type=nonneg_int, metavar="STEPS", default=0,
                     help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
                          "end_to_end_ray.csv for --backend ray)")

@@ -40,6 +40,7 @@ import numpy as np
 from pal_bench.train.backends.threads import Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.errors import Diverged, TrainingError
+from pal_bench.train.faults import NO_FAULTS, Faults
 from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import RatePolicy, default_slack
 from pal_bench.train.replay_spec import buffer_class, make_buffer
@@ -97,7 +98,7 @@ def _die_with_parent() -> None:
 # ---------------------------------------------------------------------- the actor process
 
 def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: str, weights_name: str,
-                  weights_spec, counters, lock, messages, parent_pid: int) -> None:
+                  weights_spec, counters, lock, messages, parent_pid: int, faults: Faults = NO_FAULTS) -> None:
     """Body of one actor process (spawned). Steps ``envs_per_actor`` environments and inserts n-step rows
     with ``add_batch`` into the shared buffer until the budget is spent or the driver says stop."""
     _die_with_parent()
@@ -127,24 +128,18 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: s
         into = _actor_tensors(nets, targets)
         version = _pull(weights, into, 0)
         local = LocalBuffer(ctx, buf, stepper, nets, targets, timer)
-        if os.environ.get("PAL_BENCH_TEST_ACTOR_SETUP_FAIL") == str(actor):      # tests only
-            raise RuntimeError(f"injected set-up failure of actor{actor}")
         _count(counters, lock, actor, READY)
         messages.put(("ready", actor, incarnation))
         while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
             time.sleep(0.001)                            # every actor set up before the driver's clock starts
         timer.lap("setup")
         n_actors = cfg.actors
-        # tests only: "ACTOR:STEPS" makes that actor stall inside the lock once it has inserted STEPS transitions
-        hold = os.environ.get("PAL_BENCH_TEST_HOLD_RESERVATION", "")
-        hold_actor, hold_after = (int(x) for x in hold.split(":")) if hold else (-1, 0)
         while True:
             if counters[STOP] or os.getppid() != parent_pid:
                 break
             with lock:
                 counters[HOLDER] = actor + 1
-                if actor == hold_actor and counters[_inserted(actor)] >= hold_after and incarnation == 0:
-                    time.sleep(60)
+                faults.in_reservation(actor, int(counters[_inserted(actor)]), incarnation)
                 reserved = sum(int(counters[_reserved(a)]) for a in range(n_actors))
                 spent = policy.budget_spent(reserved)
                 ok = (not spent and not counters[PAUSED]
@@ -240,7 +235,8 @@ def grads_spec(ps) -> list:
 
 
 def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_name: str, weights_spec,
-                    grads_name: str, gspec, slots, grant, done, messages, parent_pid: int) -> None:
+                    grads_name: str, gspec, slots, grant, done, messages, parent_pid: int,
+                    faults: Faults = NO_FAULTS) -> None:
     """Body of one learner process (spawned): for each update the driver grants, load the latest published
     weights, sample the shared buffer, compute the gradients, write |TD| back as priorities and publish the
     gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
@@ -250,7 +246,7 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
     import torch
 
     from pal_bench.train.core import RunCore
-    from pal_bench.train.losses import check_losses
+    from pal_bench.train.losses import check_losses, gradients, param_groups
 
     torch.set_num_threads(1)
     pin(cfg.actors + learner if cfg.pin_cores else None)
@@ -264,12 +260,11 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
         grads = SharedWeights.attach(grads_name, gspec)
         nets, targets = ctx.networks(), ctx.networks()
         names = list(ctx.algo.GROUPS)
-        params = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in ctx.algo.GROUPS.items()}
+        params = param_groups(ctx.algo, nets)
         zeros = {f"{g}.{i}": torch.zeros_like(p) for g in names for i, p in enumerate(params[g])}
         # the networks' own tensors as the read target: a new version is copied straight into them
         into = _flat_state(_Pair(nets.state_dict(), targets.state_dict()))
         version = 0
-        fail_after = int(os.environ.get("PAL_BENCH_TEST_LEARNER_FAIL_AFTER", "-1"))   # tests only
         updates = 0
         slots[base + L_READY] = 1
         timer.lap("setup")
@@ -281,8 +276,7 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
                 break
             timer.lap("grant_wait")
             update = int(slots[base + L_UPDATE])
-            if updates == fail_after and learner == 0:
-                raise RuntimeError(f"injected learner failure after {updates} updates")
+            faults.before_update(learner, updates)
             updates += 1
             with torch.no_grad():
                 got = weights.read(out=into, min_version=version + 1)
@@ -294,9 +288,9 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
             check_losses(losses, update, f"learner{learner}")
             flat = dict(zeros)
             has = torch.zeros(len(names), dtype=torch.uint8)
-            for g, loss in losses.items():
+            for g, grads_g in gradients(losses, params).items():
                 has[names.index(g)] = 1
-                for i, x in enumerate(torch.autograd.grad(loss, params[g], allow_unused=False)):
+                for i, x in enumerate(grads_g):
                     flat[f"{g}.{i}"] = x
             flat["groups"] = has
             timer.lap("forward_backward")
@@ -422,7 +416,10 @@ class SharedRate(RateController):
 
 
 class ProcessTrainer(Trainer):
-    """``Trainer`` with actor processes on a shared-memory buffer (``backend = "processes"``)."""
+    """``Trainer`` with actor processes on a shared-memory buffer (``backend = "processes"``). ``faults``: the
+    workers' fault-injection seam (``pal_bench.train.faults``; tests set it)."""
+
+    faults: Faults = NO_FAULTS
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         self._ctx = mp.get_context("spawn")
@@ -586,7 +583,7 @@ class ProcessTrainer(Trainer):
             target=learner_process, name=f"pal-learner{i}", daemon=True,
             args=(self.cfg, i, self.buffer.shared_name, self._weights.name, self._weights.spec,
                   self._grads[i].name, self._gspec, self._lslots, self._grant[i], self._done[i],
-                  self._lmessages[i], os.getpid()))
+                  self._lmessages[i], os.getpid(), self.faults))
         p.start()
         return p
 
@@ -693,7 +690,7 @@ class ProcessTrainer(Trainer):
         p = self._ctx.Process(
             target=actor_process, name=f"pal-actor{i}", daemon=True,
             args=(self.cfg, i, self.restarts[i], self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid()))
+                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid(), self.faults))
         p.start()
         return p
 

@@ -108,7 +108,7 @@ def _field_spec(fields: dict) -> dict:
 
 
 class DriverSchedule:
-    """The driver's evaluations, ``stop_return`` and periodic checkpoints, by env steps (either backend)."""
+    """The driver's evaluations, ``stop_return`` and periodic checkpoints, by env steps (every backend)."""
 
     def __init__(self, tr: Trainer):
         cfg = tr.cfg
@@ -484,13 +484,6 @@ class Trainer(RunCore):
             return self.buffer.total_added
 
         return self.recorder.save_checkpoint(state | {"update_count": self.update_count}, write_buffer)
-
-    def load_checkpoint(self) -> dict:
-        """Restore counters, logs, weights, RNG states and the buffer from the last checkpoint."""
-        state = self.recorder.load_checkpoint()
-        self._check_state(state)
-        self._restore(state)
-        return state
 
     @staticmethod
     def _check_state(state: dict) -> None:

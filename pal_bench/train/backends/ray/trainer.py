@@ -20,14 +20,13 @@ its own; ``ray_placement`` "pack" or "spread" is the placement group's strategy.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pal_bench.train.backends.ray.context import from_numpy, rate_slack
+from pal_bench.train.backends.ray.context import cpu_share, from_numpy, rate_slack
 from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.errors import TrainingError
@@ -124,7 +123,7 @@ class RayTrainer(Trainer):
 
         cfg = self.cfg
         n = cfg.actors + cfg.learners
-        cpu = math.floor(100 * min(1.0, ray.cluster_resources().get("CPU", 1.0) / n)) / 100
+        cpu = cpu_share(n)
         bundles = [{"CPU": cpu * cfg.learners}] + [{"CPU": cpu}] * cfg.actors
         self._pg = placement_group(bundles, strategy="SPREAD" if cfg.ray_placement == "spread" else "PACK")
         ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)

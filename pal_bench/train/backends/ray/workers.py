@@ -28,11 +28,10 @@ import numpy as np
 import ray
 import torch
 
-from pal_bench.train.backends.ray.buffer_actor import _reconstructed
-from pal_bench.train.backends.ray.context import chunk_size, from_numpy, to_numpy
+from pal_bench.train.backends.ray.context import chunk_size, from_numpy, restarted_by_ray, to_numpy
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.core import RunCore
-from pal_bench.train.losses import check_losses
+from pal_bench.train.losses import check_losses, gradients, param_groups
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.workers import PhaseTimer
 
@@ -66,7 +65,7 @@ class _Worker:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self.cfg, self.id, self.buffer, self.ps = cfg, worker_id, buffer, ps
         self.ctx = RunCore(cfg)
-        self.restarted = _reconstructed()
+        self.restarted = restarted_by_ray()
 
     def info(self) -> dict:
         """Where this worker runs: pid, Ray node id, host."""
@@ -157,7 +156,7 @@ class LearnerWorker(_Worker):
         cfg, ctx, algo = self.cfg, self.ctx, self.ctx.algo
         timer = PhaseTimer()
         nets, targets = ctx.networks(), ctx.networks()
-        groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        groups = param_groups(algo, nets)
         allreduce = cfg.aggregation == "allreduce"
         local = None
         if allreduce:
@@ -191,7 +190,7 @@ class LearnerWorker(_Worker):
                 timer.lap("deserialize")
                 losses, td = algo.losses(nets, targets, batch, cfg, res["update"])
                 check_losses(losses, res["update"], f"learner{self.id}")
-                grads = {g: [x.detach() for x in torch.autograd.grad(loss, groups[g])] for g, loss in losses.items()}
+                grads = gradients(losses, groups)
                 timer.lap("forward_backward")
                 if allreduce:
                     grads = self._allreduce(grads, groups)
