@@ -326,7 +326,9 @@ def test_scaling_measures_learner_processes_and_cleans_up():
 def test_a_waiting_learner_polls_rarely_only_while_its_update_is_far_off():
     """The driver's learner polls the shared counters every 0.5 ms next to its update, every 10 ms while the
     update lacks more than FAR_STEPS env steps (the prefill), and at the near rate again once they come."""
-    from pal_bench.train.backends.processes import HEADER, SharedRate, _inserted
+    from pal_bench.train.backends.processes.shared import HEADER
+    from pal_bench.train.backends.processes.shared import inserted_slot as _inserted
+    from pal_bench.train.backends.processes.trainer import SharedRate
 
     cfg = make_config(algo="dqn", env="CartPole-v1", backend="processes", actors=2, steps=10_000,
                       learning_starts=1_000, updates_per_step=0.25)

@@ -22,8 +22,6 @@ from pal_bench.paths import RESULTS
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.config import ALGOS
-from pal_bench.train.rate import RateController
-from pal_bench.train.workers import learner_loop
 
 
 def _quiet(cfg, out_dir: str, **kw):
@@ -72,11 +70,6 @@ def transitions(tr, n: int, seed: int = 0) -> dict:
     return {k: np.asarray(v) for k, v in rows.items()}
 
 
-def prefill(tr: Trainer, n: int, seed: int = 0) -> None:
-    """Fill the trainer's buffer with ``n`` real transitions from random actions."""
-    tr.buffer.add_batch(**transitions(tr, n, seed))
-
-
 def label(cfg) -> str:
     """The name a configuration's curves go by: its backend, or "learner-processes" for the process backend with
     learners as processes (``learner_processes``)."""
@@ -96,41 +89,14 @@ def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
 
 
 def _measure_fl(cfg, updates: int, filled: int, processes: bool = False) -> float:
-    """Updates/s of ``cfg.learners`` learners on a buffer pre-filled with ``filled`` transitions (no actors): the
-    thread trainer's learner threads, or (``processes``) the process trainer's learner processes, started and
-    set up before the clock, driven by their proxy threads as in a run."""
-    tr = make_trainer(cfg) if processes else Trainer(cfg)
-    try:
-        prefill(tr, filled)
-        # every update may start at once: `updates` updates over a budget of `filled` transitions
-        tr.rate = RateController(updates / filled, 0, filled, slack=0, lockstep=False)
-        tr.rate.restore(filled, 0)
-        tr.actors_finished.set()
-        if processes:
-            tr._procs, tr._lprocs = {}, {i: tr._start_learner(i) for i in range(cfg.learners)}
-            tr._wait_ready()
-        tr._spawn("parameter-server", tr.ps.serve, tr.stop)
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        for i in range(cfg.learners):
-            if processes:
-                tr._spawn(f"learner{i}", tr._learner, i)
-            else:
-                tr._spawn(f"learner{i}", learner_loop, tr, i, tr.stop)
-        learner_threads = tr.threads[1:]
-        while any(t.is_alive() for t in learner_threads) and not tr.errors:
-            time.sleep(0.01)
-        wall = time.perf_counter() - t0
-        # learner processes: the work is in other processes, not in this one's CPU time
-        last_cores_used["f_l"] = None if processes else (time.process_time() - cpu0) / wall
-        done = tr.rate.done
-    finally:
-        tr.stop.set()
-        try:
-            tr._join()
-        finally:
-            if processes:
-                tr.close()
-    return done / wall
+    """Updates/s of ``cfg.learners`` learners on a buffer pre-filled with ``filled`` real transitions (no actors):
+    the thread trainer's learner threads, or (``processes``) the process trainer's learner processes
+    (``Trainer.run_learners``)."""
+    with make_trainer(cfg) if processes else Trainer(cfg) as tr:
+        got = tr.run_learners(transitions(tr, filled), updates)
+    # learner processes: the work is in other processes, not in this one's CPU time
+    last_cores_used["f_l"] = None if processes else got["cpu_s"] / got["wall_s"]
+    return got["updates"] / got["wall_s"]
 
 
 def _measure_fl_ray(cfg, updates: int, filled: int) -> float:

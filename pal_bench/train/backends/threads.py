@@ -35,7 +35,7 @@ from pal_bench.train.rate import RateController
 from pal_bench.train.rate_policy import default_slack
 from pal_bench.train.recorder import RunFileError, RunRecorder, check_keys
 from pal_bench.train.replay_spec import buffer_class, make_buffer
-from pal_bench.train.workers import actor_loop, learner_loop
+from pal_bench.train.workers import actor_thread, learner_thread
 
 JOIN_TIMEOUT_S = 10.0
 
@@ -90,7 +90,7 @@ def stop_on_signals() -> Iterator[None]:
 
 # what checkpoint.pt must hold for a trainer to resume from it (``RunRecorder`` checks its own keys)
 CHECKPOINT_KEYS = {"ps": dict, "steps": int, "updates": int, "update_count": int, "wall_s": (int, float),
-                   "actor_rngs": list, "torch_rng": torch.Tensor, "numpy_rng": (list, tuple),
+                   "torch_rng": torch.Tensor, "numpy_rng": (list, tuple),
                    "python_rng": (list, tuple), "config": dict, "backend": str}
 PS_KEYS = {"version": int, "online": dict, "target": dict, "optimizers": dict}
 
@@ -151,7 +151,6 @@ class Trainer(RunCore):
         super().__init__(cfg)
         self.recorder = RunRecorder(cfg.run_dir(), cfg.run_name(), quiet=cfg.progress)
         self.run_dir = self.recorder.run_dir
-        self.actor_rngs = [np.random.default_rng([cfg.seed, a]) for a in range(cfg.actors)]
         self.stop = threading.Event()
         self.actors_finished = threading.Event()
         self._ended = threading.Event()            # set the moment every actor finished and every learner left
@@ -258,7 +257,7 @@ class Trainer(RunCore):
         t.start()
 
     def _learner(self, i: int) -> None:
-        learner_loop(self, i, self.stop)
+        learner_thread(self, i, self.stop)
 
     def _learner_body(self, i: int) -> None:
         try:
@@ -276,7 +275,7 @@ class Trainer(RunCore):
 
     def _actors(self, i: int) -> None:
         try:
-            actor_loop(self, i, self.stop)
+            actor_thread(self, i, self.stop)
         finally:
             with self._lock:
                 self._actors_left -= 1
@@ -348,6 +347,40 @@ class Trainer(RunCore):
             if failure is not None:
                 raise failure
         return self.summary()
+
+    def run_learners(self, rows: dict, updates: int) -> dict:
+        """Learners alone, for measuring f_l: no actors; the buffer gets ``rows`` (replay columns, N each), the
+        rate rule allows ``updates`` updates over those N transitions at once, and the learners (with the
+        parameter server) run to them. Returns ``updates`` done, ``wall_s`` from the learners' start to the last
+        one's end (their set-up, and a backend's worker processes, before the clock) and the driver process's
+        ``cpu_s`` meanwhile."""
+        if self._closed:
+            raise RuntimeError("this Trainer is closed")
+        n = len(next(iter(rows.values())))
+        self.buffer.add_batch(**rows)
+        self.rate = RateController(updates / n, 0, n, slack=0, lockstep=False)
+        self.rate.restore(n, 0)
+        self.actors_finished.set()
+        self._start_learner_workers()
+        try:
+            if not self.ps.direct:
+                self._spawn("parameter-server", self.ps.serve, self.stop)
+            first = len(self.threads)
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            for i in range(self.cfg.learners):
+                self._spawn(f"learner{i}", self._learner, i)
+            learners = self.threads[first:]
+            while any(t.is_alive() for t in learners) and not self.errors:
+                time.sleep(0.01)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        finally:
+            self.stop.set()
+            self.rate.wake()
+            self._join()
+        return {"updates": self.rate.done, "wall_s": wall, "cpu_s": cpu}
+
+    def _start_learner_workers(self) -> None:
+        """(``run_learners``) Start and set up whatever learners need besides their threads: nothing here."""
 
     def _join(self) -> None:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -464,12 +497,13 @@ class Trainer(RunCore):
             self.save_checkpoint()
         self.rate.resume()
 
-    def _checkpoint_state(self, ps_state: dict, steps: int, updates: int, actor_rngs: list) -> dict:
+    def _checkpoint_state(self, ps_state: dict, steps: int, updates: int) -> dict:
         """What every backend's checkpoint holds besides the logs (``RunRecorder.save_checkpoint`` adds them):
-        tensors, numbers, strings and containers only (numpy's RNG state as a list)."""
+        tensors, numbers, strings and containers only (numpy's RNG state as a list). The actors' random state is
+        not in it: a resumed run derives it again (``supervision.actor_rng``)."""
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         return {"ps": ps_state, "steps": steps, "updates": updates, "update_count": updates,
-                "wall_s": self.wall(), "actor_rngs": [r.bit_generator.state for r in actor_rngs],
+                "wall_s": self.wall(),
                 "torch_rng": torch.get_rng_state(),
                 "numpy_rng": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
                 "python_rng": random.getstate(), "config": self.cfg.to_dict(), "backend": self.cfg.backend}
@@ -477,7 +511,7 @@ class Trainer(RunCore):
     def save_checkpoint(self) -> Path:
         """Weights, optimizers, targets, counters, RNG states (checkpoint.pt) and the buffer (buffer.pal), as one
         new checkpoint directory (``RunRecorder.save_checkpoint``); returns checkpoint.pt's path."""
-        state = self._checkpoint_state(self.ps.state_dict(), self.rate.steps, self.rate.done, self.actor_rngs)
+        state = self._checkpoint_state(self.ps.state_dict(), self.rate.steps, self.rate.done)
 
         def write_buffer(path: Path) -> int:
             self.buffer.save(path)
@@ -500,8 +534,6 @@ class Trainer(RunCore):
         path = state["checkpoint_file"]
         try:
             self.ps.load_state_dict(state["ps"])
-            for r, s in zip(self.actor_rngs, state["actor_rngs"]):
-                r.bit_generator.state = s
             torch.set_rng_state(state["torch_rng"])
             kind, keys, pos, has_gauss, cached = state["numpy_rng"]
             np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

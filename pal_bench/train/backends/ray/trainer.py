@@ -24,17 +24,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from pal_bench.train.backends.ray.context import cpu_share, from_numpy, rate_slack
 from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.errors import TrainingError
 from pal_bench.train.param_server import Snapshot
+from pal_bench.train.supervision import MAX_RESTARTS
 from pal_bench.train.workers import PhaseTimer
 
 POLL_S = 0.2
-MAX_RESTARTS = 3          # per actor / learner process
 REVIVE_TIMEOUT_S = 120.0  # longest wait for Ray to restart a dead worker
 PLACEMENT_TIMEOUT_S = 60.0
 
@@ -215,7 +213,9 @@ class RayTrainer(Trainer):
 
     def _start(self, name: str):
         h = self._handles[name]
-        return h.run.remote(self._init_method) if name.startswith("learner") else h.run.remote()
+        if name.startswith("learner"):
+            return h.run.remote(self._init_method)
+        return h.run.remote(self._restarts.get(name, 0), self.resumed_steps)
 
     def _loop(self, progress) -> None:
         import ray
@@ -375,11 +375,9 @@ class RayTrainer(Trainer):
             saved["ps"] = ray.get(self._handles["parameter-server"].state_dict.remote())
             return saved["total_added"]
 
-        # the actors' RNGs live in their processes: a thread trainer resuming this run starts them afresh
-        fresh = [np.random.default_rng([self.cfg.seed, a]) for a in range(self.cfg.actors)]
         # the state's counters are the buffer actor's at its save: built once the buffer is written
         return self.recorder.save_checkpoint(
-            lambda: self._checkpoint_state(saved["ps"], saved["steps"], saved["done"], fresh), write_buffer,
+            lambda: self._checkpoint_state(saved["ps"], saved["steps"], saved["done"]), write_buffer,
             steps=self.rate.steps)
 
     def _restore(self, state: dict) -> None:
