@@ -55,6 +55,30 @@ class Publication:
     outputs: Callable[[Path, bool], list[Path]] = no_outputs
 
 
+# ------------------------------------------------------------------ a study's closing steps
+
+def store(df: pd.DataFrame, path: Path, measured: conditions.Conditions | None = None,
+          float_format: str = "%.4f") -> Path:
+    """Write ``df`` to ``path`` as CSV (its folder made; never half-written over a good file) and, with
+    ``measured``, the conditions it was measured under beside it. Returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conditions.atomic_write_text(path, df.to_csv(index=False, float_format=float_format))
+    if measured is not None:
+        measured.write(path)
+    return path
+
+
+def show(publication: Publication, results: Path, *blocks: str) -> list[Path]:
+    """What a study prints last: the named blocks of its publication as they now read, and its figures redrawn
+    from ``results`` (their paths printed). Returns the files ``outputs`` wrote."""
+    for name in blocks:
+        print(publication.blocks[name](results))
+    written = publication.outputs(results, True)
+    for f in written:
+        print(f"{'figure' if f.suffix == '.png' else 'wrote'}: {f}")
+    return written
+
+
 # ------------------------------------------------------------------ pieces of a block
 
 def git_stamp(path: Path) -> str:

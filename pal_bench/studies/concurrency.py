@@ -21,7 +21,7 @@ import pandas as pd
 
 from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters import ADAPTERS, lunar_row, make_adapter
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
 
@@ -193,11 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{impl} writers={w} samplers={s}]", file=sys.stderr, flush=True)
             rows.append(measure(impl, w, s, args.seconds))
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "buffer_concurrency.csv", index=False, float_format="%.4f")
-    measured.write(args.out / "buffer_concurrency.csv")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print(f"figure: {draw(df, args.out / 'figures' / 'buffer_concurrency.png')}")
+    store(df, args.out / "buffer_concurrency.csv", measured)
+    show(PUBLICATION, args.out, "concurrency")
     return 0
 
 

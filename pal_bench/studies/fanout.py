@@ -22,7 +22,7 @@ import pandas as pd
 from pal_bench import DEFAULT_FANOUT, PrioritizedReplayBuffer
 from pal_bench.argtypes import CAPACITY, FANOUT, MAX_COUNT, Range, number, number_list, positive_int
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch, lunar_row
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
@@ -134,11 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     with Conditions("fan-out sweep, interleaved") as c:
         df = study(args.capacity, fanouts, args.rounds, args.calls,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "fanout.csv", index=False, float_format="%.4f")
-    c.write(args.out / "fanout.csv")
-
-    print(fanout_block(args.out))
+    store(df, args.out / "fanout.csv", c)
+    show(PUBLICATION, args.out, "fanout")
     print(f"default fan-out now: {DEFAULT_FANOUT}")
     return 0
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
 
@@ -158,11 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{impl} writer processes={w} sampler processes={s}]", file=sys.stderr, flush=True)
                 rows.append(measure(impl, w, s, args.seconds))
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "shared_throughput.csv", index=False, float_format="%.2f")
-    c.write(args.out / "shared_throughput.csv")
-
-    print(shared_throughput_block(args.out))
+    store(df, args.out / "shared_throughput.csv", c, "%.2f")
+    show(PUBLICATION, args.out, "shared-throughput")
     return 0
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from pal_bench.argtypes import choice_list, nonneg_int, positive_int, workers
+from pal_bench.bench.publishing import store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
 from pal_bench.studies.aggregation.publish import SCHEMES, draw
@@ -357,10 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = study(list(range(1, top + 1)), sizes, iters, args.warmup, args.group_size, schemes,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
-    df.to_csv(out / "aggregation.csv", index=False, float_format="%.6g")
-    measured.write(out / "aggregation.csv")
+    store(df, out / "aggregation.csv", measured, "%.6g")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for p in draw(df, out / "figures"):
         print(f"figure: {p}")

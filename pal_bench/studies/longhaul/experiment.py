@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pal_bench.argtypes import choice_list, nonneg_float, number, positive_int, rng_seed, workers
+from pal_bench.bench.publishing import store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
 from pal_bench.studies.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
@@ -157,10 +158,9 @@ def _write(rows: list[dict], timeline: list[dict], out: Path):
     """``longhaul.csv`` and ``longhaul_timeline.csv`` in ``out``; returns both frames."""
     import pandas as pd
 
-    out.mkdir(parents=True, exist_ok=True)
     summary, tl = pd.DataFrame(rows), pd.DataFrame(timeline)
-    summary.to_csv(out / "longhaul.csv", index=False, float_format="%.6g")
-    tl.to_csv(out / "longhaul_timeline.csv", index=False, float_format="%.6g")
+    store(summary, out / "longhaul.csv", float_format="%.6g")
+    store(tl, out / "longhaul_timeline.csv", float_format="%.6g")
     return summary, tl
 
 

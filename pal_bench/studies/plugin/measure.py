@@ -33,9 +33,10 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.argtypes import MAX_COUNT, Range, nonneg_int, number, rng_seed
+from pal_bench.bench.publishing import show, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
-from pal_bench.studies.plugin.publish import draw, plugin_block, speedup_table
+from pal_bench.studies.plugin.publish import PUBLICATION
 from pal_bench.train.backends.ray.session import local_ray
 
 BUFFER_METHODS = ("add", "sample", "update_priorities", "get_metrics")
@@ -220,11 +221,7 @@ def main(argv: list[str] | None = None) -> int:
               f"iteration ({d['iteration_s'] / p['iteration_s']:.2f}x), buffer {d['buffer_share']:.0%} -> "
               f"{p['buffer_share']:.0%}", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "plugin.csv", index=False, float_format="%.5f")
-    measured.write(args.out / "plugin.csv")
-    print(plugin_block(args.out))
-    t = speedup_table(df)
-    print(f"figure: {draw(t, args.out / 'figures' / 'plugin.png')}")
+    store(df, args.out / "plugin.csv", measured, "%.5f")
+    show(PUBLICATION, args.out, "plugin")
     return 0
 

@@ -40,6 +40,7 @@ SPEED_ROUNDS = 5
 def report(out: Path, task_name: str, quiet: bool = False) -> int:
     """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv`` and the figures from the stored run files;
     print the tables."""
+    from pal_bench.bench.publishing import store
     from pal_bench.conditions import write_meta
     from pal_bench.studies.race import figure, results
     from pal_bench.studies.race.orchestrate import load_runs, runs_dir
@@ -54,14 +55,13 @@ def report(out: Path, task_name: str, quiet: bool = False) -> int:
                                 f"`pal-bench race` first")
     sfx = suffix(task_name)
     df = results.runs_frame(runs)
-    df.to_csv(out / f"race{sfx}.csv", index=False, float_format="%.3f")
-    results.curves_frame(runs).to_csv(out / f"race{sfx}_curves.csv", index=False, float_format="%.3f")
-    sp = results.speed_frame(speed)
-    sp.to_csv(out / f"race{sfx}_speed.csv", index=False, float_format="%.2f")
+    store(df, out / f"race{sfx}.csv", float_format="%.3f")
+    curves = results.curves_frame(runs)
+    store(curves, out / f"race{sfx}_curves.csv", float_format="%.3f")
+    store(results.speed_frame(speed), out / f"race{sfx}_speed.csv", float_format="%.2f")
     write_meta(out / f"race{sfx}.csv", combined_conditions([r["conditions"] for r in runs]))
     if speed:
         write_meta(out / f"race{sfx}_speed.csv", combined_conditions([r["conditions"] for r in speed]))
-    curves = results.curves_frame(runs)
     for track in TRACKS:
         c = curves[curves.track == track] if not curves.empty else curves
         if not c.empty:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from pal_bench.train.backends.processes.shared import (
     StatePair,
     die_with_parent,
@@ -43,7 +41,8 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
     import torch
 
     from pal_bench.train.core import RunCore
-    from pal_bench.train.losses import check_losses, gradients, param_groups
+    from pal_bench.train.learner import learner_loop
+    from pal_bench.train.losses import param_groups
 
     torch.set_num_threads(1)
     pin(cfg.actors + learner if cfg.pin_cores else None)
@@ -56,47 +55,14 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
         weights = SharedWeights.attach(weights_name, weights_spec)
         grads = SharedWeights.attach(grads_name, gspec)
         nets, targets = ctx.networks(), ctx.networks()
-        names = list(ctx.algo.GROUPS)
         params = param_groups(ctx.algo, nets)
-        zeros = {f"{g}.{i}": torch.zeros_like(p) for g in names for i, p in enumerate(params[g])}
         # the networks' own tensors as the read target: a new version is copied straight into them
         into = flat_state(StatePair(nets.state_dict(), targets.state_dict()))
-        version = 0
-        updates = 0
         slots[base + L_READY] = 1
         timer.lap("setup")
-        while True:
-            while not grant.acquire(timeout=0.05):
-                if slots[base + L_STOP] or os.getppid() != parent_pid:
-                    break
-            if slots[base + L_STOP] or os.getppid() != parent_pid:
-                break
-            timer.lap("grant_wait")
-            update = int(slots[base + L_UPDATE])
-            faults.before_update(learner, updates)
-            updates += 1
-            with torch.no_grad():
-                got = weights.read(out=into, min_version=version + 1)
-            version = got[0] if got is not None else version
-            timer.lap("weights_pull")
-            sample = buf.sample(cfg.batch_size, beta=ctx.beta(update))
-            timer.lap("sample")
-            losses, td = ctx.algo.losses(nets, targets, ctx.to_tensors(sample), cfg, update)
-            check_losses(losses, update, f"learner{learner}")
-            flat = dict(zeros)
-            has = torch.zeros(len(names), dtype=torch.uint8)
-            for g, grads_g in gradients(losses, params).items():
-                has[names.index(g)] = 1
-                for i, x in enumerate(grads_g):
-                    flat[f"{g}.{i}"] = x
-            flat["groups"] = has
-            timer.lap("forward_backward")
-            if cfg.prioritized:
-                buf.update_priorities(sample["indices"], td.numpy().astype(np.float64))
-            timer.lap("priority_update")
-            grads.publish(flat)
-            done.release()
-            timer.lap("gradient_publish")
+        learner_loop(buf, nets, targets, params, SlotGrant(slots, base, grant, done, learner, parent_pid, faults),
+                     LearnerWeights(weights, into), PublishGradients(grads, params), ctx.algo, cfg, ctx.beta,
+                     ctx.to_tensors, f"learner{learner}", timer)
         messages.put(("timers", learner, timer.seconds))
     except TrainingError as e:
         report_failure(f"learner{learner}", learner, messages, e)
@@ -106,3 +72,70 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
         for h in (buf, weights, grads):
             if h is not None:
                 h.close()
+
+
+class SlotGrant:
+    """(learner process) The driver's proxy thread as the ``UpdateGrant``: it writes the update number into this
+    learner's slot and releases ``grant``; the learner releases ``done`` when the update is finished."""
+
+    wait_phase = "grant_wait"
+
+    def __init__(self, slots, base: int, grant, done, learner: int, parent_pid: int, faults: Faults):
+        self.slots, self.base, self.grant, self._done = slots, base, grant, done
+        self.learner, self.parent_pid, self.faults = learner, parent_pid, faults
+        self.updates = 0
+
+    def _stopped(self) -> bool:
+        return bool(self.slots[self.base + L_STOP]) or os.getppid() != self.parent_pid
+
+    def acquire(self) -> int | None:
+        while not self.grant.acquire(timeout=0.05):
+            if self._stopped():
+                return None
+        if self._stopped():
+            return None
+        self.faults.before_update(self.learner, self.updates)
+        self.updates += 1
+        return int(self.slots[self.base + L_UPDATE])
+
+    def done(self) -> None:
+        self._done.release()
+
+
+class LearnerWeights:
+    """(learner process) The ``SharedWeights`` block as the ``WeightSource``, online and target networks."""
+
+    def __init__(self, weights: SharedWeights, into: dict):
+        self.weights, self.into = weights, into
+
+    def pull(self, version: int) -> int:
+        import torch
+
+        with torch.no_grad():
+            got = self.weights.read(out=self.into, min_version=version + 1)
+        return version if got is None else got[0]
+
+
+class PublishGradients:
+    """(learner process) The ``GradientSink``: one gradient into the shared block, every parameter of every group
+    (zeros for a group this update has none of) and which groups it has."""
+
+    phase = "gradient_publish"
+
+    def __init__(self, block: SharedWeights, params: dict):
+        import torch
+
+        self.block, self.names = block, list(params)
+        self.zeros = {f"{g}.{i}": torch.zeros_like(p) for g in self.names for i, p in enumerate(params[g])}
+
+    def deliver(self, version: int, grads: dict) -> None:
+        import torch
+
+        flat = dict(self.zeros)
+        has = torch.zeros(len(self.names), dtype=torch.uint8)
+        for g, grads_g in grads.items():
+            has[self.names.index(g)] = 1
+            for i, x in enumerate(grads_g):
+                flat[f"{g}.{i}"] = x
+        flat["groups"] = has
+        self.block.publish(flat)
