@@ -15,8 +15,10 @@ MAX_RESTARTS = 5            # per worker: more deaths than this end the run (Act
 
 
 def actor_rng(seed: int, actor: int, incarnation: int = 0, resumed_steps: int = 0) -> np.random.Generator:
-    """The generator of an actor's exploration (epsilon draws, random actions)."""
-    return np.random.default_rng([seed, actor, incarnation, resumed_steps])
+    """The generator of an actor's exploration (epsilon draws, random actions); a first incarnation of a fresh run
+    draws what the thread backend always drew ([seed, actor])."""
+    later = [incarnation, resumed_steps] if incarnation or resumed_steps else []
+    return np.random.default_rng([seed, actor, *later])
 
 
 def env_seeds(seed: int, actor: int, envs: int, incarnation: int = 0, resumed_steps: int = 0) -> list[int]:
