@@ -9,8 +9,8 @@ import pytest
 
 from pal_bench.cli import main
 
-STUDIES = ("scaling", "concurrency", "fanout", "shared_buffer", "race", "plugin", "aggregation",
-           "longhaul.experiment")
+STUDIES = ("scaling.measure", "concurrency", "fanout", "shared_buffer", "race", "plugin.measure", "aggregation.measure",
+           "longhaul.experiment", "dse")
 
 
 def _tripwire(*_a, **_k):

@@ -33,8 +33,9 @@ from pal_bench.argtypes import choice_list, nonneg_float, number, positive_int, 
 from pal_bench.bench.publishing import store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
+from pal_bench.studies.longhaul import TOPOLOGIES
 from pal_bench.studies.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
-from pal_bench.studies.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
+from pal_bench.studies.longhaul.nodes import BufferNode, CloudLearner, Evaluator
 from pal_bench.studies.longhaul.publish import draw
 from pal_bench.train.backends.ray.session import session
 from pal_bench.train.config import FIELD_RANGES
