@@ -68,6 +68,18 @@ def race_settings_block(results: Path, track: str = "matched", task_name: str = 
             + md(race_results.settings_table(runs), "") + "\n")
 
 
+def race_phases_block(results: Path, track: str = "matched", task_name: str = "full") -> str:
+    """Where PAL's workers spent their time in the stored race runs (their own per-phase timers)."""
+    where = runs_dir(results, task_name, track)
+    runs = [r for r in load_runs(where) if r["contestant"].startswith("pal")]
+    if not runs:
+        return missing(f"{where.relative_to(results)}/", f"pal-bench race --track {track} --only pal pal-processes")
+    return (f"PAL's per-phase times in its {track} race runs (each worker's own timers, `phase_seconds` of the run "
+            f"files, summed over the {len(runs)} runs; set-up left out), as shares of each worker role's time: "
+            "what the actor and the learner each wait for and spend.\n\n" + md(race_results.phase_table(runs), "")
+            + "\n")
+
+
 def race_headline_block(results: Path) -> str:
     """README's one sentence on the race: the matched track's best PAL contestant against each peer that raced."""
 
@@ -125,4 +137,5 @@ PUBLICATION = Publication("race", {
     "race-speed": race_speed_block,
     "race-settings": race_settings_block,
     "race-settings-tuned": lambda results: race_settings_block(results, "tuned"),
+    "race-phases": race_phases_block,
 }, outputs)
