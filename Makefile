@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 
 .PHONY: test bench bench-compare figures report lint install clean train-results scaling plugin-bench race
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd pal_bench/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)" "Cython==3.3.1" "numpy>=2" "setuptools>=68" wheel
