@@ -27,21 +27,21 @@ SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_
           "sequence_replay"]
 
 
-def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra: list[str]) -> int:
+def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: list[str]) -> int:
     results.mkdir(parents=True, exist_ok=True)
     skips = results / f"{suite}.skipped.tmp"
-    env = dict(os.environ, PAL_BENCH_PROFILE=profile, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
+    env = dict(os.environ, PAL_BENCH_SWEEP=sweep, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
     if peers:
         env["PAL_BENCH_PEERS"] = peers
     cmd = [
         sys.executable, "-m", "pytest", str(ROOT / "suites" / f"test_{suite}.py"), "-v", "-p", "no:cacheprovider",
         "--benchmark-only", "--benchmark-disable-gc", "--benchmark-warmup=on",
-        "--benchmark-min-rounds=20", f"--benchmark-max-time={0.25 if profile == 'quick' else 1.0}",
+        "--benchmark-min-rounds=20", f"--benchmark-max-time={0.25 if sweep == 'quick' else 1.0}",
         "--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name",
         f"--benchmark-json={results / f'{suite}.json'}", *extra,
     ]
-    print(f"== suite {suite} ({profile} profile)", flush=True)
-    with Conditions(f"suite {suite} ({profile} profile)") as c:
+    print(f"== suite {suite} ({sweep} sweep)", flush=True)
+    with Conditions(f"suite {suite} ({sweep} sweep)") as c:
         rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
     finish_json(results / f"{suite}.json", skips, c.finish())
     return rc
@@ -90,7 +90,8 @@ def compare(stored: Path, new: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", choices=["quick", "full"], default="quick")
+    ap.add_argument("--sweep", choices=["quick", "full"], default="quick",
+                    help="quick (default: capacities to 1e6, short timing) or full (to 1e7, longer)")
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
     ap.add_argument("--peers", type=choice_list(ADAPTERS), help=f"comma-separated adapters, of {', '.join(ADAPTERS)} "
                     "(default: all installed)")
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.results / "tmp" if args.compare else args.results
     rc = 0
     for suite in args.suite or SUITES:
-        rc |= run_suite(suite, args.profile, out, ",".join(args.peers or []), args.pytest_args)
+        rc |= run_suite(suite, args.sweep, out, ",".join(args.peers or []), args.pytest_args)
         if args.compare and (args.results / f"{suite}.json").exists():
             compare(args.results / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:

@@ -22,12 +22,12 @@ def load(path: Path) -> tuple[pd.DataFrame, dict]:
             "suite": path.stem, "name": b["name"], "peer": info["peer"], "op": info["op"],
             "capacity": info["capacity"], "batch": info["batch"], "fanout": info.get("fanout"),
             "median_us": st["median"] * 1e6, "iqr_us": st["iqr"] * 1e6, "min_us": st["min"] * 1e6,
-            "rounds": st["rounds"], "profile": info.get("profile"), "status": "ok", "reason": "",
+            "rounds": st["rounds"], "sweep": info.get("sweep", info.get("profile")), "status": "ok", "reason": "",
             "sample_us": [x * 1e6 for x in st["data_sample"]] if st.get("data_sample") else None,
         })
     for s in data.get("skipped", []):
         rows.append({"suite": path.stem, "name": "", "peer": s["peer"], "op": s["op"], "capacity": s["capacity"],
-                     "batch": s["batch"], "fanout": s.get("fanout"), "profile": s.get("profile"),
+                     "batch": s["batch"], "fanout": s.get("fanout"), "sweep": s.get("sweep", s.get("profile")),
                      "status": "skipped", "reason": s["reason"]})
     return pd.DataFrame(rows), data["machine_info"] | {"datetime": data.get("datetime", "")}
 

@@ -145,11 +145,11 @@ PUBLICATION = Publication("training", {"training": training_block, "learning-swe
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", choices=sorted(PRESETS), help="presets to run (default: all)")
-    ap.add_argument("--report", action="store_true", help="only rebuild the tables from stored runs")
+    ap.add_argument("--rebuild", action="store_true", help="only rebuild the tables from stored runs")
     add_force_flag(ap)
     args = ap.parse_args(argv)
     measured = None
-    if not args.report:
+    if not args.rebuild:
         if refuse_if_busy("pal_bench.studies.training", args.force):
             return 2
         measured = Conditions("trainer reference runs")

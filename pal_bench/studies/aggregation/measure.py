@@ -19,7 +19,7 @@ Times are seconds per iteration (mean over timed iterations and learners); ``agg
 (communicate + apply) / iteration. All learner processes are placed with ``num_cpus=0``, so with
 more learners than cores they share the cores, as they would on an oversubscribed node.
 
-``pal-bench aggregation --quick``: L = 1, 2, two sizes (a few minutes on 2 cores); the full profile
+``pal-bench aggregation --quick``: L = 1, 2, two sizes (a few minutes on 2 cores); the full sweep
 (no ``--quick``): L = 1..4, four sizes. ``--ray-address`` runs it on a cluster. Writes
 ``results/aggregation.csv``, ``results/figures/aggregation_breakdown.png`` and
 ``results/figures/aggregation_share.png``.

@@ -59,7 +59,7 @@ def latency_headline(results: Path) -> str:
     if not rows:
         return missing("latency_vs_capacity.json", "make bench")
     return ("Median latency, full buffer, LunarLander-sized transitions, alpha 0.6, beta 0.4, at the largest capacity "
-            "both ran (quick profile: RLlib up to 1e5). Speedup = peer median / PAL median in the same run, with a "
+            "both ran (quick sweep: RLlib up to 1e5). Speedup = peer median / PAL median in the same run, with a "
             "bootstrap 95% interval over the timed rounds.\n\n" + md(pd.DataFrame(rows), ".2f") + "\n\n"
             + source(results, "latency_vs_capacity.json") + "\n")
 

@@ -1,7 +1,7 @@
 """Race to a target return: PAL's trainer against tianshou's and RLlib's DQN, in two tracks.
 
 ``pal-bench race [--track matched|tuned] [--quick] [--seeds N] [--only NAME ...]`` runs the race in resumable
-pieces; ``--speed`` runs the interleaved speed rounds; ``--report`` rebuilds the CSVs, tables and figures from the
+pieces; ``--speed`` runs the interleaved speed rounds; ``--rebuild`` rebuilds the CSVs, tables and figures from the
 stored run files.
 
 - **matched** (default): every contestant trains the same learner on the same data rhythm (``task.MATCHED``:
@@ -37,7 +37,7 @@ QUICK_SEEDS = 3                     # --quick: a first look in minutes, not a re
 SPEED_ROUNDS = 5
 
 
-def report(out: Path, task_name: str, quiet: bool = False) -> int:
+def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
     """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv`` and the figures from the stored run files;
     print the tables."""
     from pal_bench.bench.publishing import store
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"run the interleaved speed rounds instead ({SPEED_ROUNDS} by default, --rounds)")
     ap.add_argument("--rounds", type=positive_int, default=SPEED_ROUNDS, help="speed rounds (with --speed)")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--report", action="store_true", help="only rebuild the CSVs, tables and figures from stored runs")
+    ap.add_argument("--rebuild", action="store_true", help="only rebuild the CSVs, tables and figures from stored runs")
     ap.add_argument("--max-minutes", type=positive_float, metavar="M",
                     help="start no run after M minutes (the stored runs stay; run the same command to go on)")
     ap.add_argument("--rerun-noisy", action="store_true", help="run again stored runs marked noisy (machine busy)")
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.worker_out, json.dumps(run))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.report:
-        return report(args.out, task_name)
+    if args.rebuild:
+        return rebuild(args.out, task_name)
     if refuse_if_busy("pal-bench race", args.force):
         return 2
     from pal_bench.studies.race import orchestrate
@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         if not orchestrate.run_race(args.track, task_name, names, seeds, args.out, args.max_minutes,
                                     args.rerun_noisy, args.rerun_slow):
             return 0
-    return report(args.out, task_name)
+    return rebuild(args.out, task_name)
 
 
-__all__ = ["CONTESTANTS", "TASKS", "TRACKS", "main", "report"]
+__all__ = ["CONTESTANTS", "TASKS", "TRACKS", "main", "rebuild"]
 
 if __name__ == "__main__":
     sys.exit(main())
