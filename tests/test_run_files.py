@@ -298,7 +298,7 @@ def test_sigterm_and_sighup_stop_the_run_cleanly_with_a_checkpoint(tmp_path, bac
 
 
 def test_the_signal_handlers_are_restored_and_an_ignored_hangup_stays_ignored(tmp_path):
-    from pal_bench.train.backends.threads import stop_on_signals
+    from pal_bench.train.driver import stop_on_signals
 
     def mine(signum, frame):
         pass

@@ -77,7 +77,7 @@ def race_phases_block(results: Path, track: str = "matched", task_name: str = "f
     return (f"PAL's per-phase times in its {track} race runs (each worker's own timers, `phase_seconds` of the run "
             f"files, summed over the {len(runs)} runs; set-up left out), as shares of each worker role's time: "
             "what the actor and the learner each wait for and spend.\n\n" + md(race_results.phase_table(runs), "")
-            + "\n")
+            + f"\n\nSource: the run files in `results/{where.relative_to(results)}/`.\n")
 
 
 def race_headline_block(results: Path) -> str:

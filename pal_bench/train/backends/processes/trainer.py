@@ -30,8 +30,9 @@ from pal_bench.train.backends.processes.shared import (
     segment_name,
     training_error,
 )
-from pal_bench.train.backends.threads import Trainer, WorkerError, stop_on_signals
+from pal_bench.train.backends.threads import Trainer
 from pal_bench.train.config import TrainConfig
+from pal_bench.train.driver import WorkerError, stop_on_signals
 from pal_bench.train.errors import TrainingError
 from pal_bench.train.faults import NO_FAULTS, Faults
 from pal_bench.train.rate import RateController
@@ -157,13 +158,13 @@ class ProcessTrainer(Trainer):
             self._done = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
             self._lmessages = [self._ctx.Queue() for _ in range(cfg.learners)]
 
-    def _place(self) -> None:
-        """The thread trainer's parameter server; the buffer in shared memory; the rate counters in a shared
-        array (a resumed run's steps count as actor 0's)."""
-        super()._place()
+    def _make_rate(self) -> SharedRate:
+        """The rate counters in a shared array the actor processes write (a resumed run's steps count as actor
+        0's), and the process-shared lock they reserve under. The parameter server is the thread trainer's and the
+        buffer a shared segment (``_new_buffer``)."""
         self.counters = self._ctx.RawArray("q", HEADER + 2 * self.cfg.actors)
-        self.rate = SharedRate(self.cfg, self.counters)
         self._lock_mp = self._ctx.Lock()
+        return SharedRate(self.cfg, self.counters)
 
     # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
     def _new_buffer(self, fields: dict):

@@ -1,6 +1,6 @@
 """``RayTrainer(cfg).run()``: the trainer with its actors, learners, replay buffer and parameter
 server as Ray actors; the driver (this process) evaluates, logs, checkpoints and watches for
-failures. Evaluation, logs, the summary and the progress bar are ``Trainer``'s own code, fed by
+failures. Evaluation, logs, the summary and the progress bar are the ``Driver``'s own code, fed by
 driver-side mirrors of the remote counters (polled every ``POLL_S``).
 
 Failures: actors and learners are restarted by Ray (``MAX_RESTARTS`` each); the driver sees the
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pal_bench.train.backends.ray.context import cpu_share, from_numpy, rate_slack
-from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError, stop_on_signals
 from pal_bench.train.config import ConfigError, TrainConfig
+from pal_bench.train.driver import JOIN_TIMEOUT_S, Driver, DriverSchedule, WorkerError, stop_on_signals
 from pal_bench.train.errors import TrainingError
 from pal_bench.train.param_server import Snapshot
 from pal_bench.train.supervision import MAX_RESTARTS
@@ -38,7 +38,7 @@ PLACEMENT_TIMEOUT_S = 60.0
 
 
 class _PSView:
-    """What ``Trainer``'s evaluation and summary read from a parameter server, from the Ray actor."""
+    """What the ``Driver``'s evaluation and summary read from a parameter server, from the Ray actor."""
 
     direct = False        # Ray's learners always send their gradients to the parameter-server actor
 
@@ -59,7 +59,7 @@ class _PSView:
 @dataclass
 class RemoteCounters:
     """The driver's mirror of the buffer actor's counters (transitions inserted, updates done), refreshed
-    every ``POLL_S``; what ``Trainer``'s evaluation, summary and progress bar read as ``rate``."""
+    every ``POLL_S``; what the ``Driver``'s evaluation, summary and progress bar read as ``rate``."""
 
     max_updates: int
     steps: int = 0
@@ -68,7 +68,7 @@ class RemoteCounters:
 
 
 class RemoteBufferStats:
-    """What ``Trainer.summary`` reads from a buffer (``lock_stats``), from the buffer actor's last stats."""
+    """What ``Driver.summary`` reads from a buffer (``lock_stats``), from the buffer actor's last stats."""
 
     def __init__(self):
         self.stats: dict = {"lock": {}, "seconds": {}}
@@ -77,8 +77,9 @@ class RemoteBufferStats:
         return self.stats["lock"]
 
 
-class RayTrainer(Trainer):
-    """Same interface as ``Trainer``: ``run() -> summary``, ``close()``, context manager, run directory."""
+class RayTrainer(Driver):
+    """The Ray backend's driver: the ``Driver`` with the buffer, the parameter server and the workers in Ray
+    actors; ``run() -> summary``, ``close()``, context manager, run directory, as every backend."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         if cfg.backend != "ray":
