@@ -100,42 +100,13 @@ def _measure_fl(cfg, updates: int, filled: int, processes: bool = False) -> floa
 
 
 def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
-    """``_measure_fl`` with the Ray backend's pieces: its buffer actor (pre-filled with ``filled`` real
-    transitions, its counters set as if the actors had collected them), parameter-server actor and
-    ``cfg.learners`` learner processes; the clock runs from the learners' ``run`` calls to the last
-    one's return (``cfg.aggregation`` sync, async or allreduce)."""
-    import ray
-
-    from pal_bench.train.backends.ray.buffer_actor import BufferActor
-    from pal_bench.train.backends.ray.context import cpu_share, max_updates
-    from pal_bench.train.backends.ray.ps_actor import ParameterServerActor
-    from pal_bench.train.backends.ray.workers import LearnerWorker
-    from pal_bench.train.core import RunCore
-
-    # a budget of `filled` transitions, all collected, and exactly `updates` updates to start
-    ratio = updates / filled
-    cfg = dataclasses.replace(cfg, steps=filled, learning_starts=0, updates_per_step=ratio)
-    while max_updates(cfg) < updates:
-        cfg = dataclasses.replace(cfg, updates_per_step=float(np.nextafter(cfg.updates_per_step, 1.0)))
-    with ray_session(cfg):
-        n = cfg.learners
-        cpu = cpu_share(n)
-        buffer = ray.remote(BufferActor).options(num_cpus=0).remote(cfg, 0)
-        ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
-        learners = [ray.remote(LearnerWorker).options(num_cpus=cpu).remote(cfg, i, buffer, ps) for i in range(n)]
-        try:
-            ray.get(buffer.add_batch.remote(0, transitions(RunCore(cfg), filled), filled, [], 0))
-            ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
-            init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
-            t0 = time.perf_counter()
-            ray.get([h.run.remote(init) for h in learners])
-            wall = time.perf_counter() - t0
-            done = ray.get(buffer.status.remote())["done"]
-        finally:
-            for h in (*learners, ps, buffer):
-                ray.kill(h, no_restart=True)
+    """``_measure_fl`` on the Ray backend: its buffer actor pre-filled with ``filled`` real transitions, its
+    parameter-server actor and ``cfg.learners`` learner processes (``RayTrainer.run_learners``; ``cfg.aggregation``
+    sync, async or allreduce)."""
+    with ray_session(cfg), make_trainer(cfg) as tr:
+        got = tr.run_learners(transitions(tr, filled), updates)
     last_cores_used["f_l"] = None
-    return done / wall
+    return got["updates"] / got["wall_s"]
 
 
 @contextlib.contextmanager

@@ -20,11 +20,14 @@ its own; ``ray_placement`` "pack" or "spread" is the placement group's strategy.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pal_bench.train.backends.ray.context import cpu_share, from_numpy, rate_slack
+import numpy as np
+
+from pal_bench.train.backends.ray.context import cpu_share, from_numpy, max_updates, rate_slack
 from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.driver import JOIN_TIMEOUT_S, Driver, DriverSchedule, WorkerError, stop_on_signals
 from pal_bench.train.errors import TrainingError
@@ -341,6 +344,42 @@ class RayTrainer(Driver):
                 self.evaluate()
             self._write_logs()                  # before the checkpoint: a full disk there still leaves them
             self.save_checkpoint()
+
+    def run_learners(self, rows: dict, updates: int) -> dict:
+        """Learners alone, for measuring f_l (as ``Trainer.run_learners``): the buffer actor holding ``rows``
+        (replay columns, N each) as if the actors had collected them, a budget that allows ``updates`` updates at
+        once, the parameter-server actor and ``cfg.learners`` learner workers, no actors. ``wall_s`` runs from the
+        learners' ``run`` calls to the last one's return (every process up before); ``cpu_s`` is None (the work
+        is in other processes)."""
+        import ray
+
+        from pal_bench.train.backends.ray.buffer_actor import BufferActor
+        from pal_bench.train.backends.ray.ps_actor import ParameterServerActor
+        from pal_bench.train.backends.ray.workers import LearnerWorker
+
+        n_rows = len(next(iter(rows.values())))
+        cfg = dataclasses.replace(self.cfg, steps=n_rows, learning_starts=0, updates_per_step=updates / n_rows)
+        while max_updates(cfg) < updates:
+            cfg = dataclasses.replace(cfg, updates_per_step=float(np.nextafter(cfg.updates_per_step, 1.0)))
+        self._connect()
+        try:
+            n = cfg.learners
+            buffer = ray.remote(BufferActor).options(num_cpus=0).remote(cfg, 0)
+            ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
+            learners = [ray.remote(LearnerWorker).options(num_cpus=cpu_share(n)).remote(cfg, i, buffer, ps)
+                        for i in range(n)]
+            self._handles = {"buffer": buffer, "parameter-server": ps} | {f"learner{i}": h
+                                                                          for i, h in enumerate(learners)}
+            ray.get(buffer.add_batch.remote(0, rows, n_rows, [], 0))
+            ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
+            init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
+            t0 = time.perf_counter()
+            ray.get([h.run.remote(init) for h in learners])
+            wall = time.perf_counter() - t0
+            done = ray.get(buffer.status.remote())["done"]
+        finally:
+            self._teardown()
+        return {"updates": done, "wall_s": wall, "cpu_s": None}
 
     def close(self) -> None:
         """Kill this run's Ray actors and disconnect from Ray if we connected (idempotent)."""
