@@ -9,8 +9,8 @@ stored run files.
   prioritized replay with alpha 0.6 and beta 0.4, target every 250 updates, one environment, 0.25 updates per env
   step, one torch thread), checked from what each framework built and, after the run, from its own counters.
   Contestants: pal (threads), pal-processes, tianshou, rllib, rllib-pal.
-- **tuned**: each framework at its authors' own settings for the task (pal-apex, tianshou's LunarLander example,
-  RLlib's tuned DQN examples).
+- **tuned**: each framework at its authors' own settings for the task (PAL's process backend at its own preset,
+  which the matched learner is, and its Ape-X preset; tianshou's LunarLander example; RLlib's tuned DQN examples).
 
 Each run is its own process (``run.py``), probes the machine first (``probe.py``), evaluates with training
 stopped (``clock.py``) and is stored at once (``orchestrate.py``); the same command skips what is stored and current.
