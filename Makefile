@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 
 .PHONY: test bench bench-compare figures report lint install clean train-results scaling plugin-bench race
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd pal_bench/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)" "Cython==3.3.1" "numpy>=2" "setuptools>=68" wheel
@@ -27,16 +27,18 @@ bench-compare: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pal_bench tests suites
+	$(VENV)/bin/lint-imports
 
-# the fan-out study first: the suites' report at the end regenerates every table, the fan-out's too
+# the studies, then the report: every table and figure rebuilt from what they stored
 bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.fanout
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.shared_buffer
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.run
+	$(PY) -m pal_bench.report
 
 # the trainer's reference runs (about 1 h on 2 cores) and the scaling / core-split measurements
 train-results: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pal_bench.train.sweep
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.training
 
 scaling: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.scaling --max-threads 4
@@ -54,7 +56,6 @@ race: $(VENV)/.installed
 # every table of README.md and docs/ and every figure, from the stored results alone (measures nothing)
 figures: $(VENV)/.installed
 	$(PY) -m pal_bench.report
-	test ! -f results/dse_validation.csv || $(PY) -m pal_bench.cli dse --curves results/scaling.csv --max-cores 4 --measured results/dse_validation.csv --out results
 
 # the same, plus one static page of everything: results/report/index.html
 report: $(VENV)/.installed

@@ -15,7 +15,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_sumtree", "_replay", "_measure", "_dropin"]
+MODULES = ["_sumtree", "_segment", "_replay", "_measure", "_dropin"]
 
 compile_args = [] if sys.platform == "win32" else ["-O3"]
 if os.environ.get("PAL_BENCH_NATIVE") == "1":
@@ -45,7 +45,7 @@ extensions = [
     Extension(
         f"pal_bench.{name}",
         [f"pyx/{name}.pyx"],
-        include_dirs=[np.get_include(), "pyx"],
+        include_dirs=[np.get_include(), "pyx", "."],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] + vmath.get("define_macros", []),
         libraries=vmath.get("libraries", []),
         extra_compile_args=compile_args,
@@ -56,7 +56,7 @@ extensions = [
 setup(
     ext_modules=cythonize(
         extensions,
-        include_path=["pyx"],
+        include_path=["pyx", "."],
         compiler_directives={"language_level": "3"},
     ),
 )

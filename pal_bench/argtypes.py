@@ -12,6 +12,12 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+
+class UsageError(Exception):
+    """A user error found by a command itself (a missing file, a bad column): ``pal-bench`` prints it as one
+    line and exits with status 2."""
+
+
 MAX_COUNT = 2**53               # steps, transitions, rounds, intervals: exact in float64, far inside int64
 SEED_MAX = 2**32 - 1            # numpy's legacy seeding (np.random.seed) takes [0, 2**32)
 

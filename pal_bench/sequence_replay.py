@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pal_bench._replay import PrioritizedReplayBuffer, _normalise_fields
+from pal_bench._replay import PrioritizedReplayBuffer
+from pal_bench.replay_layout import normalise_fields
 
 MASKS = ("mask", "obs_valid")
 PRIORITY_ETA = 0.9
@@ -54,7 +55,7 @@ class SequenceReplayBuffer:
             raise ValueError(f"step field names {clash} are reserved for the sequence's masks and state")
         self.seq_len, self.lstm_size = seq_len, lstm_size
         # as the buffer stores them (an int shape is a 1-tuple, a subarray dtype's shape joins the field's)
-        self.step_fields = _normalise_fields(step_fields)
+        self.step_fields = normalise_fields(step_fields)
         if _buffer is not None:
             self._buf = _buffer
             return

@@ -14,11 +14,11 @@ import argparse
 import os
 import sys
 
-from pal_bench import _replay
+from pal_bench import _segment
 from pal_bench.train import shared_weights
 
 
-def segments(directory: str = _replay.SHM_DIR) -> list[dict]:
+def segments(directory: str = _segment.SHM_DIR) -> list[dict]:
     """Every PAL-Bench segment in ``directory``: ``{"name", "kind", "bytes", "creator_pid", "creator_alive"}``,
     sorted by name."""
     try:
@@ -27,7 +27,7 @@ def segments(directory: str = _replay.SHM_DIR) -> list[dict]:
         return []
     out = []
     for name in names:
-        info = _replay.segment_info(name)
+        info = _segment.segment_info(name)
         if info is not None:
             kind = f"{info['kind']} buffer, {info['size']}/{info['capacity']} transitions"
         else:
@@ -50,8 +50,8 @@ def clean() -> list[dict]:
         if seg["kind"] == "weights":
             how = (shared_weights.MAGIC, shared_weights.MAGIC_OFFSET, shared_weights.PID_OFFSET)
         else:
-            how = (_replay.SEGMENT_MAGIC, 0, _replay._CREATOR_PID_OFFSET)
-        if _replay.remove_if_dead(seg["name"], *how) == "removed":
+            how = (_segment.SEGMENT_MAGIC, 0, _segment.CREATOR_PID_OFFSET)
+        if _segment.remove_if_dead(seg["name"], *how) == "removed":
             removed.append(seg)
     return removed
 

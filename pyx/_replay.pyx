@@ -51,6 +51,12 @@ import zipfile
 
 import numpy as np
 
+from pal_bench.replay_files import (FILE_FORMAT, FILE_VERSION, file_size, open_source, read_member,
+                                   validated_meta)
+from pal_bench.replay_layout import normalise_fields, record_layout, segment_path, spec_json
+from pal_bench._segment import (CREATOR_PID_OFFSET, SEGMENT_MAGIC, SEGMENT_VERSION, SHM_DIR, creator_alive,
+                                header_offsets, remove_if_dead, segment_info)
+
 cimport numpy as cnp
 from libc.errno cimport EEXIST, ENOENT, ESRCH, errno
 from libc.math cimport INFINITY, NAN
@@ -83,6 +89,16 @@ from _lock cimport (
 )
 from _rng cimport Rng, rng_seed, rng_uniform
 from _vmath cimport vpow, vpow1
+from pal_bench._segment cimport (
+    HEADER_BYTES,
+    MAX_RESERVATIONS,
+    Header,
+    ReadOnlyBlock,
+    Reservation,
+    block_layout,
+    pid_dead,
+    shm_create,
+)
 from _tree_core cimport (
     TreeLayout,
     __builtin_prefetch,
@@ -114,71 +130,20 @@ cdef extern from "<unistd.h>" nogil:
 cdef extern from "<float.h>":
     double DBL_MAX
 
-cdef extern from "<fcntl.h>" nogil:
-    int posix_fallocate(int fd, long offset, long length)
-
 cdef extern from "<errno.h>" nogil:
     enum:
         EBUSY
 
 DEF_FANOUT = DEFAULT_FANOUT_C
-FILE_FORMAT = "pal_bench.replay"
-FILE_VERSION = 1
-RESERVED_NAMES = ("indices", "weights", "priorities")
-SEGMENT_MAGIC = 0x3146554252534c50    # "PLSRBUF1"
-SEGMENT_VERSION = 1
 cdef int64_t MAX_NEXT_ID = 1 << 62     # transition ids stay below this (no int64 overflow in id arithmetic)
-MAX_ROW_BYTES = 1 << 32                # one field of one transition
 ATTACH_LOCK_TIMEOUT_S = 10.0           # attach waits at most this long for the segment's lock (s)
 _CORRUPT_NEXT_ID = "the shared segment's header word next_id was overwritten with an impossible value (corrupted)"
 
 cdef enum:
-    MAX_RESERVATIONS = 64     # concurrent add_batch copies (threads or processes) at one time
-    HEADER_BYTES = 16384      # room for the header at the start of the block
     SPIN_BEFORE_REAP = 64     # waits on an in-flight slot before checking for dead writers
     SPIN_BEFORE_SIGNALS = 1024    # waits on an in-flight slot before letting Python's signal handlers run
     MAX_DIMS = 16             # dimensions of a field's shape
     MAX_SPEC_BYTES = 1 << 20  # the fields' JSON description in a block
-
-
-cdef struct Reservation:
-    int64_t pid               # the writer's process id; 0: free entry
-    int64_t first             # first transition id it copies (the ones it keeps)
-    int64_t count             # how many
-
-
-cdef struct Header:
-    uint64_t magic
-    int64_t version
-    int64_t ready             # 1 once the creator has initialised everything
-    int64_t kind              # 1 prioritized, 0 uniform
-    int64_t capacity
-    int64_t fanout
-    double alpha
-    double eps
-    int64_t record_bytes
-    int64_t n_fields
-    int64_t spec_offset
-    int64_t spec_bytes
-    int64_t slots_offset
-    int64_t records_offset
-    int64_t sums_offset
-    int64_t mins_offset
-    int64_t stamps_offset
-    int64_t total_bytes
-    int64_t creator_pid
-    int64_t handles           # handles ever opened on the block (the creator is 0): seeds per-process streams
-    # ---- below: guarded by the mutex
-    int64_t next_id           # id of the next transition to be reserved
-    int64_t size              # filled slots
-    int64_t inflight          # add_batch calls between reserve and commit
-    double max_priority       # largest raw priority applied so far (starts at 1.0)
-    uint64_t stamp            # the tree's dedupe stamp (shared: every process marks with fresh stamps)
-    int64_t lock_count, lock_contended, lock_wait_ns, lock_hold_ns, lock_hold_sampled
-    int64_t lock_t0           # when the current hold started, if it is one of the timed ones (else 0)
-    int64_t repairs           # dead holders / writers repaired
-    Reservation res[MAX_RESERVATIONS]
-    pthread_mutex_t mutex
 
 
 # fork generation: incremented in every child right after fork (pthread_atfork), so a handle notices
@@ -195,10 +160,6 @@ cdef inline int64_t _now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
-cdef inline bint _pid_dead(int64_t pid) noexcept nogil:
-    return pid > 0 and kill(<int>pid, 0) != 0 and errno == ESRCH
 
 
 cdef inline void _prefetch_record(const char* rec, int64_t nbytes) noexcept nogil:
@@ -274,165 +235,6 @@ cdef inline void _scatter(char* records, int64_t record_bytes, int64_t off, int6
             memcpy(dst + r * record_bytes, src + n * r, n)
 
 
-def _normalise_fields(fields) -> dict:
-    if not isinstance(fields, dict) or not fields:
-        raise ValueError("fields must be a non-empty dict {name: (shape, dtype)}")
-    out = {}
-    for name, spec in fields.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"field name {name!r} must be a Python identifier")
-        if name in RESERVED_NAMES:
-            raise ValueError(f"field name {name!r} is reserved")
-        try:
-            shape, dtype = spec
-        except (TypeError, ValueError):
-            raise ValueError(f"field {name!r}: spec must be (shape, dtype), got {spec!r}") from None
-        try:
-            shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-            dtype = np.dtype(dtype)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"field {name!r}: bad shape or dtype in {spec!r} ({e})") from None
-        while dtype.subdtype is not None:       # a subarray dtype (float32, (3,)): its shape joins the field's
-            dtype, sub = dtype.subdtype
-            shape = shape + tuple(int(s) for s in sub)
-        if dtype.names is not None:
-            raise ValueError(f"field {name!r}: structured dtype {dtype} is not supported (add and add_batch could "
-                             f"not fill it); store each of its members {list(dtype.names)} as a field of its own")
-        if len(shape) > 16 or any(s < 1 for s in shape):
-            raise ValueError(f"field {name!r}: shape {shape} must have at most 16 positive dimensions")
-        if math.prod(shape) * max(dtype.itemsize, 1) > MAX_ROW_BYTES:
-            raise ValueError(f"field {name!r}: shape {shape} of {dtype} takes more than {MAX_ROW_BYTES} bytes per "
-                             f"transition")
-        if dtype.hasobject or dtype.itemsize == 0:
-            raise ValueError(f"field {name!r}: dtype {dtype} cannot be stored")
-        out[name] = (shape, dtype)
-    return out
-
-
-def _record_layout(dict specs):
-    """``({name: offset in the record}, record bytes)``: fields in order, each aligned to its dtype's
-    alignment (at most 16 bytes), the record to 8 bytes (16 if a field needs it)."""
-    offsets, pos, align_max = {}, 0, 8
-    for name, (shape, dtype) in specs.items():
-        align = max(1, min(dtype.alignment, 16))
-        align_max = max(align_max, align)
-        pos = (pos + align - 1) // align * align
-        offsets[name] = pos
-        pos += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    return offsets, max(align_max, (pos + align_max - 1) // align_max * align_max)
-
-
-def _spec_json(dict specs, dict offsets) -> bytes:
-    return json.dumps([[n, list(s), d.str, offsets[n]] for n, (s, d) in specs.items()]).encode()
-
-
-def _segment_path(name) -> str:
-    if (not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", "..")
-            or len(name) > 200):
-        raise ValueError(f"shared buffer name must be a non-empty string of at most 200 characters without '/' "
-                         f"or NUL, got {name!r}")
-    return "/" + name
-
-
-SHM_DIR = "/dev/shm"
-
-
-cdef int _shm_create(bytes path, int64_t nbytes) except -2:
-    """A new segment of ``nbytes`` (zero-filled) with every page reserved, so that running out of space is an
-    error here and not a SIGBUS at the first write to a page past the free space; -1 if the name exists.
-    Returns the fd. On failure nothing is left behind."""
-    cdef int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0o600)
-    cdef int rc
-    cdef Header h
-    if fd < 0:
-        if errno == EEXIST:
-            return -1
-        raise OSError(errno, f"shm_open({path.decode()!r}) failed: {os.strerror(errno)}")
-    # the creator holds a shared flock on the segment for its lifetime: that (not a pid, which another pid
-    # namespace or a reused pid makes ambiguous) is what tells a cleaner that the creator is alive
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    if ftruncate(fd, nbytes) != 0:
-        err = errno
-        c_close(fd)
-        shm_unlink(path)
-        raise OSError(err, f"cannot size shared segment {path.decode()!r} to {nbytes} bytes: {os.strerror(err)}")
-    # magic and creator before the (slow) reservation: a concurrent creator of the same name sees one in use
-    memset(&h, 0, sizeof(Header))
-    h.magic = SEGMENT_MAGIC
-    h.creator_pid = getpid()
-    os.pwrite(fd, (<char*>&h)[:sizeof(Header)], 0)
-    with nogil:
-        rc = posix_fallocate(fd, 0, nbytes)
-    if rc != 0:
-        c_close(fd)
-        shm_unlink(path)
-        try:
-            st = os.statvfs(SHM_DIR)
-            free = f"{st.f_bavail * st.f_frsize / 1e6:.1f} MB free in {SHM_DIR}"
-        except OSError:
-            free = f"the free space of {SHM_DIR} unknown"
-        raise OSError(rc, f"cannot reserve {nbytes / 1e6:.1f} MB for shared buffer {path.decode()[1:]!r}: "
-                          f"{os.strerror(rc)} ({free}; a smaller capacity, or a larger {SHM_DIR}, e.g. Docker's "
-                          f"--shm-size, would fit)")
-    return fd
-
-
-cdef dict _block_layout(int64_t capacity, int64_t spec_bytes, int64_t record_bytes, bint prioritized,
-                        int64_t fanout):
-    """Where each part of a block starts (bytes from its start) and its total size: the header, the field spec
-    (JSON), the slot table, the records, then the tree's sums, minima and stamps, each on a 64-byte boundary.
-    ValueError when the block would not be addressable."""
-    cdef TreeLayout t
-    n_sums = n_mins = n_stamps = 0
-    if prioritized:
-        n_sums, n_mins, n_stamps = tree_layout(&t, capacity, fanout)
-    up = lambda n: (n + 63) // 64 * 64
-    out = {"spec_offset": HEADER_BYTES}
-    out["slots_offset"] = up(HEADER_BYTES + spec_bytes)
-    out["records_offset"] = up(out["slots_offset"] + 8 * capacity)
-    out["sums_offset"] = up(out["records_offset"] + record_bytes * capacity)
-    out["mins_offset"] = up(out["sums_offset"] + 8 * n_sums)
-    out["stamps_offset"] = up(out["mins_offset"] + 8 * n_mins)
-    out["total_bytes"] = up(out["stamps_offset"] + 8 * n_stamps)
-    if out["total_bytes"] > 1 << 60:
-        raise ValueError(f"capacity {capacity} x {record_bytes} bytes per transition is too large to address")
-    return out
-
-
-cdef class _ReadOnlyBlock:
-    """The block's bytes as a buffer that refuses writable requests: the base of the arrays ``storage`` hands out,
-    so that no one can set them writable (numpy looks through a read-only memoryview to the writable mapping)."""
-    cdef object _mm
-    cdef char* _data
-    cdef Py_ssize_t _size
-    cdef Py_ssize_t _shape[1]
-
-    def __cinit__(self, mm):
-        cdef unsigned char[::1] mv = mm
-        self._mm = mm
-        self._data = <char*>&mv[0]
-        self._size = mv.shape[0]
-        self._shape[0] = self._size
-
-    def __getbuffer__(self, Py_buffer* view, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("the buffer's storage views are read-only")
-        view.buf = self._data
-        view.obj = self
-        view.len = self._size
-        view.readonly = 1
-        view.itemsize = 1
-        view.format = "B"
-        view.ndim = 1
-        view.shape = self._shape
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
-
-    def __releasebuffer__(self, Py_buffer* view):
-        pass
-
-
 _created = weakref.WeakSet()      # creators of live shared segments, closed (and unlinked) at exit
 
 
@@ -506,7 +308,7 @@ cdef class _ReplayCore:
 
     def __dealloc__(self):
         if self._owns_segment() and not self._closed:
-            shm_unlink(_segment_path(self._name).encode())
+            shm_unlink(segment_path(self._name).encode())
         if self._lock_fd >= 0:
             c_close(self._lock_fd)
         free(self._off)
@@ -526,7 +328,7 @@ cdef class _ReplayCore:
             raise TypeError(f"capacity must be an int, got {capacity!r}")
         if capacity < 1 or capacity > 2**40:
             raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
-        specs = _normalise_fields(fields)
+        specs = normalise_fields(fields)
         seed = self._check_seed(seed)
         if prioritized and not vpow1(1.0 + eps, alpha) <= DBL_MAX / (2.0 * capacity):
             raise ValueError(f"eps {eps!r} too large: (1 + eps) ** alpha must stay below {DBL_MAX / (2.0 * capacity):.3g} "
@@ -534,12 +336,12 @@ cdef class _ReplayCore:
         if name is not None and not shared:
             raise ValueError("name is only for shared=True buffers")
         if name is not None:
-            _segment_path(name)         # validates it
-        offsets, record_bytes = _record_layout(specs)
-        cdef bytes spec = _spec_json(specs, offsets)
+            segment_path(name)         # validates it
+        offsets, record_bytes = record_layout(specs)
+        cdef bytes spec = spec_json(specs, offsets)
         if len(spec) > MAX_SPEC_BYTES:
             raise ValueError(f"fields: their description takes {len(spec)} bytes, more than {MAX_SPEC_BYTES}")
-        layout = _block_layout(capacity, len(spec), record_bytes, prioritized, fanout if prioritized else 0)
+        layout = block_layout(capacity, len(spec), record_bytes, prioritized, fanout if prioritized else 0)
         cdef int64_t spec_offset = layout["spec_offset"], slots_offset = layout["slots_offset"]
         cdef int64_t records_offset = layout["records_offset"], sums_offset = layout["sums_offset"]
         cdef int64_t mins_offset = layout["mins_offset"], stamps_offset = layout["stamps_offset"]
@@ -593,16 +395,16 @@ cdef class _ReplayCore:
 
     cdef object _create_segment(self, str name, int64_t total):
         """Create the named segment, replacing a stale one whose creator is gone; map it."""
-        path = _segment_path(name).encode()
-        cdef int fd = _shm_create(path, total)
+        path = segment_path(name).encode()
+        cdef int fd = shm_create(path, total)
         if fd == -1:
-            found = remove_if_dead(name, SEGMENT_MAGIC, 0, _CREATOR_PID_OFFSET)
+            found = remove_if_dead(name, SEGMENT_MAGIC, 0, CREATOR_PID_OFFSET)
             if found == "alive":
                 raise FileExistsError(f"a shared buffer named {name!r} exists and its creator is alive; "
                                       f"attach to it with attach({name!r}) or choose another name")
             if found == "foreign":
                 raise FileExistsError(f"{SHM_DIR}/{name} exists and is not a PAL-Bench buffer; choose another name")
-            fd = _shm_create(path, total)
+            fd = shm_create(path, total)
             if fd == -1:
                 raise FileExistsError(f"a shared buffer named {name!r} was created meanwhile")
         try:
@@ -655,7 +457,7 @@ cdef class _ReplayCore:
         self._slot_ids_arr = np.frombuffer(self._mm, dtype=np.int64, count=h.capacity, offset=h.slots_offset)
         self._storage = {}
         self._ro_storage = {}
-        readonly = _ReadOnlyBlock(self._mm)
+        readonly = ReadOnlyBlock(self._mm)
         cdef int f = 0
         for name, shape, dstr, off in spec:
             dtype = np.dtype(dstr)
@@ -720,7 +522,7 @@ cdef class _ReplayCore:
         naming the header word otherwise). If its lock stays held for ``ATTACH_LOCK_TIMEOUT_S`` (a hung
         or stopped process), ``TimeoutError``.
         """
-        path = _segment_path(name).encode()
+        path = segment_path(name).encode()
         seed = cls._check_seed(seed)
         cdef int fd = shm_open(path, O_RDWR, 0)
         if fd < 0:
@@ -780,19 +582,19 @@ cdef class _ReplayCore:
         raw = bytes(self._mv[h.spec_offset:h.spec_offset + h.spec_bytes])
         try:
             spec = json.loads(raw)
-            specs = _normalise_fields({n: (tuple(s), d) for n, s, d, _ in spec})
+            specs = normalise_fields({n: (tuple(s), d) for n, s, d, _ in spec})
             if len(specs) != len(spec):
                 raise ValueError("duplicate field names")
         except (ValueError, TypeError) as e:
             raise ValueError(f"shared buffer {name!r} is corrupted: its field spec is unreadable ({e})") from None
-        offsets, record_bytes = _record_layout(specs)
-        if _spec_json(specs, offsets) != raw:
+        offsets, record_bytes = record_layout(specs)
+        if spec_json(specs, offsets) != raw:
             raise ValueError(f"shared buffer {name!r} is corrupted: its field spec is not one this version writes")
         if h.n_fields != len(specs):
             raise bad("n_fields", h.n_fields, len(specs))
         if h.record_bytes != record_bytes:
             raise bad("record_bytes", h.record_bytes, record_bytes)
-        layout = _block_layout(h.capacity, h.spec_bytes, record_bytes, h.kind == 1, h.fanout if h.kind == 1 else 0)
+        layout = block_layout(h.capacity, h.spec_bytes, record_bytes, h.kind == 1, h.fanout if h.kind == 1 else 0)
         words = {"slots_offset": h.slots_offset, "records_offset": h.records_offset, "sums_offset": h.sums_offset,
                  "mins_offset": h.mins_offset, "stamps_offset": h.stamps_offset, "total_bytes": h.total_bytes}
         for word, value in words.items():
@@ -898,7 +700,7 @@ cdef class _ReplayCore:
     def cleanup(name) -> bool:
         """Remove the shared segment ``name`` (after its creator was killed); True if one was removed.
         Handles still mapping it keep working until they close."""
-        return shm_unlink(_segment_path(name).encode()) == 0
+        return shm_unlink(segment_path(name).encode()) == 0
 
     cdef inline bint _owns_segment(self) noexcept:
         """This handle created its shared segment in this very process (a forked child's copy does not own it)."""
@@ -913,7 +715,7 @@ cdef class _ReplayCore:
             return
         self._closed = True
         if self._owns_segment():
-            shm_unlink(_segment_path(self._name).encode())
+            shm_unlink(segment_path(self._name).encode())
         if self._lock_fd >= 0:
             c_close(self._lock_fd)
             self._lock_fd = -1
@@ -1070,7 +872,7 @@ cdef class _ReplayCore:
         cdef int64_t r, i, s, cap = self.capacity, size = 0, live_res = 0
         cdef bint any_dead = False
         for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid and (_pid_dead(h.res[r].pid) or h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
+            if h.res[r].pid and (pid_dead(h.res[r].pid) or h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
                 any_dead = True
         if not any_dead and not holder_died:
             return
@@ -1078,7 +880,7 @@ cdef class _ReplayCore:
             if h.res[r].pid and (h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
                 h.res[r].pid = 0                # impossible (scribbled on): dropped, its slots found below
                 h.inflight -= 1
-            elif h.res[r].pid and _pid_dead(h.res[r].pid):
+            elif h.res[r].pid and pid_dead(h.res[r].pid):
                 for i in range(h.res[r].count):
                     s = (h.res[r].first + i) % cap
                     if self._slot_ids[s] == SLOT_INFLIGHT:
@@ -1985,7 +1787,7 @@ cdef class _ReplayCore:
         the file, before anything is allocated: a file either restores a buffer whose invariants hold
         or raises ``ValueError``, using at most the memory a valid file of its capacity needs."""
         label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<file>"
-        fh = _open_source(source, label)
+        fh = open_source(source, label)
         try:
             return cls._load_from(fh, label, shared, name)
         finally:
@@ -1996,7 +1798,7 @@ cdef class _ReplayCore:
     def _load_from(cls, fh, str label, shared, name):
         try:
             with zipfile.ZipFile(fh) as zf:
-                meta = _validated_meta(zf, cls is PrioritizedReplayBuffer, _file_size(fh, zf))
+                meta = validated_meta(zf, cls is PrioritizedReplayBuffer, file_size(fh, zf))
                 fields = {n: (tuple(s), np.dtype(d)) for n, s, d in meta["fields"]}
                 if meta["kind"] == "prioritized":
                     buf = PrioritizedReplayBuffer(meta["capacity"], fields, alpha=meta["alpha"],
@@ -2018,19 +1820,19 @@ cdef class _ReplayCore:
 
     cdef _restore(self, zf, dict meta):
         cdef int64_t i, cap = self.capacity, next_id = int(meta["next_id"])
-        slot_ids = _read_member(zf, "slot_ids", np.empty(cap, dtype=np.int64))
+        slot_ids = read_member(zf, "slot_ids", np.empty(cap, dtype=np.int64))
         # the only consistent slot table of a quiescent buffer: the last min(next_id, cap) ids, each in its slot
         expected = np.full(cap, SLOT_EMPTY, dtype=np.int64)
         live_ids = np.arange(max(0, next_id - cap), next_id, dtype=np.int64)
         expected[live_ids % cap] = live_ids
         if not np.array_equal(slot_ids, expected):
             raise ValueError("inconsistent slot table (it must hold exactly the last capacity ids)")
-        rng_state = _read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
+        rng_state = read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
         if not rng_state.any():
             raise ValueError("invalid RNG state (all zero)")
         live = slot_ids >= 0
         if self._prioritized:
-            leaves = _read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
+            leaves = read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
             if not (np.isfinite(leaves).all() and (leaves >= 0).all() and (leaves[~live] == 0).all()):
                 raise ValueError("invalid priorities")
             if (leaves > self._prio_limit).any():
@@ -2040,7 +1842,7 @@ cdef class _ReplayCore:
             if not self._stored_priority(float(meta["max_priority"])) <= self._prio_limit:
                 raise ValueError("max_priority too large: new transitions' priorities could overflow the sum")
         for name, arr in self._storage.items():
-            _read_member(zf, f"field.{name}", arr)
+            read_member(zf, f"field.{name}", arr)
         if self._prioritized:
             for i in range(cap):
                 self._tree.sums[leaf_pos(&self._tree, i)] = leaves[i]
@@ -2122,232 +1924,6 @@ def _load_bytes(cls, bytes data):
     return cls.load(io.BytesIO(data))
 
 
-def _header_offsets() -> dict:
-    """Byte offset of each word of a segment's header (for the header fuzz test and ``segment_info``)."""
-    cdef Header h
-    cdef size_t base = <size_t>&h
-    return {"magic": <size_t>&h.magic - base, "version": <size_t>&h.version - base, "ready": <size_t>&h.ready - base,
-            "kind": <size_t>&h.kind - base, "capacity": <size_t>&h.capacity - base,
-            "fanout": <size_t>&h.fanout - base, "alpha": <size_t>&h.alpha - base, "eps": <size_t>&h.eps - base,
-            "record_bytes": <size_t>&h.record_bytes - base, "n_fields": <size_t>&h.n_fields - base,
-            "spec_offset": <size_t>&h.spec_offset - base, "spec_bytes": <size_t>&h.spec_bytes - base,
-            "slots_offset": <size_t>&h.slots_offset - base, "records_offset": <size_t>&h.records_offset - base,
-            "sums_offset": <size_t>&h.sums_offset - base, "mins_offset": <size_t>&h.mins_offset - base,
-            "stamps_offset": <size_t>&h.stamps_offset - base, "total_bytes": <size_t>&h.total_bytes - base,
-            "creator_pid": <size_t>&h.creator_pid - base, "handles": <size_t>&h.handles - base,
-            "next_id": <size_t>&h.next_id - base, "size": <size_t>&h.size - base,
-            "inflight": <size_t>&h.inflight - base, "max_priority": <size_t>&h.max_priority - base,
-            "stamp": <size_t>&h.stamp - base, "lock_count": <size_t>&h.lock_count - base,
-            "lock_contended": <size_t>&h.lock_contended - base, "lock_wait_ns": <size_t>&h.lock_wait_ns - base,
-            "lock_hold_ns": <size_t>&h.lock_hold_ns - base, "lock_hold_sampled": <size_t>&h.lock_hold_sampled - base,
-            "lock_t0": <size_t>&h.lock_t0 - base, "repairs": <size_t>&h.repairs - base,
-            "res": <size_t>&h.res[0] - base, "mutex": <size_t>&h.mutex - base}
-
-
-_CREATOR_PID_OFFSET = _header_offsets()["creator_pid"]
-
-
-def _creator_alive(int fd, int64_t pid) -> bool:
-    """Someone holds the creator's flock on the segment open as ``fd``, or ``pid`` is a live process here."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return 0 < pid < 2**31 and not _pid_dead(pid)
-
-
-def segment_info(str name):
-    """What the header of ``/dev/shm/<name>`` says, read without mapping or locking it: ``{"name", "bytes",
-    "kind", "capacity", "creator_pid", "creator_alive", "size"}``; None if it is not a PAL-Bench segment. The
-    counts are a snapshot (read without the lock)."""
-    path = os.path.join(SHM_DIR, name)
-    cdef Header h
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER_BYTES:
-            return None
-        data = os.pread(fd, sizeof(Header), 0)
-        if len(data) != sizeof(Header):
-            return None
-        memcpy(&h, <const char*>data, sizeof(Header))
-        if h.magic != SEGMENT_MAGIC:
-            return None
-        alive = _creator_alive(fd, h.creator_pid)
-    finally:
-        os.close(fd)
-    return {"name": name, "bytes": st.st_size, "kind": "prioritized" if h.kind == 1 else "uniform",
-            "capacity": h.capacity, "creator_pid": h.creator_pid, "creator_alive": alive, "size": h.size}
-
-
-def remove_if_dead(str name, int64_t magic, int magic_offset, int pid_offset) -> str:
-    """Unlink ``/dev/shm/<name>`` if it is a PAL-Bench segment (``magic`` at byte ``magic_offset`` of its header)
-    whose creator is gone: nobody holds the creator's flock on it and its creator pid is not a live process here
-    (either says alive: the flock covers creators in another pid namespace, the pid covers segments made before
-    the flock). Returns ``"removed"`` (or ``"gone"`` if it vanished meanwhile), ``"alive"`` or ``"foreign"`` (not
-    a regular file, or no magic: left alone). The unlink happens under an exclusive flock, after checking that
-    the name still refers to the file examined."""
-    path = os.path.join(SHM_DIR, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return "gone"
-    except OSError:
-        return "foreign"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return "foreign"
-        head = os.pread(fd, max(magic_offset, pid_offset) + 8, 0)
-        if len(head) < max(magic_offset, pid_offset) + 8:
-            return "foreign"
-        words = np.frombuffer(head, dtype=np.int64)
-        if int(words[magic_offset // 8]) != <int64_t>magic:
-            return "foreign"
-        pid = int(words[pid_offset // 8])
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return "alive"
-        if 0 < pid < 2**31 and not _pid_dead(pid):
-            return "alive"
-        try:
-            now = os.stat(path, follow_symlinks=False)
-        except FileNotFoundError:
-            return "gone"
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            return "alive"                  # replaced meanwhile by a new creator
-        os.unlink(path)
-        return "removed"
-    finally:
-        os.close(fd)
-
-
-def _open_source(source, str label):
-    """``load``'s source as a binary file object, checked to be a regular file (a path, opened here once, without
-    blocking: a FIFO cannot stall it), or a seekable binary file object, before anything is read: a device, a
-    FIFO or a directory is a ValueError (``/dev/zero`` would be read until memory runs out)."""
-    if isinstance(source, (str, os.PathLike)):
-        if "\x00" in os.fspath(source):
-            raise ValueError(f"{label!r}: a path with a NUL byte")
-        try:
-            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # FileNotFoundError etc. as they are
-        except IsADirectoryError:
-            raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    if isinstance(source, io.TextIOBase) or not hasattr(source, "read"):
-        raise ValueError(f"{label}: expected a path or a binary file object opened for reading, got "
-                         f"{type(source).__name__}")
-    try:
-        seekable = source.seekable()
-    except (AttributeError, OSError, ValueError):
-        seekable = False
-    if not seekable:
-        raise ValueError(f"{label}: the file object is not seekable (load needs to seek: pass a path, a regular "
-                         f"file or io.BytesIO)")
-    try:
-        fd = source.fileno()
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return source                           # in memory (io.BytesIO): its size is what it holds
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise ValueError(f"{label}: not a regular file (a PAL-Bench buffer file is)")
-    return source
-
-
-def _file_size(source, zf) -> int:
-    try:
-        if isinstance(source, (str, os.PathLike)):
-            return os.path.getsize(source)
-        return zf.fp.seek(0, 2)
-    except (OSError, AttributeError, ValueError):
-        return sum(i.compress_size for i in zf.infolist()) + (1 << 20)
-
-
-_META_KEYS = {"format", "version", "kind", "capacity", "fields", "alpha", "eps", "fanout", "next_id", "max_priority"}
-
-
-def _validated_meta(zf, bint want_prioritized, int64_t file_size) -> dict:
-    """The file's metadata, every field checked, and every member checked against it and against the
-    file (stored, not compressed; exactly the bytes its shape needs; all of them within the file)."""
-    info = {i.filename: i for i in zf.infolist()}
-    m = info.get("__meta__.npy")
-    if m is None or m.file_size > 1 << 20:
-        raise ValueError("not a PAL-Bench replay buffer file (no metadata member, or an oversized one)")
-    meta = json.loads(_read_member(zf, "__meta__", None, max_bytes=1 << 20).tobytes())
-    if not isinstance(meta, dict) or meta.get("format") != FILE_FORMAT:
-        raise ValueError("not a PAL-Bench replay buffer file")
-    if meta.get("version") != FILE_VERSION:
-        raise ValueError(f"unsupported file version {meta.get('version')!r}")
-    if set(meta) != _META_KEYS:
-        raise ValueError(f"unexpected metadata keys {sorted(set(meta) ^ _META_KEYS)}")
-    kind = meta["kind"]
-    if kind not in ("prioritized", "uniform"):
-        raise ValueError(f"unknown buffer kind {kind!r}")
-    if (kind == "prioritized") != want_prioritized:
-        holds, use = (("PrioritizedReplayBuffer", "PrioritizedReplayBuffer") if kind == "prioritized"
-                      else ("ReplayBuffer", "ReplayBuffer"))
-        raise ValueError(f"file holds a {holds}; use {use}.load")
-
-    def integer(key, lo, hi):
-        v = meta[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ValueError(f"invalid {key} {v!r} (an int in [{lo}, {hi}])")
-        return v
-
-    def real(key, lo, hi):
-        v = meta[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and lo <= v <= hi):
-            raise ValueError(f"invalid {key} {v!r} (a finite number in [{lo}, {hi}])")
-        return float(v)
-
-    cap = integer("capacity", 1, 2**40)
-    integer("next_id", 0, 2**62)
-    real("max_priority", 0.0, DBL_MAX)
-    if kind == "prioritized":
-        real("alpha", 0.0, 1.0)
-        real("eps", 0.0, DBL_MAX)
-        integer("fanout", 2, 4096)
-    fields = meta["fields"]
-    if not isinstance(fields, list) or not fields or not all(isinstance(f, list) and len(f) == 3 for f in fields):
-        raise ValueError("invalid field list")
-    if len({f[0] for f in fields}) != len(fields):
-        raise ValueError("duplicate field names")
-    specs = _normalise_fields({f[0]: (f[1], f[2]) for f in fields})
-    expected = {"__meta__.npy", "slot_ids.npy", "rng_state.npy"} | {f"field.{n}.npy" for n in specs}
-    if kind == "prioritized":
-        expected.add("priorities.npy")
-    if set(info) != expected:
-        raise ValueError(f"unexpected members: missing {sorted(expected - set(info))}, "
-                         f"extra {sorted(set(info) - expected)}")
-    sizes = {"slot_ids.npy": 8 * cap, "rng_state.npy": 32, "priorities.npy": 8 * cap}
-    for n, (shape, dtype) in specs.items():
-        sizes[f"field.{n}.npy"] = cap * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    declared = 0
-    for member, nbytes in sizes.items():
-        if member not in info:
-            continue
-        i = info[member]
-        if i.compress_type != zipfile.ZIP_STORED:
-            raise ValueError(f"member {member!r} is compressed (save writes stored members only)")
-        if not nbytes <= i.file_size <= nbytes + 65536 or i.compress_size != i.file_size:
-            raise ValueError(f"member {member!r} holds {i.file_size} bytes; capacity {cap} needs {nbytes} "
-                             f"plus its header")
-        declared += i.file_size
-    if declared > file_size:
-        raise ValueError(f"the members declare {declared} bytes but the file has {file_size}")
-    return meta
-
-
 cdef object _as_index_array(indices):
     """``indices`` as a C-contiguous int64[B] array; TypeError/ValueError for anything else."""
     if type(indices) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>indices) == cnp.NPY_INT64:
@@ -2360,47 +1936,6 @@ cdef object _as_index_array(indices):
     if idx.ndim != 1:
         raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
     return idx
-
-
-def _read_member(zf, str name, target, max_bytes=None):
-    """Read array ``name`` of an npz zip into ``target`` (same shape and dtype; strided targets are
-    filled in chunks), or into a new array when ``target`` is None (at most ``max_bytes``)."""
-    with zf.open(name + ".npy") as fh:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"member {name!r}: unsupported .npy version {version}")
-        if fortran or dtype.hasobject:
-            raise ValueError(f"member {name!r} has an unexpected layout")
-        if target is None:
-            nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            if max_bytes is not None and nbytes > max_bytes:
-                raise ValueError(f"member {name!r} is too large")
-            target = np.empty(shape, dtype=dtype)
-        elif tuple(shape) != target.shape or dtype != target.dtype:
-            raise ValueError(f"member {name!r}: expected {target.shape} {target.dtype}, got {shape} {dtype}")
-        if target.flags.c_contiguous:
-            _read_into(fh, memoryview(target.reshape(-1).view(np.uint8)), name)
-        else:
-            rows = max(1, (1 << 24) // max(1, target[:1].nbytes))
-            chunk = np.empty((rows,) + target.shape[1:], dtype=target.dtype)
-            for r0 in range(0, target.shape[0], rows):
-                part = chunk[:min(rows, target.shape[0] - r0)]
-                _read_into(fh, memoryview(part.reshape(-1).view(np.uint8)), name)
-                target[r0:r0 + part.shape[0]] = part
-    return target
-
-
-def _read_into(fh, view, str name):
-    pos, step = 0, 1 << 26
-    while pos < len(view):
-        got = fh.readinto(view[pos:pos + step])
-        if not got:
-            raise ValueError(f"member {name!r} is truncated")
-        pos += got
 
 
 cdef class ReplayBuffer(_ReplayCore):

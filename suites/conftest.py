@@ -1,8 +1,8 @@
-"""Shared fixtures of the benchmark suites: profiles, the peer list, and a cache of filled buffers.
+"""Shared fixtures of the benchmark suites: the sweep (quick or full), the peer list, and a cache of filled buffers.
 
-Profile: ``PAL_BENCH_PROFILE=quick`` (default) or ``full``. Peers: ``PAL_BENCH_PEERS`` (comma
+Sweep: ``PAL_BENCH_SWEEP=quick`` (default) or ``full``. Peers: ``PAL_BENCH_PEERS`` (comma
 separated, default: every adapter in ``pal_bench.bench.adapters.ADAPTERS``). Cases that cannot run (a
-peer not installed, too large for the profile, no native batch insert) are skipped with a reason;
+peer not installed, too large for the sweep, no native batch insert) are skipped with a reason;
 when ``PAL_BENCH_SKIPS`` names a file, the skipped cases and their reasons are written there as
 JSON, so that the results record them (``pal_bench.bench.run`` merges them into the suite's JSON).
 """
@@ -20,11 +20,11 @@ import pytest
 
 from pal_bench.bench.adapters import ADAPTERS, available, make_adapter
 
-PROFILE = os.environ.get("PAL_BENCH_PROFILE", "quick")
-if PROFILE not in ("quick", "full"):
-    raise pytest.UsageError(f"PAL_BENCH_PROFILE must be quick or full, got {PROFILE!r}")
+SWEEP = os.environ.get("PAL_BENCH_SWEEP", "quick")
+if SWEEP not in ("quick", "full"):
+    raise pytest.UsageError(f"PAL_BENCH_SWEEP must be quick or full, got {SWEEP!r}")
 PEERS = [p for p in os.environ.get("PAL_BENCH_PEERS", ",".join(ADAPTERS)).split(",") if p]
-CAPACITIES = [10**3, 10**4, 10**5, 10**6] + ([10**7] if PROFILE == "full" else [])
+CAPACITIES = [10**3, 10**4, 10**5, 10**6] + ([10**7] if SWEEP == "full" else [])
 BATCH = 256
 POOL = 64  # pre-generated priority arrays, cycled: no RNG inside the timed region
 
@@ -45,7 +45,7 @@ def get_adapter(peer: str, capacity: int, **kwargs):
     from pal_bench.bench.adapters.registry import adapter_class
 
     cls = adapter_class(peer)
-    limit = cls.QUICK_MAX_CAPACITY if PROFILE == "quick" and cls.QUICK_MAX_CAPACITY else cls.MAX_CAPACITY
+    limit = cls.QUICK_MAX_CAPACITY if SWEEP == "quick" and cls.QUICK_MAX_CAPACITY else cls.MAX_CAPACITY
     if limit is not None and capacity > limit[0]:
         pytest.skip(f"{peer} at N={fmt_n(capacity)}: {limit[1]}")
     key = (peer, capacity, tuple(sorted(kwargs.items())))
@@ -66,7 +66,7 @@ _skipped: list[dict] = []
 
 def run_case(benchmark, peer: str, op: str, capacity: int, batch: int, **kwargs) -> None:
     """Fill (or reuse) ``peer`` at ``capacity`` and benchmark ``op``; a skip is recorded with its reason."""
-    case = dict(peer=peer, op=op, capacity=capacity, batch=batch, profile=PROFILE, **kwargs)
+    case = dict(peer=peer, op=op, capacity=capacity, batch=batch, sweep=SWEEP, **kwargs)
     try:
         run_op(benchmark, get_adapter(peer, capacity, **kwargs), op, batch, **kwargs)
     except pytest.skip.Exception as e:
@@ -101,7 +101,7 @@ def run_op(benchmark, adapter, op: str, batch: int, **info) -> None:
     from pal_bench.bench.adapters import lunar_batch, lunar_row
 
     benchmark.extra_info.update(peer=adapter.name, op=op, batch=batch, capacity=adapter.capacity,
-                                profile=PROFILE, **info)
+                                sweep=SWEEP, **info)
     if op == "insert_one":
         if adapter.name == "pal-tree":
             pytest.skip("a sum tree alone stores no transitions")

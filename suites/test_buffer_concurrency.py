@@ -6,11 +6,11 @@ in ``extra_info``. Ids read ``test_buffer_concurrency[w=<writers>-s=<samplers>-<
 """
 
 import pytest
-from conftest import PEERS, PROFILE
+from conftest import PEERS, SWEEP
 
 from pal_bench.studies.concurrency import GRID, measure
 
-SECONDS = 1.0 if PROFILE == "quick" else 3.0
+SECONDS = 1.0 if SWEEP == "quick" else 3.0
 IMPLS = [p for p in ("pal", "tianshou") if p in PEERS]
 CASES = [pytest.param(impl, w, s, id=f"w={w}-s={s}-{impl}") for impl in IMPLS for w, s in GRID]
 
@@ -18,4 +18,4 @@ CASES = [pytest.param(impl, w, s, id=f"w={w}-s={s}-{impl}") for impl in IMPLS fo
 @pytest.mark.parametrize("impl, writers, samplers", CASES)
 def test_buffer_concurrency(benchmark, impl, writers, samplers):
     result = benchmark.pedantic(measure, args=(impl, writers, samplers, SECONDS), rounds=1, iterations=1)
-    benchmark.extra_info.update(result, profile=PROFILE)
+    benchmark.extra_info.update(result, sweep=SWEEP)

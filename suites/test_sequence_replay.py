@@ -20,7 +20,7 @@ Ids read ``test_sequence_sample_update[N=<steps>-<impl>]``.
 import conftest
 import numpy as np
 import pytest
-from conftest import PROFILE, fmt_n
+from conftest import SWEEP, fmt_n
 
 from pal_bench import PrioritizedReplayBuffer
 from pal_bench.bench.adapters.base import LUNAR_FIELDS, lunar_batch
@@ -63,8 +63,8 @@ def _pal_transitions(n_steps: int):
 
 def _rllib_filled(cls, n_steps: int, **kwargs):
     """An RLlib episode buffer of ``cls`` holding ``n_steps`` steps as 1000-step LunarLander episodes."""
-    if PROFILE == "quick" and n_steps > 10**5:
-        pytest.skip("quick profile: filling RLlib's episode buffer to 1e6 takes 11-14 s; the full profile runs it")
+    if SWEEP == "quick" and n_steps > 10**5:
+        pytest.skip("quick sweep: filling RLlib's episode buffer to 1e6 takes 11-14 s; the full sweep runs it")
     pytest.importorskip("ray.rllib")
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
@@ -120,8 +120,8 @@ def test_sequence_sample_update(benchmark, n_steps, impl):
         step = BUILD[impl](n_steps)
     except pytest.skip.Exception as e:                  # recorded with its reason in the suite's JSON
         conftest._skipped.append(dict(peer=impl, op="sequence_sample_update", capacity=n_steps, batch=B,
-                                      profile=PROFILE, reason=str(e.msg)))
+                                      sweep=SWEEP, reason=str(e.msg)))
         raise
     benchmark.extra_info.update(peer=impl, op="sequence_sample_update", batch=B, seq_len=T, capacity=n_steps,
-                                profile=PROFILE)
+                                sweep=SWEEP)
     benchmark(step)

@@ -218,7 +218,7 @@ def parse_seeds(text: str) -> list[int]:
 def sweep(name: str, seeds: list[int], jobs: int, out: Path) -> list[dict]:
     import pandas as pd
 
-    from pal_bench.bench.conditions import Conditions
+    from pal_bench.conditions import Conditions
 
     def one(seed: int) -> dict:
         with Conditions(f"learning sweep {name} seed {seed}") as c:

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import torch
 
-from pal_bench.studies import aggregation as agg
+from pal_bench.studies.aggregation import measure as agg
 from pal_bench.train.param_server import ParameterServer
 
 

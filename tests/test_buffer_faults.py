@@ -254,10 +254,10 @@ def test_attach_refuses_a_header_whose_offsets_or_counters_do_not_fit(word, valu
     done = run_script(f"""
         import mmap, struct
         from conftest import LUNAR_FIELDS, lunar_batch
-        from pal_bench import PrioritizedReplayBuffer, _replay
+        from pal_bench import PrioritizedReplayBuffer, _segment
         buf = PrioritizedReplayBuffer(1000, LUNAR_FIELDS, seed=0, shared=True)
         buf.add_batch(**lunar_batch(100))
-        off = _replay._header_offsets()["{word}"]
+        off = _segment.header_offsets()["{word}"]
         with open(f"/dev/shm/{{buf.shared_name}}", "r+b") as f:
             mm = mmap.mmap(f.fileno(), 0)
             struct.pack_into("<q", mm, off, {value})
@@ -283,9 +283,9 @@ def test_fuzz_every_header_word_with_hostile_values():
         import io, math, mmap, struct, sys
         import numpy as np
         from conftest import LUNAR_FIELDS, lunar_batch
-        from pal_bench import PrioritizedReplayBuffer, ReplayBuffer, _replay
+        from pal_bench import PrioritizedReplayBuffer, ReplayBuffer, _replay, _segment
         _replay.ATTACH_LOCK_TIMEOUT_S = 0.2
-        offsets = _replay._header_offsets()
+        offsets = _segment.header_offsets()
         words = sorted(set(offsets.values()))
         res0, step = offsets["res"], 24
         words += [res0 + 24 * 7 + k for k in (0, 8, 16)]       # a reservation in the middle
@@ -607,10 +607,10 @@ def test_attach_refuses_a_tree_that_weights_an_empty_slot():
     done = run_script("""
         import os, struct
         import numpy as np
-        from pal_bench import PrioritizedReplayBuffer, _replay
+        from pal_bench import PrioritizedReplayBuffer, _segment
         buf = PrioritizedReplayBuffer(16, {"x": ((), np.float64)}, shared=True, seed=0)
         buf.add_batch(x=np.arange(8.0))                 # slots 0..7 live, 8..15 empty
-        off = _replay._header_offsets()
+        off = _segment.header_offsets()
         fd = os.open(f"/dev/shm/{buf.shared_name}", os.O_RDWR)
         q = lambda w: struct.unpack("q", os.pread(fd, 8, off[w]))[0]
         so, mo = q("sums_offset"), q("mins_offset")
@@ -638,12 +638,12 @@ def test_a_header_scribbled_on_after_attach_gives_errors_not_crashes(which):
     done = run_script(f"""
         import os, struct
         import numpy as np
-        from pal_bench import PrioritizedReplayBuffer, ReplayBuffer, _replay
+        from pal_bench import PrioritizedReplayBuffer, ReplayBuffer, _segment
         cls = ReplayBuffer if "{which}" == "uniform_next_id" else PrioritizedReplayBuffer
         buf = cls(4096, {{"x": ((), np.float64)}}, shared=True)
         buf.add_batch(x=np.arange(10.0))
         other = cls.attach(buf.shared_name)
-        off = _replay._header_offsets()
+        off = _segment.header_offsets()
         fd = os.open(f"/dev/shm/{{buf.shared_name}}", os.O_RDWR)
         if "{which}" == "capacity":
             os.pwrite(fd, struct.pack("q", 2**40), off["capacity"])
@@ -695,17 +695,17 @@ def test_a_file_in_dev_shm_that_is_not_a_pal_segment_is_never_removed(tmp_path):
 def test_a_live_creator_is_told_by_its_flock_not_only_its_pid(capsys):
     """A creator in another pid namespace (containers sharing /dev/shm) has a pid that means nothing here:
     `pal-bench shm --clean` removed its live segment. The creator's flock on the segment says it is alive."""
-    from pal_bench import _replay
+    from pal_bench import _segment
     from pal_bench.cli import main
 
     done = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, struct, sys, time
         from conftest import LUNAR_FIELDS
-        from pal_bench import PrioritizedReplayBuffer, _replay
+        from pal_bench import PrioritizedReplayBuffer, _segment
         buf = PrioritizedReplayBuffer(10, LUNAR_FIELDS, shared=True)
         # as a pid namespace would show it: a pid that is no live process here
         fd = os.open(f"/dev/shm/{buf.shared_name}", os.O_RDWR)
-        os.pwrite(fd, struct.pack("q", 2**31 - 7), _replay._header_offsets()["creator_pid"])
+        os.pwrite(fd, struct.pack("q", 2**31 - 7), _segment.header_offsets()["creator_pid"])
         os.close(fd)
         print(buf.shared_name, flush=True)
         sys.stdin.readline()
@@ -713,7 +713,7 @@ def test_a_live_creator_is_told_by_its_flock_not_only_its_pid(capsys):
         """)], cwd=Path(__file__).parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         name = done.stdout.readline().strip()
-        assert _replay.segment_info(name)["creator_alive"]
+        assert _segment.segment_info(name)["creator_alive"]
         assert main(["shm", "--clean"]) == 0
         assert name in os.listdir(SHM), capsys.readouterr().out
         done.stdin.write("\n")

@@ -9,8 +9,8 @@ import pytest
 
 from pal_bench.cli import main
 
-STUDIES = ("scaling", "concurrency", "fanout", "shared_buffer", "race", "plugin", "aggregation",
-           "longhaul.experiment")
+STUDIES = ("scaling.measure", "concurrency", "fanout", "shared_buffer", "race", "plugin.measure", "aggregation.measure",
+           "longhaul.experiment", "dse")
 
 
 def _tripwire(*_a, **_k):
@@ -23,7 +23,7 @@ def no_measuring(monkeypatch, tmp_path):
     measuring), and the working directory is an empty temporary one."""
     for name in STUDIES:
         monkeypatch.setattr(importlib.import_module(f"pal_bench.studies.{name}"), "refuse_if_busy", _tripwire)
-    monkeypatch.setattr("pal_bench.bench.conditions.refuse_if_busy", _tripwire)
+    monkeypatch.setattr("pal_bench.conditions.refuse_if_busy", _tripwire)
     monkeypatch.setattr("pal_bench.studies.dse.solve", _tripwire)
     for name in ("run_one", "profile_framework"):
         monkeypatch.setattr(f"pal_bench.studies.race_profile.{name}", _tripwire)

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from pal_bench.bench import conditions, stats
+from pal_bench import conditions
+from pal_bench.bench import stats
 
 
 class FakeClock:

@@ -64,7 +64,7 @@ def test_nan_rewards_stop_the_process_backend_in_one_line(tmp_path, learner_proc
 
 
 def test_a_non_finite_gradient_is_refused_before_the_optimizer_step(tmp_path):
-    from pal_bench.train.core import Diverged
+    from pal_bench.train.errors import Diverged
 
     cfg = make_config("dqn", "CartPole-v1", out_dir=str(tmp_path), name="g", steps=1000, learning_starts=200,
                       eval_episodes=0, progress=False)
@@ -77,7 +77,7 @@ def test_a_non_finite_gradient_is_refused_before_the_optimizer_step(tmp_path):
 
 
 def test_no_checkpoint_is_written_with_non_finite_weights(tmp_path):
-    from pal_bench.train.core import Diverged
+    from pal_bench.train.errors import Diverged
 
     cfg = make_config("dqn", "CartPole-v1", out_dir=str(tmp_path), name="w", steps=1000, learning_starts=200,
                       eval_episodes=0, progress=False)

@@ -5,15 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from pal_bench.bench import tables
+from pal_bench.bench import publishing
+from pal_bench.studies import registry
+from pal_bench.studies.scaling.publish import processes_block
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = tables.doc_files(ROOT)
+DOCS = publishing.doc_files(ROOT)
+BLOCKS = registry.blocks()
 
 
 def test_every_generated_block_matches_the_stored_results():
     """Rebuilds every block of README.md and docs/*.md from results/ in memory; `make figures` rewrites them."""
-    stale = tables.regenerate(DOCS, ROOT / "results", check=True)
+    stale = publishing.regenerate(DOCS, ROOT / "results", BLOCKS, check=True)
     assert stale == [], f"generated blocks differ from the stored results (run `make figures`): {stale}"
 
 
@@ -23,24 +26,34 @@ def test_a_changed_result_makes_the_check_fail(tmp_path):
     (results / "longhaul.csv").write_text((ROOT / "results" / "longhaul.csv").read_text().replace("8000,", "8001,", 1))
     doc = tmp_path / "page.md"
     doc.write_text("x\n<!-- BEGIN generated:longhaul-quick -->\n<!-- END generated:longhaul-quick -->\n")
-    assert tables.regenerate([doc], results) == ["page.md:longhaul-quick"]
-    assert tables.regenerate([doc], results, check=True) == []
+    assert publishing.regenerate([doc], results, BLOCKS) == ["page.md:longhaul-quick"]
+    assert publishing.regenerate([doc], results, BLOCKS, check=True) == []
     text = doc.read_text()
     assert "8001" in text and "conditions not recorded" in text
     doc.write_text(text.replace("8001", "9999"))         # a hand edit inside the block
-    assert tables.regenerate([doc], results, check=True) == ["page.md:longhaul-quick"]
+    assert publishing.regenerate([doc], results, BLOCKS, check=True) == ["page.md:longhaul-quick"]
 
 
 def test_unknown_block_names_are_an_error(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("<!-- BEGIN generated:nope -->\n<!-- END generated:nope -->\n")
     with pytest.raises(KeyError, match="nope"):
-        tables.regenerate([doc], ROOT / "results", check=True)
+        publishing.regenerate([doc], ROOT / "results", BLOCKS, check=True)
 
 
 def test_every_table_is_published_somewhere():
-    published = {name for path in DOCS for name in tables.names_in(path)}
-    assert published == set(tables.TABLES)
+    published = {name for path in DOCS for name in publishing.names_in(path)}
+    assert published == set(BLOCKS)
+
+
+def test_two_studies_cannot_claim_one_block(monkeypatch):
+    from pal_bench.bench.publishing import Publication
+
+    twin = Publication("twin", {"latency": lambda results: ""})
+    real = registry.publications()
+    monkeypatch.setattr(registry, "publications", lambda: [*real, twin])
+    with pytest.raises(ValueError, match="'latency' is claimed by both latency and twin"):
+        registry.blocks()
 
 
 def test_readme_is_short_and_links_every_study_page():
@@ -66,9 +79,9 @@ def test_backend_ratios_pair_the_rounds_measured_side_by_side(tmp_path):
     head = "curve,threads,throughput,throughput_reps,speedup\n"
     (tmp_path / "scaling.csv").write_text(head + 'f_a,1,100,"100 60 50",1\n')
     (tmp_path / "scaling_processes.csv").write_text(head + 'f_a,1,80,"100 80 50",1\n')
-    block = tables.processes_block(tmp_path)
+    block = processes_block(tmp_path)
     row = next(line for line in block.splitlines() if line.startswith("| f_a"))
     assert re.search(r"\|\s*1\.00( \[[^]]*\])?\s*\|", row) and "0.80" not in row, row
     (tmp_path / "scaling_processes.csv").write_text(head + "f_a,1,80,,1\n")      # no rounds stored: plain ratio
-    row = next(line for line in tables.processes_block(tmp_path).splitlines() if line.startswith("| f_a"))
+    row = next(line for line in processes_block(tmp_path).splitlines() if line.startswith("| f_a"))
     assert re.search(r"\|\s*0\.80\s*\|", row), row

@@ -135,8 +135,8 @@ def test_dse_on_ray_curves_names_their_backend(tmp_path, monkeypatch, capsys):
 
 
 def test_scaling_sweep_repeats_each_point_and_the_table_gives_intervals(tmp_path):
-    from pal_bench.bench.tables import scaling_block
-    from pal_bench.studies import scaling
+    from pal_bench.studies.scaling import measure as scaling
+    from pal_bench.studies.scaling.publish import scaling_block
     from pal_bench.train import make_config
 
     df = scaling.sweep(make_config("dqn", "CartPole-v1"), 2, 300, 10, progress=lambda m: None, repeats=2)
@@ -151,7 +151,8 @@ def test_dse_prefers_the_process_backend_curves(tmp_path, monkeypatch, capsys):
     """A curves file holding the process backend's curves among others: those are used by default."""
     import pandas as pd
 
-    from pal_bench.cli import DSE_BACKEND, main
+    from pal_bench.cli import main
+    from pal_bench.studies.dse import DSE_BACKEND
 
     assert DSE_BACKEND == "processes"
     monkeypatch.chdir(tmp_path)
@@ -165,7 +166,7 @@ def test_dse_prefers_the_process_backend_curves(tmp_path, monkeypatch, capsys):
 
 
 def test_backends_measured_side_by_side_are_interleaved_point_by_point(monkeypatch):
-    from pal_bench.studies import scaling
+    from pal_bench.studies.scaling import measure as scaling
     from pal_bench.train import make_config
 
     calls = []

@@ -3,8 +3,8 @@
 import pytest
 
 from pal_bench import DEFAULT_FANOUT
-from pal_bench.bench.tables import fanout_block
 from pal_bench.studies import fanout
+from pal_bench.studies.fanout import fanout_block
 
 
 def test_every_fanout_is_timed_in_every_round(tmp_path):

@@ -291,7 +291,7 @@ def test_cheap_metrics_logger_returns_what_rllibs_logger_returns():
     each, as RLlib's algorithms do, the compiled results are equal."""
     from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-    from pal_bench.integrations.rllib_metrics import CheapMetricsLogger
+    from pal_bench.integrations.rllib.metrics import CheapMetricsLogger
 
     ref, buf = make(capacity=30), make(capacity=30)
     assert isinstance(buf.metrics, CheapMetricsLogger)
@@ -502,16 +502,16 @@ def test_a_columnar_episode_refuses_reads_it_cannot_answer():
 def test_fast_one_step_episodes_equal_the_constructors():
     from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
-    from pal_bench.integrations.rllib import _OneStepEpisodes
+    from pal_bench.integrations.rllib.episodes import OneStepEpisodes
 
     o, o2 = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
-    fast = _OneStepEpisodes(OBS_SPACE, ACT_SPACE).make(o, o2, np.int64(1), 2.5, True, False, 0.7, 3, 41)
+    fast = OneStepEpisodes(OBS_SPACE, ACT_SPACE).make(o, o2, np.int64(1), 2.5, True, False, 0.7, 3, 41)
     slow = SingleAgentEpisode(observations=[o, o2], observation_space=OBS_SPACE, infos=None, actions=[np.int64(1)],
                               action_space=ACT_SPACE, rewards=[2.5], terminated=True, truncated=False,
                               extra_model_outputs={"weights": [0.7], "n_step": [3]}, len_lookback_buffer=0,
                               t_started=41)
     slots = [n for cls in SingleAgentEpisode.__mro__ for n in getattr(cls, "__slots__", ())]
-    assert len(slots) == 20   # the attributes _OneStepEpisodes sets (RLlib 2.60)
+    assert len(slots) == 20   # the attributes OneStepEpisodes sets (RLlib 2.60)
     for name in slots:
         value = getattr(slow, name)
         if name == "id_":

@@ -340,7 +340,7 @@ def test_segment_tree_fast_paths_match_the_general_ones():
 def test_plugin_profile_times_the_tree_calls_and_forwards_them():
     import collections
 
-    from pal_bench.studies.plugin_profile import _TimedTree
+    from pal_bench.studies.plugin.profile import _TimedTree
 
     seconds, calls = collections.Counter(), collections.Counter()
     tree = _TimedTree(PALSegmentTree(8), seconds, calls)
@@ -354,7 +354,7 @@ def test_plugin_profile_times_the_tree_calls_and_forwards_them():
 def test_plugin_profile_cold_probe_times_each_probe_twice_and_updates_once():
     import collections
 
-    from pal_bench.studies.plugin_profile import _cold_probe
+    from pal_bench.studies.plugin.profile import _cold_probe
 
     probed, plain = (PALPrioritizedVectorReplayBuffer(2_000, 1, alpha=ALPHA, beta=BETA) for _ in range(2))
     for buf in (probed, plain):

@@ -5,7 +5,8 @@ import time
 import pandas as pd
 import pytest
 
-from pal_bench.studies import plugin as plugin_bench
+from pal_bench.studies.plugin import measure as plugin_bench
+from pal_bench.studies.plugin.publish import speedup_table
 
 
 def test_buffer_clock_sums_time_inside_the_wrapped_methods():
@@ -25,13 +26,13 @@ def test_speedup_table_and_amdahl_bound():
                  iteration_s=1.0, buffer_share=0.5),
             dict(framework="rllib-dqn", env="E", batch_size=32, env_runners=0, buffer="pal",
                  iteration_s=0.8, buffer_share=0.3)]
-    t = plugin_bench.speedup_table(pd.DataFrame(rows))
+    t = speedup_table(pd.DataFrame(rows))
     assert t.speedup.iloc[0] == pytest.approx(1.25) and t.bound.iloc[0] == pytest.approx(2.0)
     assert t.note.iloc[0] == ""
     # above the bound: expected for a drop-in that changes work outside the buffer, a problem otherwise
     fast = [r | {"iteration_s": 0.4} if r["buffer"] == "pal" else r for r in rows]
     for framework, problem in (("rllib-dqn", False), ("tianshou-dqn", True)):
-        t = plugin_bench.speedup_table(pd.DataFrame([r | {"framework": framework} for r in fast]))
+        t = speedup_table(pd.DataFrame([r | {"framework": framework} for r in fast]))
         assert t.speedup.iloc[0] == pytest.approx(2.5)
         assert ("measurement problem" in t.note.iloc[0] or "not a result" in t.note.iloc[0]) == problem
         assert "learner-connector" in t.note.iloc[0] or problem

@@ -239,9 +239,12 @@ def test_resume_goes_on_from_the_checkpoint(tmp_path):
 
 
 def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(tmp_path, monkeypatch):
-    """Actor 1 stalls inside the reservation lock (a test hook) and is killed there: the driver releases
+    """Actor 1 stalls inside the reservation lock (the fault seam) and is killed there: the driver releases
     the lock for the others, restarts actor 1, and the run completes its budget."""
-    monkeypatch.setenv("PAL_BENCH_TEST_HOLD_RESERVATION", "1:800")
+    from pal_bench.train.backends.processes import ProcessTrainer
+    from pal_bench.train.faults import StallInReservation
+
+    monkeypatch.setattr(ProcessTrainer, "faults", StallInReservation(actor=1, after=800))
     before = _shm()
     cfg = _cfg(tmp_path, steps=4000)
     with make_trainer(cfg) as tr:
@@ -273,7 +276,10 @@ def test_a_failing_learner_process_stops_the_run_with_its_error(tmp_path, monkey
     from pal_bench.train import WorkerError
 
     before = _shm()
-    monkeypatch.setenv("PAL_BENCH_TEST_LEARNER_FAIL_AFTER", "20")
+    from pal_bench.train.backends.processes import ProcessTrainer
+    from pal_bench.train.faults import LearnerFailsAfter
+
+    monkeypatch.setattr(ProcessTrainer, "faults", LearnerFailsAfter(updates=20))
     with make_trainer(_cfg(tmp_path, actors=1, learner_processes=True)) as tr:
         with pytest.raises(WorkerError, match="injected learner failure after 20 updates"):
             tr.run()
@@ -307,7 +313,7 @@ def test_learner_processes_need_the_process_backend(tmp_path):
 
 
 def test_scaling_measures_learner_processes_and_cleans_up():
-    from pal_bench.studies import scaling
+    from pal_bench.studies.scaling import measure as scaling
 
     before = _shm()
     cfg = make_config("dqn", "CartPole-v1", backend="processes", learner_processes=True, batch_size=32)
@@ -320,7 +326,9 @@ def test_scaling_measures_learner_processes_and_cleans_up():
 def test_a_waiting_learner_polls_rarely_only_while_its_update_is_far_off():
     """The driver's learner polls the shared counters every 0.5 ms next to its update, every 10 ms while the
     update lacks more than FAR_STEPS env steps (the prefill), and at the near rate again once they come."""
-    from pal_bench.train.backends.processes import HEADER, SharedRate, _inserted
+    from pal_bench.train.backends.processes.shared import HEADER
+    from pal_bench.train.backends.processes.shared import inserted_slot as _inserted
+    from pal_bench.train.backends.processes.trainer import SharedRate
 
     cfg = make_config(algo="dqn", env="CartPole-v1", backend="processes", actors=2, steps=10_000,
                       learning_starts=1_000, updates_per_step=0.25)

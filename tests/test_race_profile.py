@@ -16,7 +16,7 @@ def test_area_of_sorts_code_paths_into_areas():
     assert rp.area_of("/v/site-packages/gymnasium/envs/box2d/lunar_lander.py").startswith("environment")
     assert rp.area_of("/v/site-packages/ray/rllib/utils/replay_buffers/prioritized_episode_buffer.py") \
         == "replay buffer"
-    assert rp.area_of("/work/pal_bench/integrations/rllib.py") == "replay buffer"
+    assert rp.area_of("/work/pal_bench/integrations/rllib/buffer.py") == "replay buffer"
     assert rp.area_of("/v/site-packages/ray/rllib/algorithms/dqn/dqn.py") == "RLlib and Ray"
     assert rp.area_of("/usr/lib/python3.11/threading.py") == rp.OTHER
 
@@ -71,7 +71,7 @@ class _Stats:
 def test_component_table_sums_each_component_over_both_buffers_and_keeps_the_rest():
     stats = _Stats({("/x/ray/rllib/env/single_agent_env_runner.py", 1, "sample"): 30.0,
                     ("/x/ray/rllib/utils/replay_buffers/prioritized_episode_buffer.py", 2, "sample"): 20.0,
-                    ("/w/pal_bench/integrations/rllib.py", 3, "sample"): 5.0,
+                    ("/w/pal_bench/integrations/rllib/buffer.py", 3, "sample"): 5.0,
                     ("/x/ray/rllib/env/single_agent_env_runner.py", 9, "_sample"): 29.0,   # inside "sample"
                     ("/x/ray/rllib/core/learner/learner_group.py", 4, "update"): 10.0})
     t = rp.component_table(stats, 100.0).set_index("component")

@@ -263,6 +263,20 @@ class TestLocalRay:
         assert s["ps_steps"] == pytest.approx(first["ps_steps"] + 250, abs=4)
         assert s["buffer_size"] == 3_000            # the restored 2 000 rows plus the new ones
 
+    def test_learners_alone_make_their_updates_on_a_filled_buffer(self, tmp_path):
+        """The public learners-only mode the scaling study measures f_l with: a buffer actor filled with real
+        transitions, no actor workers, exactly the updates asked for; nothing of the run's actors left."""
+        from pal_bench.studies.scaling.measure import transitions
+        from pal_bench.train import make_trainer
+
+        cfg = make_config("dqn", "CartPole-v1", backend="ray", actors=1, learners=1, batch_size=32,
+                          out_dir=str(tmp_path), progress=False, eval_episodes=0, eval_interval=0,
+                          deterministic=False)
+        with make_trainer(cfg) as tr:
+            got = tr.run_learners(transitions(tr, 500), 40)
+            assert tr._handles == {}
+        assert got["updates"] == 40 and got["wall_s"] > 0 and got["cpu_s"] is None
+
     def test_zz_shutdown_leaves_no_ray_process(self):
         ray_procs = _descendants(os.getpid())
         assert ray_procs, "the local Ray session should have child processes"

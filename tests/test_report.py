@@ -48,7 +48,9 @@ def test_report_without_results_is_a_clear_error(tmp_path, capsys):
     assert "make bench" in capsys.readouterr().err
 
 
-def test_trainer_figures_draw_both_backends_side_by_side(tmp_path):
+def test_scaling_figures_draw_both_backends_side_by_side(tmp_path):
+    from pal_bench.studies.scaling.publish import PUBLICATION
+
     rows = [{"curve": c, "threads": x, "throughput": v * x ** 0.5, "speedup": x ** 0.5, "efficiency": x ** -0.5,
              "cores": 2, "oversubscribed": False, "algo": "dqn", "env": "CartPole-v1", "backend": b}
             for b, scale in (("threads", 1.0), ("ray", 0.7)) for x in (1, 2)
@@ -56,6 +58,7 @@ def test_trainer_figures_draw_both_backends_side_by_side(tmp_path):
     df = pd.DataFrame(rows)
     df[df.backend == "threads"].drop(columns="backend").to_csv(tmp_path / "scaling.csv", index=False)  # older CSV
     df[df.backend == "ray"].to_csv(tmp_path / "scaling_ray.csv", index=False)
-    figures = report.draw_trainer_figures(tmp_path)
+    figures = PUBLICATION.outputs(tmp_path, True)
     assert tmp_path / "figures" / "scaling_backends.png" in figures
     assert (tmp_path / "figures" / "scaling_backends.png").stat().st_size > 1000
+    assert PUBLICATION.outputs(tmp_path, False) == []        # --no-figures draws nothing

@@ -262,7 +262,7 @@ def test_a_finished_runs_name_is_not_reused_without_overwrite(run, tmp_path, cap
 def _shm(run: Path) -> set[str]:
     """The shared segments of the run in ``run`` (the process backend names them after its directory; other
     people's tests may create and remove segments of their own meanwhile)."""
-    from pal_bench.train.backends.processes import _segment_name
+    from pal_bench.train.backends.processes.shared import segment_name as _segment_name
 
     digest = _segment_name(run, "buf").rsplit("_", 1)[1]
     return {n for n in os.listdir("/dev/shm") if n.startswith(("pal_", "pal-")) and digest in n}
@@ -298,7 +298,7 @@ def test_sigterm_and_sighup_stop_the_run_cleanly_with_a_checkpoint(tmp_path, bac
 
 
 def test_the_signal_handlers_are_restored_and_an_ignored_hangup_stays_ignored(tmp_path):
-    from pal_bench.train.backends.threads import stop_on_signals
+    from pal_bench.train.driver import stop_on_signals
 
     def mine(signum, frame):
         pass

@@ -150,7 +150,8 @@ def test_the_driver_copies_the_targets_only_when_the_server_changed_them():
     weights only; a new target dict (a target copy) goes in whole, and readers see the server's targets."""
     from types import SimpleNamespace
 
-    from pal_bench.train.backends.processes import ProcessTrainer, _flat_state
+    from pal_bench.train.backends.processes import ProcessTrainer
+    from pal_bench.train.backends.processes.shared import flat_state as _flat_state
     from pal_bench.train.param_server import Snapshot
 
     online = {"w": torch.zeros(4, 2), "b": torch.zeros(2)}

@@ -15,7 +15,8 @@ import json
 import re
 from pathlib import Path
 
-from pal_bench.bench import conditions, tables
+from pal_bench import conditions
+from pal_bench.bench import publishing
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#222;line-height:1.45}
@@ -101,7 +102,7 @@ def conditions_table(results: Path) -> str:
                      meta.get("commit", ""), meta.get("command", "")]
             cls = ' class="noisy"' if meta.get("noisy") else ""
         else:
-            cells = [str(rel), "", "", "", "", "not recorded", tables.git_stamp(path), ""]
+            cells = [str(rel), "", "", "", "", "not recorded", publishing.git_stamp(path), ""]
             cls = ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("result", "CPU", "cores", "started (UTC)", "load before → after",
@@ -113,7 +114,7 @@ def build(root: Path, results: Path) -> tuple[str, list[str]]:
     """The page's HTML and the figure paths that were referenced but missing."""
     import markdown
 
-    docs = [p for p in tables.doc_files(root) if p.exists()]
+    docs = [p for p in publishing.doc_files(root) if p.exists()]
     pages = {p.name: page_id(p) for p in docs}
     missing: list[str] = []
     sections, nav = [], []

@@ -5,7 +5,7 @@ full buffer (capacity ``CAPACITY``, LunarLander fields) and then calls each oper
 times inside ``pal_bench._measure.measured_region``; callgrind collects only inside that function
 (``--toggle-collect``) and dumps a profile part when it returns (``--dump-after``), so every
 (candidate, operation) has its own part. From each part it sums the *self* instructions of the
-functions in the project's own compiled objects (``_replay``, ``_sumtree``): the Cython core,
+functions in the project's own compiled objects (``_replay``, ``_segment``, ``_sumtree``): the Cython core,
 its argument checks and its C loops. Python's interpreter, numpy and libc are left out on purpose:
 numpy and libc pick code by CPU feature (AVX-512 on some machines of this kind, AVX2 on others), so
 their counts differ between machines; the project's objects are compiled with the same portable
@@ -33,7 +33,7 @@ OPS = ("add", "add_batch", "sample", "update_priorities")
 CAPACITY = 10**5
 BATCH = 256
 CALLS = {"add": 200, "add_batch": 20, "sample": 20, "update_priorities": 20}   # calls per counted region
-PROJECT_OBJECTS = re.compile(r"(^|/)_(replay|sumtree)\.[^/]*\.so$")
+PROJECT_OBJECTS = re.compile(r"(^|/)_(replay|segment|sumtree)\.[^/]*\.so$")
 # the C function Cython emits for measured_region's Python entry (--dump-after takes no wildcards)
 MARKER = "__pyx_pw_9pal_bench_8_measure_1measured_region"
 

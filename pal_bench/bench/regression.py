@@ -35,9 +35,9 @@ import numpy as np
 
 from pal_bench.bench import instructions
 from pal_bench.bench.adapters import lunar_row, make_adapter
+from pal_bench.paths import RESULTS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-BASELINE = ROOT / "results" / "regression_baseline.json"
+BASELINE = RESULTS / "regression_baseline.json"
 # A count above baseline x (1 + TOLERANCE) fails. Measured run-to-run variation of the project's counts:
 # 0.00% (identical counts over 5 runs, idle and with both cores loaded; see the baseline's "repeats").
 # 10% leaves room for small, intended changes (they need --update-baseline past it) and stays far
@@ -82,7 +82,7 @@ def toolchain() -> dict:
 
 def measure_baseline(repeats: int = 1) -> dict:
     """Count the real buffer's operations ``repeats`` times; the baseline is the first, the spread is recorded."""
-    from pal_bench.bench.conditions import commit, cpu_model
+    from pal_bench.conditions import commit, cpu_model
 
     runs = [instructions.count(["pal"])["pal"] for _ in range(repeats)]
     counts = {op: runs[0][op]["project"] for op in instructions.OPS}
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.update_baseline:
         base = measure_baseline(args.repeats)
-        from pal_bench.bench.conditions import atomic_write_text
+        from pal_bench.conditions import atomic_write_text
 
         args.baseline.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.baseline, json.dumps(base, indent=1) + "\n")

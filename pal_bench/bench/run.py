@@ -1,8 +1,8 @@
 """Run the benchmark suites and write their results: ``python -m pal_bench.bench.run``.
 
 Runs each suite in ``suites/`` with pytest-benchmark (GC off, warm-up on), stores the raw
-pytest-benchmark JSON (machine info included) in ``results/``, then rebuilds the tidy CSV and the
-Markdown tables from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
+pytest-benchmark JSON (machine info included) in ``results/``; ``make bench`` then rebuilds the tidy CSV, the
+tables and the figures from the stored JSON (``pal_bench.report``). Progress: pytest's verbose lines,
 one per case with how many are done and left, and pytest's verbose result lines.
 """
 
@@ -17,31 +17,31 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_bench import report
 from pal_bench.argtypes import choice_list
+from pal_bench.bench import suite_json
 from pal_bench.bench.adapters import ADAPTERS
-from pal_bench.bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+from pal_bench.paths import RESULTS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private",
           "sequence_replay"]
 
 
-def run_suite(suite: str, profile: str, results: Path, peers: str | None, extra: list[str]) -> int:
+def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: list[str]) -> int:
     results.mkdir(parents=True, exist_ok=True)
     skips = results / f"{suite}.skipped.tmp"
-    env = dict(os.environ, PAL_BENCH_PROFILE=profile, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
+    env = dict(os.environ, PAL_BENCH_SWEEP=sweep, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
     if peers:
         env["PAL_BENCH_PEERS"] = peers
     cmd = [
         sys.executable, "-m", "pytest", str(ROOT / "suites" / f"test_{suite}.py"), "-v", "-p", "no:cacheprovider",
         "--benchmark-only", "--benchmark-disable-gc", "--benchmark-warmup=on",
-        "--benchmark-min-rounds=20", f"--benchmark-max-time={0.25 if profile == 'quick' else 1.0}",
+        "--benchmark-min-rounds=20", f"--benchmark-max-time={0.25 if sweep == 'quick' else 1.0}",
         "--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name",
         f"--benchmark-json={results / f'{suite}.json'}", *extra,
     ]
-    print(f"== suite {suite} ({profile} profile)", flush=True)
-    with Conditions(f"suite {suite} ({profile} profile)") as c:
+    print(f"== suite {suite} ({sweep} sweep)", flush=True)
+    with Conditions(f"suite {suite} ({sweep} sweep)") as c:
         rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
     finish_json(results / f"{suite}.json", skips, c.finish())
     return rc
@@ -76,8 +76,8 @@ def compare(stored: Path, new: Path) -> None:
     the change of its median."""
     subprocess.call([sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare",
                      "--columns=median,iqr", "--sort=name", "--group-by=name", str(stored), str(new)])
-    old, _ = report.load(stored)
-    cur, _ = report.load(new)
+    old, _ = suite_json.load(stored)
+    cur, _ = suite_json.load(new)
     both = old[old.status == "ok"].merge(cur[cur.status == "ok"], on="name", suffixes=("_stored", "_new"))
     if both.empty:
         print(f"no case of {new.name} is in the stored results")
@@ -90,11 +90,12 @@ def compare(stored: Path, new: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", choices=["quick", "full"], default="quick")
+    ap.add_argument("--sweep", choices=["quick", "full"], default="quick",
+                    help="quick (default: capacities to 1e6, short timing) or full (to 1e7, longer)")
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
     ap.add_argument("--peers", type=choice_list(ADAPTERS), help=f"comma-separated adapters, of {', '.join(ADAPTERS)} "
                     "(default: all installed)")
-    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--compare", action="store_true",
                     help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
     add_force_flag(ap)
@@ -105,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.results / "tmp" if args.compare else args.results
     rc = 0
     for suite in args.suite or SUITES:
-        rc |= run_suite(suite, args.profile, out, ",".join(args.peers or []), args.pytest_args)
+        rc |= run_suite(suite, args.sweep, out, ",".join(args.peers or []), args.pytest_args)
         if args.compare and (args.results / f"{suite}.json").exists():
             compare(args.results / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:
-        report.main(["--results", str(args.results)])
+        print("stored; `python -m pal_bench.report` (make figures) rebuilds the tables and figures", file=sys.stderr)
     return rc
 
 

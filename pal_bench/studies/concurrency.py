@@ -21,7 +21,9 @@ import pandas as pd
 
 from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters import ADAPTERS, lunar_row, make_adapter
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.publishing import Publication, md, missing, show, source, store
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 
 CAPACITY = 10**5
 BATCH = 256
@@ -123,7 +125,7 @@ def measure(impl: str, writers: int, samplers: int, seconds: float = 1.0) -> dic
 
 def draw(df: pd.DataFrame, path: Path) -> Path:
     """Inserts/s and sample+update/s per (writers, samplers) mix, one bar per implementation."""
-    from pal_bench.bench.plotting import pyplot
+    from pal_bench.plotting import pyplot, save_figure
 
     plt = pyplot()
 
@@ -145,10 +147,33 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7)
     fig.text(0.99, 0.01, f"capacity {CAPACITY:.0e}, full buffer", ha="right", fontsize=6, color="gray")
-    from pal_bench.bench.figures import save_figure
-
     return save_figure(fig, path)
 
+
+def concurrency_block(results: Path) -> str:
+    path = results / "buffer_concurrency.csv"
+    if not path.exists():
+        return missing("buffer_concurrency.csv", "python -m pal_bench.studies.concurrency")
+    df = pd.read_csv(path)
+    t = pd.DataFrame({"buffer": df.impl, "writer threads": df.writers, "sampler threads": df.samplers,
+                      "inserts/s": df.inserts_per_s.round(0),
+                      "sample+update batches/s": df.sample_updates_per_s.round(0),
+                      "lock acquisitions contended": df.lock_contended_share.map(
+                          lambda v: f"{v:.1%}" if pd.notna(v) else "")})
+    return ("Buffer-only concurrency at capacity 1e5 (threads in one process; tianshou behind one lock).\n\n"
+            + md(t, ".0f") + "\n\n" + source(results, "buffer_concurrency.csv") + "\n")
+
+
+
+def outputs(results: Path, figures: bool) -> list[Path]:
+    """The concurrency figure from the stored ``buffer_concurrency.csv``."""
+    path = results / "buffer_concurrency.csv"
+    if not (figures and path.exists()):
+        return []
+    return [draw(pd.read_csv(path), results / "figures" / "buffer_concurrency.png")]
+
+
+PUBLICATION = Publication("concurrency", {"concurrency": concurrency_block}, outputs)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench concurrency", description=__doc__,
@@ -156,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", type=choice_list(ADAPTERS), default=["pal", "tianshou"],
                     help=f"comma-separated, of {', '.join(ADAPTERS)} (default: pal,tianshou)")
     ap.add_argument("--seconds", type=positive_float, default=1.0, help="measured seconds per point (default 1)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     if refuse_if_busy("pal_bench.studies.concurrency", args.force):
@@ -168,11 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{impl} writers={w} samplers={s}]", file=sys.stderr, flush=True)
             rows.append(measure(impl, w, s, args.seconds))
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "buffer_concurrency.csv", index=False, float_format="%.4f")
-    measured.write(args.out / "buffer_concurrency.csv")
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print(f"figure: {draw(df, args.out / 'figures' / 'buffer_concurrency.png')}")
+    store(df, args.out / "buffer_concurrency.csv", measured)
+    show(PUBLICATION, args.out, "concurrency")
     return 0
 
 

@@ -14,10 +14,18 @@ balanced f_l / (r f_a)), the full table, and the frontier (the best split for ea
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
+
+from pal_bench.argtypes import WORKERS, Range, UsageError, nonneg_int, number, positive_int
+from pal_bench.bench.publishing import Publication, missing, source
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
+from pal_bench.paths import RESULTS
 
 
 @dataclass(frozen=True)
@@ -80,40 +88,6 @@ def solve(f_a, f_l, ratio: float, max_cores: int) -> tuple[Allocation, pd.DataFr
     return alloc, t.drop(columns="imbalance"), frontier.drop(columns="imbalance")
 
 
-def validate(cfg, splits: list[tuple[int, int]], steps: int, progress=print, repeats: int = 1) -> pd.DataFrame:
-    """Run the trainer (``cfg.backend``) at each (actors, learners) split for ``steps`` transitions (after
-    ``learning_starts``) and measure its end-to-end throughput (transitions/s, updates/s): ``repeats``
-    rounds, each running every split once, so that the splits share the machine's drift; per split the
-    median over rounds, and every round's transitions/s in ``measured_transitions_per_s_reps``."""
-    import dataclasses
-    import statistics
-    import tempfile
-
-    from pal_bench.train import make_trainer
-
-    got: dict[tuple[int, int], list[dict]] = {split: [] for split in splits}
-    for r in range(repeats):
-        for i, (xa, xl) in enumerate(splits, 1):
-            where = f"[validate {i}/{len(splits)}" + (f" round {r + 1}/{repeats}]" if repeats > 1 else "]")
-            progress(f"{where} {xa} actor(s) + {xl} learner(s) ...")
-            with tempfile.TemporaryDirectory(prefix="pal-dse-") as out:
-                c = dataclasses.replace(cfg, actors=xa, learners=xl, steps=cfg.learning_starts + steps,
-                                        progress=False, eval_episodes=0, eval_interval=0, deterministic=False,
-                                        out_dir=out)
-                with make_trainer(c) as tr:
-                    s = tr.run()
-            got[(xa, xl)].append(s)
-            progress(f"{where} {s['env_steps_per_s']:.0f} transitions/s, {s['updates_per_s']:.0f} updates/s")
-    rows = []
-    for (xa, xl), runs in got.items():
-        rows.append({"actors": xa, "learners": xl,
-                     "measured_transitions_per_s": statistics.median(s["env_steps_per_s"] for s in runs),
-                     "measured_updates_per_s": statistics.median(s["updates_per_s"] for s in runs),
-                     "wall_s": statistics.median(s["wall_s"] for s in runs),
-                     "measured_transitions_per_s_reps": " ".join(f"{s['env_steps_per_s']:.1f}" for s in runs)})
-    return pd.DataFrame(rows)
-
-
 def validation_text(v: pd.DataFrame) -> str:
     """The validation table (``results/dse_validation.csv``): predicted and measured throughput per split,
     and whether the chosen split is the best measured (within 10%: the choice holds)."""
@@ -140,7 +114,7 @@ def validation_text(v: pd.DataFrame) -> str:
 def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, measured: pd.DataFrame | None = None):
     """Predicted throughput of every split against its core count, the frontier, the chosen split
     (star) and, when given, the throughput measured at each split."""
-    from pal_bench.bench.plotting import pyplot
+    from pal_bench.plotting import pyplot, save_figure
 
     plt = pyplot()
 
@@ -156,7 +130,184 @@ def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, me
     ax.set_ylabel("training throughput (transitions/s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(path))
+
+
+def split_from_curves(updates_per_step: float, backend: str = "threads",
+                      results: Path = RESULTS) -> tuple[int, int]:
+    """The split ``solve`` picks for this machine (its usable cores, at least 2) from the backend's stored f_a/f_l
+    curves (``results/scaling.csv`` for threads, ``scaling_<backend>.csv`` otherwise) at ``updates_per_step``
+    updates per env step; (1, 1) when none are stored."""
+    curves = results / ("scaling.csv" if backend == "threads" else f"scaling_{backend}.csv")
+    if not curves.exists():
+        return 1, 1
+    c = pd.read_csv(curves)
+    if "backend" in c:
+        c = c[c.backend.fillna("threads") == backend]
+    f = {k: dict(zip(g.threads, g.throughput)) for k, g in c.groupby("curve")}
+    best, _, _ = solve(f["f_a"], f["f_l"], updates_per_step, max(2, usable_cores()))
+    return best.actors, best.learners
+
+
+def dse_block(results: Path) -> str:
+    path = results / "dse_validation.csv"
+    if not path.exists():
+        return missing("dse_validation.csv", "make scaling")
+    v = pd.read_csv(path)
+    return validation_text(v) + "\n" + source(results, "dse_validation.csv") + "\n"
+
+
+def outputs(results: Path, figures: bool) -> list[Path]:
+    """``figures/dse.png`` redrawn from the stored validation (``dse_validation.csv`` holds every split's
+    prediction, the chosen one and what was measured)."""
+    path = results / "dse_validation.csv"
+    if not (figures and path.exists()):
+        return []
+    v = pd.read_csv(path)
+    t = v.drop(columns=[c for c in v.columns if c.startswith("measured") or c in ("wall_s", "predicted_rank",
+                                                                                 "chosen")])
+    t["imbalance"] = t.balance.clip(lower=1e-12).apply(lambda b: max(b, 1 / b))
+    frontier = (t.sort_values(["cores", "transitions_per_s", "imbalance"], ascending=[True, False, True])
+                .groupby("cores", as_index=False).first())
+    b = v[v.chosen].iloc[0]
+    best = Allocation(int(b.actors), int(b.learners), float(b.transitions_per_s), float(b.updates_per_s),
+                      str(b.bottleneck))
+    return [draw(t, frontier, best, results / "figures" / "dse.png", v)]
+
+
+PUBLICATION = Publication("dse", {"dse": dse_block}, outputs)
+
+
+# the backend whose curves `pal-bench dse` measures and uses unless told otherwise: actor processes collect
+# in parallel where actor threads lose to the GIL (docs/backends.md, "Actor processes against threads")
+DSE_BACKEND = "processes"
+DSE_OUT = "pal-bench-out"       # dse's default --out: never the tracked results/ unless asked
+
+
+def run(args) -> int:
+    """``pal-bench dse``: the split from stored or freshly measured curves, its figure, and with ``--validate``
+    the trainer run at every split (``dse_validation.csv``)."""
+    from pal_bench.studies.scaling import measure as scaling
+    from pal_bench.train import make_config
+
+    if args.measured and not Path(args.measured).is_file():
+        raise UsageError(f"--measured {args.measured}: no such file")
+    m = args.max_cores or usable_cores()
+    if args.curves:
+        if not Path(args.curves).is_file():
+            raise UsageError(f"--curves {args.curves}: no such file (make one with `python -m "
+                             "pal_bench.studies.scaling`)")
+        try:
+            curves = pd.read_csv(args.curves)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise UsageError(f"--curves {args.curves}: not a curves CSV ({str(e).splitlines()[0]})") from None
+        missing = {"curve", "threads", "throughput"} - set(curves.columns)
+        if missing:
+            raise UsageError(f"--curves {args.curves}: missing column(s) {', '.join(sorted(missing))} "
+                             "(expected the CSV that `python -m pal_bench.studies.scaling` writes)")
+        for flag, col in (("algo", "algo"), ("env", "env")):   # the curves say what they were measured on
+            found = sorted(curves[col].dropna().unique()) if col in curves else []
+            given = getattr(args, flag)
+            if given is not None and found and found != [given]:
+                raise UsageError(f"--{flag} {given}: the curves in {args.curves} were measured with "
+                                 f"{col} {', '.join(found)}; measure {given}'s curves (python -m "
+                                 f"pal_bench.studies.scaling --{flag} {given}) or drop --{flag}")
+            if given is None and len(found) == 1:
+                setattr(args, flag, found[0])
+        # curves written before the backend column are the thread backend's
+        found = sorted(curves.backend.dropna().unique()) if "backend" in curves else ["threads"]
+        if args.backend:
+            if "backend" in curves:
+                curves = curves[curves.backend == args.backend]
+            if args.backend not in found:
+                print(f"pal-bench dse: {args.curves} holds curves of backend {', '.join(found)}, "
+                      f"not {args.backend}", file=sys.stderr)
+                return 2
+            backend = args.backend
+        elif len(found) == 1:
+            backend = found[0]
+        elif DSE_BACKEND in found:
+            backend = DSE_BACKEND
+            curves = curves[curves.backend == backend]
+        else:
+            print(f"pal-bench dse: {args.curves} holds curves of backends {', '.join(found)}: choose one with "
+                  "--backend", file=sys.stderr)
+            return 2
+        print(f"curves: {args.curves} (backend {backend})")
+        cfg = make_config(args.algo, args.env)
+    else:
+        backend = args.backend or DSE_BACKEND
+        if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
+            return 2
+        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend)
+        curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
+        print(f"curves: measured now (backend {backend})")
+    args.algo, args.env = cfg.algo, cfg.env
+    ratio = args.ratio or cfg.updates_per_step
+    if backend != cfg.backend:       # --validate runs the backend the curves came from
+        cfg = make_config(args.algo, args.env, backend=backend)
+    f_a = dict(zip(curves[curves.curve == "f_a"].threads, curves[curves.curve == "f_a"].throughput))
+    f_l = dict(zip(curves[curves.curve == "f_l"].threads, curves[curves.curve == "f_l"].throughput))
+    try:
+        best, table, frontier = solve(f_a, f_l, ratio, m)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    ranked = table.sort_values("transitions_per_s", ascending=False)
+    print(ranked.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(f"\nchosen split for M={m}, {ratio:g} updates per transition: {best.actors} actor(s) + {best.learners} "
+          f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
+          f"(limited by the {best.bottleneck})")
+    print(best.command(args.algo, args.env, ratio) + (f" --backend {backend}" if backend != "threads" else ""))
+    fig_path = args.out / "figures" / "dse.png"
+    fig_path.parent.mkdir(parents=True, exist_ok=True)
+    measured = pd.read_csv(args.measured) if args.measured else None
+    if args.validate:
+        if refuse_if_busy("pal-bench dse --validate", args.force):
+            return 2
+        validated = Conditions("core-split validation")
+        splits = list(zip(table.actors, table.learners))
+        with scaling.ray_session(cfg):      # Ray: one session for every split
+            measured = scaling.measure_splits(cfg, splits, args.validate,
+                                              progress=lambda msg: print(msg, file=sys.stderr),
+                                              repeats=args.repeats)
+        v = table.merge(measured, on=["actors", "learners"])
+        v["predicted_rank"] = v.transitions_per_s.rank(ascending=False, method="min").astype(int)
+        v["chosen"] = (v.actors == best.actors) & (v.learners == best.learners)
+        args.out.mkdir(parents=True, exist_ok=True)
+        v.to_csv(args.out / "dse_validation.csv", index=False, float_format="%.2f")
+        validated.write(args.out / "dse_validation.csv")
+        print(validation_text(v))
+    print(f"figure: {draw(table, frontier, best, fig_path, measured)}")
+    return 0
+
+
+def add_arguments(d: argparse.ArgumentParser) -> None:
+    """``pal-bench dse``'s flags."""
+    from pal_bench.train.config import FIELD_RANGES
+
+    d.add_argument("--algo", help="algorithm of the curves and of the suggested command (default: the curves' "
+                                  "algo column, else dqn)")
+    d.add_argument("--env", help="environment (default: the curves' env column, else CartPole-v1)")
+    d.add_argument("--out", type=Path, default=Path(DSE_OUT),
+                   help=f"where the figure (figures/dse.png) and --validate's dse_validation.csv go (default: "
+                        f"{DSE_OUT}/ in the current directory; the Makefile passes --out results)")
+    d.add_argument("--ratio", type=number(FIELD_RANGES["updates_per_step"], float),
+                   help="updates per transition (default: the algorithm's config)")
+    d.add_argument("--max-cores", type=number(Range(2, WORKERS.hi)),
+                   help="core budget M, at least 2: one actor and one learner (default: usable cores)")
+    d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, scaling_processes.csv, "
+                                    "scaling_ray.csv); default: measure them now")
+    d.add_argument("--backend", choices=["threads", "processes", "ray"],
+                   help="the backend whose curves to use (a CSV holding both), to measure, and to --validate "
+                        "(default: the one in --curves, else processes)")
+    d.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point when measuring")
+    d.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point when measuring")
+    d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")
+    d.add_argument("--validate", type=nonneg_int, metavar="STEPS", default=0,
+                   help="also run the trainer at every split for STEPS transitions and compare "
+                        "(results/dse_validation.csv)")
+    d.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+                   help="--validate in R rounds (every split once per round), medians per split (default 1)")
+    add_force_flag(d)
+
+

@@ -5,7 +5,7 @@ so drift of a shared machine between blocks lands on single K values. This study
 buffer per K (capacity 1e6 by default, LunarLander fields) and times them interleaved: in every
 round each K runs each operation once (a block of ``--calls`` calls, K order shuffled per round),
 so every K sees the same machine. It writes every block's mean µs per call to
-``results/fanout.csv`` (with its conditions beside it); the table (``pal_bench.bench.tables``) gives each
+``results/fanout.csv`` (with its conditions beside it); the table (``fanout_block``) gives each
 K's median and its ratio to the current default with a bootstrap 95% interval over the rounds.
 """
 
@@ -22,9 +22,11 @@ import pandas as pd
 from pal_bench import DEFAULT_FANOUT, PrioritizedReplayBuffer
 from pal_bench.argtypes import CAPACITY, FANOUT, MAX_COUNT, Range, number, number_list, positive_int
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch, lunar_row
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.publishing import Publication, md, missing, show, source, store
+from pal_bench.bench.stats import fmt_ci, ratio_ci
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 
-ROOT = Path(__file__).resolve().parents[2]
 OPS = ("insert_one", "sample", "update", "sample_update")
 BATCH = 256
 INSERT_CALLS = 25     # a one-transition insert takes ~1 µs: its blocks are this many times longer
@@ -88,6 +90,33 @@ def study(capacity: int, fanouts: list[int], rounds: int, calls: int, progress=p
     return pd.DataFrame(rows)
 
 
+def fanout_block(results: Path) -> str:
+    """The interleaved fan-out study: median µs per K and the ratio to the default K with a 95% interval."""
+    path = results / "fanout.csv"
+    if not path.exists():
+        return missing("fanout.csv", "python -m pal_bench.studies.fanout")
+    df = pd.read_csv(path)
+    ops = [op for op in ("insert_one", "sample", "update", "sample_update") if op in set(df.op)]
+    rows = []
+    for k, g in df.groupby("fanout"):
+        row: dict = {"K": k}
+        for op in ops:
+            mine = g[g.op == op].us_per_call
+            ref = df[(df.fanout == DEFAULT_FANOUT) & (df.op == op)].us_per_call
+            row[f"{op} µs"] = mine.median()
+            if k != DEFAULT_FANOUT and len(ref):
+                row[f"{op} vs K={DEFAULT_FANOUT}"] = fmt_ci(*ratio_ci(mine, ref), 2)
+            else:
+                row[f"{op} vs K={DEFAULT_FANOUT}"] = "1 (default)" if k == DEFAULT_FANOUT else ""
+        rows.append(row)
+    n, rounds = int(df.capacity.iloc[0]), df["round"].nunique()
+    return (f"Median µs per call at capacity {n:.0e}, batch {int(df.batch.iloc[0])}, every K timed in each of {rounds} "
+            f"interleaved rounds ({int(df[df.op != 'insert_one'].calls.iloc[0])} calls per block, "
+            f"{int(df[df.op == 'insert_one'].calls.iloc[0])} for insert_one); ratio = this K's median / the default's, "
+            "bootstrap 95% interval over rounds (below 1: faster than the default).\n\n"
+            + md(pd.DataFrame(rows), ".2f") + "\n\n" + source(results, "fanout.csv") + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench fanout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated fan-outs K, each {FANOUT} (default 2,4,8,16,32,64)")
     ap.add_argument("--rounds", type=number(Range(2, MAX_COUNT)), default=100, help="interleaved rounds (default 100)")
     ap.add_argument("--calls", type=positive_int, default=20, help="calls per timed block (default 20)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     fanouts = list(dict.fromkeys(args.fanouts))
@@ -105,14 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     with Conditions("fan-out sweep, interleaved") as c:
         df = study(args.capacity, fanouts, args.rounds, args.calls,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "fanout.csv", index=False, float_format="%.4f")
-    c.write(args.out / "fanout.csv")
-    from pal_bench.bench.tables import fanout_block
-
-    print(fanout_block(args.out))
+    store(df, args.out / "fanout.csv", c)
+    show(PUBLICATION, args.out, "fanout")
     print(f"default fan-out now: {DEFAULT_FANOUT}")
     return 0
+
+
+PUBLICATION = Publication("fanout", {"fanout": fanout_block})
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ AREAS = (
 OTHER = "other Python (stdlib, glue)"
 # RLlib's DQN loop by component: (label, code path substrings, function name); each component's cumulative time
 # (what it calls included) from functions that do not call one another in that loop
-BUFFERS = ("replay_buffers/prioritized_episode_buffer.py", "pal_bench/integrations/rllib.py")
+BUFFERS = ("replay_buffers/prioritized_episode_buffer.py", "pal_bench/integrations/rllib/")
 COMPONENTS = (
     ("env runner: env steps, exploration forward passes, episode bookkeeping",
      ("rllib/env/single_agent_env_runner.py",), "sample"),

@@ -22,9 +22,10 @@ import pandas as pd
 
 from pal_bench.argtypes import choice_list, positive_float
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.publishing import Publication, md, missing, show, source, store
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 
-ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = 10**5
 BATCH = 256
 CHUNK = 64
@@ -113,13 +114,38 @@ def measure(impl: str, writers: int, samplers: int, seconds: float = 2.0) -> dic
             "inserts_per_s": rows, "sample_updates_per_s": batches}
 
 
+def shared_throughput_block(results: Path) -> str:
+    path = results / "shared_throughput.csv"
+    if not path.exists():
+        return missing("shared_throughput.csv", "python -m pal_bench.studies.shared_buffer")
+    df = pd.read_csv(path)
+    t = df.pivot_table(index=["writers", "samplers"], columns="impl",
+                       values=["inserts_per_s", "sample_updates_per_s"], aggfunc="first")
+    rows = []
+    for (w, s), r in t.iterrows():
+        row = {"writer processes": w, "sampler processes": s}
+        for impl in sorted(df.impl.unique()):
+            row[f"{impl} inserts/s"] = r.get(("inserts_per_s", impl), float("nan"))
+            row[f"{impl} sample+update/s"] = r.get(("sample_updates_per_s", impl), float("nan"))
+        if {"pal", "cpprb"} <= set(df.impl):
+            for col, label in (("inserts_per_s", "inserts"), ("sample_updates_per_s", "sample+update")):
+                a, b = r.get((col, "pal")), r.get((col, "cpprb"))
+                row[f"PAL / cpprb {label}"] = f"{a / b:.1f}x" if a and b else ""
+        rows.append(row)
+    return (f"One buffer (capacity 1e5, LunarLander transitions) used by spawned processes at once: writers insert "
+            f"chunks of 64 transitions per call, samplers sample 256 and update their priorities; totals over all "
+            f"processes, {df.seconds.iloc[0]:g} s per point. PAL: `shared=True` + `attach`; cpprb: "
+            f"`MPPrioritizedReplayBuffer`.\n\n" + md(pd.DataFrame(rows), ".0f") + "\n\n"
+            + source(results, "shared_throughput.csv") + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench shared-buffer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", type=choice_list(IMPLS), default=list(IMPLS),
                     help=f"comma-separated, of {', '.join(IMPLS)} (default: all)")
     ap.add_argument("--seconds", type=positive_float, default=2.0, help="measured seconds per point (default 2)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     impls = args.impls
@@ -132,13 +158,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{impl} writer processes={w} sampler processes={s}]", file=sys.stderr, flush=True)
                 rows.append(measure(impl, w, s, args.seconds))
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "shared_throughput.csv", index=False, float_format="%.2f")
-    c.write(args.out / "shared_throughput.csv")
-    from pal_bench.bench.tables import shared_throughput_block
-
-    print(shared_throughput_block(args.out))
+    store(df, args.out / "shared_throughput.csv", c, "%.2f")
+    show(PUBLICATION, args.out, "shared-throughput")
     return 0
+
+
+PUBLICATION = Publication("shared_buffer", {"shared-throughput": shared_throughput_block})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The parallel actor / learner / parameter-server trainer (threads in one process)."""
+"""The parallel actor / learner / parameter-server trainer, on threads, processes or Ray (``backends/``);
+``make_trainer`` picks the backend of a config."""
 
-from pal_bench.train.backends.threads import Trainer, WorkerError
+from pal_bench.train.backends.threads import Trainer
 from pal_bench.train.config import ConfigError, TrainConfig, make_config, validate
+from pal_bench.train.driver import WorkerError
 from pal_bench.train.envs import register as _register_envs
 
 _register_envs()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pal_bench.argtypes import CAPACITY, COUNT, FINITE, NONNEG, NONNEG_FLOAT, POSITIVE, SEED, WORKERS, Range
+from pal_bench.train.errors import ConfigError  # noqa: F401 - re-exported: callers catch it from here
 from pal_bench.train.rate_policy import unsent_bound
 
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac", "r2d2")
@@ -43,7 +44,7 @@ class TrainConfig:
     pin_cores: bool = False                            # pin each worker thread to a core (round robin)
     deterministic: bool | None = None                  # lockstep actor/learner; None: on for 1 actor + 1 learner
 
-    # backend: threads in this process, or Ray processes (pal_bench.train.backends.ray)
+    # backend: where the workers run (pal_bench.train.backends: threads, processes, ray)
     backend: str = "threads"                           # "threads", "processes" (actor processes) or "ray"
     learner_processes: bool = False                    # backend "processes": learners as processes on the shared
                                                        # buffer (default: threads beside the parameter server)
@@ -159,10 +160,6 @@ FIELD_RANGES: dict[str, Range] = {
     "eval_episodes": Range(0, 10**6), "checkpoint_interval": NONNEG, "stop_return": FINITE,
 }
 MAX_LAYERS = 64
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the field."""
 
 
 def _yaml_problem(e: Exception, line: bool) -> str:

@@ -16,33 +16,8 @@ import torch
 from pal_bench.train import rate_policy
 from pal_bench.train.algos import module_for
 from pal_bench.train.config import Q_ALGOS, TrainConfig
+from pal_bench.train.errors import Diverged
 from pal_bench.train.replay_spec import replay_fields, sequence_fields
-
-
-class TrainingError(RuntimeError):
-    """The run stopped on a failure that its one-line message describes in full (no traceback needed): the
-    command line prints it and exits with status 2. ``checkpoint``: whether the run's state is still sound, so
-    that the driver writes a final checkpoint before raising."""
-
-    checkpoint = False
-
-
-class Diverged(TrainingError):
-    """A loss, gradient or weight turned non-finite (NaN or inf): the message names the update, the learner and
-    the loss term. No checkpoint is written from that state."""
-
-
-def check_losses(losses: dict, update: int, worker: str) -> None:
-    """Raise ``Diverged`` when a loss of ``losses`` (group -> scalar tensor) is NaN or inf: one ``isfinite`` over
-    the losses per update (the per-term look only once one is bad). Called before priorities and gradients use
-    them, so a non-finite |TD| never reaches ``update_priorities``."""
-    values = list(losses.values())
-    total = values[0] if len(values) == 1 else torch.stack([v.detach() for v in values])
-    if bool(torch.isfinite(total).all()):
-        return
-    bad = ", ".join(f"{g} loss = {float(v.detach())}" for g, v in losses.items() if not bool(torch.isfinite(v)))
-    raise Diverged(f"training diverged: non-finite {bad} at update {update} ({worker}); no checkpoint is written "
-                   f"from this state (lower lr, set grad_clip, or look for NaN/inf rewards or observations)")
 
 
 class RunCore:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pal_bench.train.core import Diverged
+from pal_bench.train.errors import Diverged
+from pal_bench.train.losses import param_groups
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class ParameterServer:
     def __init__(self, algo, nets: torch.nn.ModuleDict, targets: torch.nn.ModuleDict, cfg, n_learners: int):
         self.algo, self.nets, self.targets, self.cfg = algo, nets, targets, cfg
         self.n_learners = n_learners
-        self.params = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        self.params = param_groups(algo, nets)
         # fused: one kernel over every tensor of the group (on CPU about half the time of the per-tensor loop)
         self.optimizers = {g: torch.optim.Adam(ps, lr=cfg.critic_lr if g == "critic" else cfg.lr, fused=True)
                            for g, ps in self.params.items()}

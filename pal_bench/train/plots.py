@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.plotting import pyplot
-
-plt = pyplot()
+from pal_bench.plotting import pyplot, save_figure
 
 
 def learning_curve(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     eps = run_dir / "episodes.csv"
     if eps.exists():
@@ -30,8 +29,4 @@ def learning_curve(run_dir: str | Path) -> Path:
     ax.set_title(run_dir.name, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = run_dir / "learning_curve.png"
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, run_dir / "learning_curve.png", dpi=100)

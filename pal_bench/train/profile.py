@@ -51,7 +51,7 @@ def role_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw(df: pd.DataFrame, path: Path) -> Path:
-    from pal_bench.bench.plotting import pyplot
+    from pal_bench.plotting import pyplot, save_figure
 
     plt = pyplot()
 
@@ -64,10 +64,7 @@ def draw(df: pd.DataFrame, path: Path) -> Path:
     ax.set_xlim(0, 100)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_title(path.parent.name, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def lock_line(run_dir: str | Path) -> str | None:

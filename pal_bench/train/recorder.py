@@ -322,7 +322,7 @@ def _refuse_non_finite(state: dict) -> None:
     """``Diverged`` when a floating-point weight of ``state["ps"]`` (online or target networks) is NaN or inf."""
     import torch
 
-    from pal_bench.train.core import Diverged
+    from pal_bench.train.errors import Diverged
 
     ps = state.get("ps") if isinstance(state, dict) else None
     if not isinstance(ps, dict):

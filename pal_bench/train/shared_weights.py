@@ -60,7 +60,7 @@ MAGIC_OFFSET, PID_OFFSET = 8, 16       # header bytes of the magic and the creat
 def segment_info(name: str) -> dict | None:
     """``{"name", "bytes", "creator_pid", "creator_alive"}`` of the weights block ``/dev/shm/<name>``, read without
     mapping it; None if it is not one. Alive: the creator's flock is held, or its pid is a live process here."""
-    from pal_bench._replay import _creator_alive
+    from pal_bench._segment import creator_alive as _creator_alive
 
     try:
         if not stat.S_ISREG(os.lstat(_path(name)).st_mode):

@@ -11,8 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from pal_bench.train.config import ConfigError, TrainConfig
+from pal_bench.train.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pal_bench.train.config import TrainConfig
 
 LOCAL = "local"
 

@@ -15,8 +15,11 @@ from collections import deque
 import numpy as np
 import torch
 
-from pal_bench.train.core import check_losses
+from pal_bench.train.actor import actor_loop
+from pal_bench.train.learner import learner_loop
+from pal_bench.train.losses import param_groups
 from pal_bench.train.sequences import SequenceBuilder, stack
+from pal_bench.train.supervision import actor_rng, env_seeds
 
 ROW_FIELDS = ("obs", "act", "rew", "next_obs", "done", "disc")
 
@@ -84,7 +87,7 @@ class PhaseTimer:
 
 
 class EnvStepper:
-    """One actor's ``envs_per_actor`` environments stepped as a batch, for either backend: acting
+    """One actor's ``envs_per_actor`` environments stepped as a batch, for every backend: acting
     (uniform random actions for the continuous algorithms until ``learning_starts``), an n-step
     window per environment, and episode returns. ``policy`` supplies ``explore(t, actor)``,
     ``env_actions(actions)`` and ``act_dim`` (the thread trainer, or a worker's ``RunCore``)."""
@@ -186,42 +189,59 @@ def load_snapshot(nets, targets, snap) -> None:
         targets.load_state_dict(snap.target)
 
 
-def actor_loop(tr, actor_id: int, stop: threading.Event) -> None:
-    """Step ``envs_per_actor`` environments with the latest weights and insert n-step transitions."""
+class ThreadStepGrant:
+    """(thread backend) The driver's ``RateController`` as an actor's ``StepGrant``."""
+
+    def __init__(self, rate, stop: threading.Event):
+        self.rate, self.stop, self.spent = rate, stop, False
+
+    def reserve(self, n: int) -> int | None:
+        if self.rate.acquire_steps(n, self.stop):
+            return self.rate.reserved
+        self.spent = not self.stop.is_set()
+        return None
+
+    def inserted(self, steps: int) -> None:
+        self.rate.steps_done(steps)
+
+    def may_insert(self) -> bool:
+        return True
+
+
+class SnapshotWeights:
+    """(thread backend) The parameter server's latest snapshot as an actor's ``WeightSource``."""
+
+    def __init__(self, ps, nets, targets):
+        self.ps, self.nets, self.targets = ps, nets, targets
+
+    def pull(self, version: int) -> int:
+        snap = self.ps.snapshot
+        if snap.version != version:
+            load_snapshot(self.nets, self.targets, snap)
+        return snap.version
+
+
+def actor_thread(tr, actor_id: int, stop: threading.Event) -> None:
+    """(thread backend) One actor thread: its environments, networks and transports around ``actor_loop``."""
     cfg, algo = tr.cfg, tr.algo
     torch.set_num_threads(1)
     pin(actor_id if cfg.pin_cores else None)
     timer = tr.timers[f"actor{actor_id}"] = PhaseTimer()
     envs = tr.make_vector_env(actor_id)
-    rng = tr.actor_rngs[actor_id]
     try:
         nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
         targets = algo.networks(tr.obs_dim, tr.action_space, cfg) if cfg.actor_priorities else None
-        version = -1
         E = cfg.envs_per_actor
-        stepper = tr.make_stepper(envs, [cfg.seed * 100_003 + actor_id * E + i + tr.resumed_steps for i in range(E)],
-                                  actor_id)
+        stepper = tr.make_stepper(envs, env_seeds(cfg.seed, actor_id, E, resumed_steps=tr.resumed_steps), actor_id)
         local = LocalBuffer(tr, tr.buffer, stepper, nets, targets, timer)
         timer.lap("setup")
-        while tr.rate.acquire_steps(E, stop):
-            timer.lap("rate_wait")
-            snap = tr.ps.snapshot
-            if snap.version != version:
-                load_snapshot(nets, targets, snap)
-                version = snap.version
-            timer.lap("weights_pull")
-            rows, episodes = stepper.step(nets, tr.rate.reserved, rng, timer)
+
+        def on_episodes(episodes: list[tuple[float, int]]) -> None:
             for ret, length in episodes:
                 tr.record_episode(ret, length)
-            last = tr.rate.reserved >= cfg.steps
-            if last:                            # the budget is spent: flush before counting the last step
-                rows += stepper.flush()
-            sent = local.put(rows, E, send=last)
-            if sent:
-                tr.rate.steps_done(sent)
-        if not stop.is_set():   # another actor took the last steps: pending windows bootstrap from the last obs
-            local.put(stepper.flush(), 0)
-        tr.rate.steps_done(local.send())
+
+        actor_loop(stepper, local, nets, ThreadStepGrant(tr.rate, stop), SnapshotWeights(tr.ps, nets, targets),
+                   on_episodes, actor_rng(cfg.seed, actor_id, resumed_steps=tr.resumed_steps), timer, E, cfg.steps)
     finally:
         envs.close()
 
@@ -266,60 +286,81 @@ def insert(ctx, buffer, stepper, items: list, nets, targets, timer: PhaseTimer) 
     timer.lap("buffer_insert")
 
 
-def learner_loop(tr, learner_id: int, stop: threading.Event) -> None:
-    """Sample, compute the loss and gradients on a local copy of the networks, send the gradients to
-    the parameter server and write |TD| back as priorities; a sole sync learner (``ps.direct``) computes
-    them on the server's networks and applies them itself."""
+class ThreadUpdateGrant:
+    """(thread backend) The driver's ``RateController`` as a learner's ``UpdateGrant``."""
+
+    wait_phase = "rate_wait"
+
+    def __init__(self, tr, stop: threading.Event):
+        self.tr, self.stop = tr, stop
+
+    def acquire(self) -> int | None:
+        if not self.tr.rate.acquire_update(self.stop, self.tr.actors_finished):
+            return None
+        return self.tr.next_update_index()
+
+    def done(self) -> None:
+        self.tr.rate.update_done()
+
+
+class OwnWeights:
+    """A sole learner that steps the parameter server's own networks: nothing to pull."""
+
+    def pull(self, version: int) -> int:
+        return version
+
+
+class ApplyGradients:
+    """(sole learner) Apply each gradient at once (``ParameterServer.apply``)."""
+
+    phase = "apply"
+
+    def __init__(self, ps):
+        self.ps = ps
+
+    def deliver(self, version: int, grads: dict) -> None:
+        self.ps.apply(grads)
+
+
+class SubmitGradients:
+    """Submit each gradient to the parameter server: with ``sync`` aggregation wait until the version it was
+    computed on is superseded, with ``async`` first wait until this learner's previous gradient was handled."""
+
+    phase = "aggregation_wait"
+
+    def __init__(self, ps, learner: int, aggregation: str, stop: threading.Event):
+        self.ps, self.learner, self.aggregation, self.stop = ps, learner, aggregation, stop
+        self.submitted = 0
+
+    def deliver(self, version: int, grads: dict) -> None:
+        if self.aggregation == "async":
+            self.ps.wait_handled(self.learner, self.submitted, self.stop)
+        self.ps.submit(self.learner, version, grads)
+        self.submitted += 1
+        if self.aggregation == "sync":
+            self.ps.wait_version(version, self.stop)
+
+
+def learner_thread(tr, learner_id: int, stop: threading.Event) -> None:
+    """(thread backend) One learner thread around ``learner_loop``: a sole sync learner (``ps.direct``) computes
+    on the server's networks and applies its gradients itself; otherwise a local copy of the networks pulls
+    each new version and submits its gradients."""
     cfg, algo = tr.cfg, tr.algo
     torch.set_num_threads(1)
     pin(cfg.actors + learner_id if cfg.pin_cores else None)
     timer = tr.timers[f"learner{learner_id}"] = PhaseTimer()
-    if tr.ps.direct:        # the sole learner steps the server's own networks: nothing to copy or pull
+    if tr.ps.direct:
         nets, targets, groups = tr.ps.nets, tr.ps.targets, tr.ps.params
+        weights, sink = OwnWeights(), ApplyGradients(tr.ps)
     else:
         nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
         targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
-        groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        groups = param_groups(algo, nets)
+        weights = SnapshotWeights(tr.ps, nets, targets)
+        sink = SubmitGradients(tr.ps, learner_id, cfg.aggregation, stop)
     timer.lap("setup")
     try:
-        _learn(tr, learner_id, stop, nets, targets, groups, timer)
+        learner_loop(tr.buffer, nets, targets, groups, ThreadUpdateGrant(tr, stop), weights, sink, algo, cfg,
+                     tr.beta, tr.to_tensors, f"learner{learner_id}", timer)
     finally:
         tr.ps.learner_left()
-
-
-def _learn(tr, learner_id, stop, nets, targets, groups, timer) -> None:
-    cfg, algo = tr.cfg, tr.algo
-    version, submitted = -1, 0
-    while tr.rate.acquire_update(stop, tr.actors_finished):
-        timer.lap("rate_wait")
-        if not tr.ps.direct:
-            snap = tr.ps.snapshot
-            if snap.version != version:
-                load_snapshot(nets, targets, snap)
-                version = snap.version
-            timer.lap("weights_pull")
-        update = tr.next_update_index()
-        sample = tr.buffer.sample(cfg.batch_size, beta=tr.beta(update))
-        timer.lap("sample")
-        batch = tr.to_tensors(sample)
-        losses, td = algo.losses(nets, targets, batch, cfg, update)
-        check_losses(losses, update, f"learner{learner_id}")   # before the priorities and gradients use them
-        grads = {}
-        for g, loss in losses.items():
-            grads[g] = [x.detach() for x in torch.autograd.grad(loss, groups[g], allow_unused=False)]
-        timer.lap("forward_backward")
-        if cfg.prioritized:
-            tr.buffer.update_priorities(sample["indices"], td.numpy().astype(np.float64))
-        timer.lap("priority_update")
-        if tr.ps.direct:
-            tr.ps.apply(grads)
-            timer.lap("apply")
-        else:
-            if cfg.aggregation == "async":
-                tr.ps.wait_handled(learner_id, submitted, stop)
-            tr.ps.submit(learner_id, snap.version, grads)
-            submitted += 1
-            if cfg.aggregation == "sync":
-                tr.ps.wait_version(snap.version, stop)
-            timer.lap("aggregation_wait")
-        tr.rate.update_done()

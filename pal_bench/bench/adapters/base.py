@@ -44,7 +44,7 @@ class BufferAdapter:
     NATIVE_BATCH_INSERT = True
     #: largest capacity this adapter is run at, with the reason (None: no limit)
     MAX_CAPACITY: tuple[int, str] | None = None
-    #: the same limit for the quick profile
+    #: the same limit for the quick sweep
     QUICK_MAX_CAPACITY: tuple[int, str] | None = None
 
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):

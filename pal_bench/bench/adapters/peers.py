@@ -82,14 +82,14 @@ class RllibTimestepAdapter(BufferAdapter):
     """RLlib (ray 2.60) ``ray.rllib.utils.replay_buffers.PrioritizedReplayBuffer``, timestep storage.
 
     Every timestep is stored as its own ``SampleBatch`` (about 3.4 KB each), so filling takes over
-    a minute and about 3 GB at 1e6: the quick profile stops it at 1e5.
+    a minute and about 3 GB at 1e6: the quick sweep stops it at 1e5.
     """
 
     name = "rllib"
     MAX_CAPACITY = (10**6, "RLlib's timestep buffer needs ~3.4 KB and ~70 µs per step to fill: 1e7 would "
                            "take ~34 GB and over 10 minutes")
-    QUICK_MAX_CAPACITY = (10**5, "quick profile: filling RLlib's timestep buffer to 1e6 takes over a minute and "
-                                 "~3 GB; the full profile runs it")
+    QUICK_MAX_CAPACITY = (10**5, "quick sweep: filling RLlib's timestep buffer to 1e6 takes over a minute and "
+                                 "~3 GB; the full sweep runs it")
 
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
         super().__init__(capacity, alpha, beta)

@@ -44,8 +44,8 @@ class RllibEpisodeAdapter(BufferAdapter):
     name = "rllib-episode"
     MAX_CAPACITY = (10**6, "RLlib's episode buffer needs ~12 µs and ~460 B per step to fill and an O(capacity) "
                            "pass per eviction: 1e7 would take over 2 minutes and ~5 GB")
-    QUICK_MAX_CAPACITY = (10**5, "quick profile: filling RLlib's episode buffer to 1e6 takes 11-14 s and each "
-                                 "insert_batch at 1e6 evicts with a pass over all 1e6 steps; the full profile runs it")
+    QUICK_MAX_CAPACITY = (10**5, "quick sweep: filling RLlib's episode buffer to 1e6 takes 11-14 s and each "
+                                 "insert_batch at 1e6 evicts with a pass over all 1e6 steps; the full sweep runs it")
 
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
         super().__init__(capacity, alpha, beta)

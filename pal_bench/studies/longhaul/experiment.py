@@ -30,9 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from pal_bench.argtypes import choice_list, nonneg_float, number, positive_int, rng_seed, workers
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.publishing import store
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
+from pal_bench.studies.longhaul import TOPOLOGIES
 from pal_bench.studies.longhaul.link import PRESETS, TO_BUFFER, TO_LEARNER, LinkSpec, merge_stats, spec_from
-from pal_bench.studies.longhaul.nodes import TOPOLOGIES, BufferNode, CloudLearner, Evaluator
+from pal_bench.studies.longhaul.nodes import BufferNode, CloudLearner, Evaluator
+from pal_bench.studies.longhaul.publish import draw
 from pal_bench.train.backends.ray.session import session
 from pal_bench.train.config import FIELD_RANGES
 
@@ -137,53 +141,6 @@ def summarize(res: dict) -> tuple[dict, list[dict]]:
     return row, rows
 
 
-def draw(summary, timeline, fig_dir: Path) -> list[Path]:
-    """``longhaul.png`` (loss, crossed priority, eval return vs wall time; a column per link) and
-    ``longhaul_traffic.png`` (MB each way and learner idle share per run)."""
-    from pal_bench.bench.plotting import pyplot
-
-    plt = pyplot()
-
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    links = list(dict.fromkeys(summary.link))
-    metrics = [("loss", "training loss"), ("crossed_priority", "avg priority crossing the link"),
-               ("eval_return", "eval return")]
-    fig, axes = plt.subplots(len(metrics), len(links), figsize=(4.2 * len(links), 8), squeeze=False, sharex="col")
-    for j, link in enumerate(links):
-        for i, (m, label) in enumerate(metrics):
-            ax = axes[i][j]
-            for topo in TOPOLOGIES:
-                d = timeline[(timeline.link == link) & (timeline.topology == topo) & (timeline.metric == m)]
-                ax.plot(d.t_s, d.value, marker="o" if m == "eval_return" else None, ms=3, label=topo)
-            if i == 0:
-                ax.set_title(link)
-            if j == 0:
-                ax.set_ylabel(label)
-            if i == len(metrics) - 1:
-                ax.set_xlabel("wall time (s)")
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    curves = fig_dir / "longhaul.png"
-    fig.savefig(curves, dpi=110)
-    plt.close(fig)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    labels = [f"{r.link}\n{r.topology}" for r in summary.itertuples()]
-    x = np.arange(len(summary))
-    a1.bar(x - 0.2, summary.bytes_to_learner / 1e6, 0.4, label="to learner")
-    a1.bar(x + 0.2, summary.bytes_to_buffer / 1e6, 0.4, label="to buffer node")
-    a1.set_ylabel("MB over the link")
-    a1.legend(fontsize=8)
-    a2.bar(x, summary.learner_idle_frac * 100)
-    a2.set_ylabel("learner idle (% of run)")
-    for a in (a1, a2):
-        a.set_xticks(x, labels, fontsize=7)
-    fig.tight_layout()
-    traffic = fig_dir / "longhaul_traffic.png"
-    fig.savefig(traffic, dpi=110)
-    plt.close(fig)
-    return [curves, traffic]
-
-
 def compare(summary) -> str:
     """The paper's terms: buffer-replay's final loss and crossed priority relative to learner-replay's."""
     lines = []
@@ -202,10 +159,9 @@ def _write(rows: list[dict], timeline: list[dict], out: Path):
     """``longhaul.csv`` and ``longhaul_timeline.csv`` in ``out``; returns both frames."""
     import pandas as pd
 
-    out.mkdir(parents=True, exist_ok=True)
     summary, tl = pd.DataFrame(rows), pd.DataFrame(timeline)
-    summary.to_csv(out / "longhaul.csv", index=False, float_format="%.6g")
-    tl.to_csv(out / "longhaul_timeline.csv", index=False, float_format="%.6g")
+    store(summary, out / "longhaul.csv", float_format="%.6g")
+    store(tl, out / "longhaul_timeline.csv", float_format="%.6g")
     return summary, tl
 
 
@@ -223,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="buffer-replay: batch requests in flight beyond the one in use (ray_prefetch)")
     ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "results",
+    ap.add_argument("--out", type=Path, default=RESULTS,
                     help="where the CSV and figure go (default: the project's results/)")
     add_force_flag(ap)
     args = ap.parse_args(argv)

@@ -38,10 +38,10 @@ from pal_bench.studies.longhaul.link import TO_BUFFER, TO_LEARNER, Link, Receive
 from pal_bench.train.backends.ray.context import from_numpy, to_numpy
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.core import RunCore
+from pal_bench.train.losses import gradients, param_groups
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.rate_policy import RatePolicy
 
-TOPOLOGIES = ("learner-replay", "buffer-replay")   # replay at the learner, or at the buffer node
 RECV_TIMEOUT_S = 60.0
 
 
@@ -223,7 +223,7 @@ class CloudLearner:
         for opt in self.ps.optimizers.values():
             opt.step()
         self.nets, self.targets = nets, targets
-        self.params = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        self.params = param_groups(algo, nets)
 
     def run(self) -> dict:
         """Train until ``stop`` (after ``prepare``); returns the per-update timeline and the counters."""
@@ -242,7 +242,7 @@ class CloudLearner:
     def _update(self, sample: dict) -> np.ndarray:
         batch = self.ctx.to_tensors(sample)
         losses, td = self.ctx.algo.losses(self.nets, self.targets, batch, self.cfg, self.updates + 1)
-        grads = {g: [x.detach() for x in torch.autograd.grad(loss, self.params[g])] for g, loss in losses.items()}
+        grads = gradients(losses, self.params)
         self.ps._step([grads])
         self.updates += 1
         self.log["t"].append(time.time())

@@ -15,10 +15,10 @@ import csv
 import json
 import sys
 
+from pal_bench.studies.longhaul import TOPOLOGIES
 from pal_bench.train.config import ConfigError, TrainConfig, validate
 
 EVAL_INTERVAL_S = 5.0
-TOPOLOGIES = ("learner-replay", "buffer-replay")
 
 
 def check_config(cfg: TrainConfig) -> None:

@@ -1,7 +1,7 @@
 """Race to a target return: PAL's trainer against tianshou's and RLlib's DQN, in two tracks.
 
 ``pal-bench race [--track matched|tuned] [--quick] [--seeds N] [--only NAME ...]`` runs the race in resumable
-pieces; ``--speed`` runs the interleaved speed rounds; ``--report`` rebuilds the CSVs, tables and figures from the
+pieces; ``--speed`` runs the interleaved speed rounds; ``--rebuild`` rebuilds the CSVs, tables and figures from the
 stored run files.
 
 - **matched** (default): every contestant trains the same learner on the same data rhythm (``task.MATCHED``:
@@ -9,8 +9,8 @@ stored run files.
   prioritized replay with alpha 0.6 and beta 0.4, target every 250 updates, one environment, 0.25 updates per env
   step, one torch thread), checked from what each framework built and, after the run, from its own counters.
   Contestants: pal (threads), pal-processes, tianshou, rllib, rllib-pal.
-- **tuned**: each framework at its authors' own settings for the task (pal-apex, tianshou's LunarLander example,
-  RLlib's tuned DQN examples).
+- **tuned**: each framework at its authors' own settings for the task (PAL's process backend at its own preset,
+  which the matched learner is, and its Ape-X preset; tianshou's LunarLander example; RLlib's tuned DQN examples).
 
 Each run is its own process (``run.py``), probes the machine first (``probe.py``), evaluates with training
 stopped (``clock.py``) and is stored at once (``orchestrate.py``); the same command skips what is stored and current.
@@ -27,24 +27,21 @@ from pathlib import Path
 
 from pal_bench.argtypes import positive_float, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
-from pal_bench.bench.conditions import add_force_flag, refuse_if_busy
+from pal_bench.conditions import add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
 from pal_bench.studies.race.contestants import CONTESTANTS, TRACK_CONTESTANTS
-from pal_bench.studies.race.task import TASKS, TRACKS
+from pal_bench.studies.race.task import TASKS, TRACKS, suffix
 
-ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SEEDS = {"matched": 10, "tuned": 5}
 QUICK_SEEDS = 3                     # --quick: a first look in minutes, not a result to quote
 SPEED_ROUNDS = 5
 
 
-def suffix(task_name: str) -> str:
-    return "" if task_name == "full" else f"_{task_name}"
-
-
-def report(out: Path, task_name: str, quiet: bool = False) -> int:
+def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
     """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv`` and the figures from the stored run files;
     print the tables."""
-    from pal_bench.bench.conditions import write_meta
+    from pal_bench.bench.publishing import store
+    from pal_bench.conditions import write_meta
     from pal_bench.studies.race import figure, results
     from pal_bench.studies.race.orchestrate import load_runs, runs_dir
 
@@ -58,14 +55,13 @@ def report(out: Path, task_name: str, quiet: bool = False) -> int:
                                 f"`pal-bench race` first")
     sfx = suffix(task_name)
     df = results.runs_frame(runs)
-    df.to_csv(out / f"race{sfx}.csv", index=False, float_format="%.3f")
-    results.curves_frame(runs).to_csv(out / f"race{sfx}_curves.csv", index=False, float_format="%.3f")
-    sp = results.speed_frame(speed)
-    sp.to_csv(out / f"race{sfx}_speed.csv", index=False, float_format="%.2f")
+    store(df, out / f"race{sfx}.csv", float_format="%.3f")
+    curves = results.curves_frame(runs)
+    store(curves, out / f"race{sfx}_curves.csv", float_format="%.3f")
+    store(results.speed_frame(speed), out / f"race{sfx}_speed.csv", float_format="%.2f")
     write_meta(out / f"race{sfx}.csv", combined_conditions([r["conditions"] for r in runs]))
     if speed:
         write_meta(out / f"race{sfx}_speed.csv", combined_conditions([r["conditions"] for r in speed]))
-    curves = results.curves_frame(runs)
     for track in TRACKS:
         c = curves[curves.track == track] if not curves.empty else curves
         if not c.empty:
@@ -73,7 +69,7 @@ def report(out: Path, task_name: str, quiet: bool = False) -> int:
             if not quiet:
                 print(f"figure: {path}")
     if not quiet:
-        from pal_bench.bench.tables import race_blocks
+        from pal_bench.studies.race.publish import race_blocks
 
         print(race_blocks(out, task_name))
     return 0
@@ -109,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", action="store_true",
                     help=f"run the interleaved speed rounds instead ({SPEED_ROUNDS} by default, --rounds)")
     ap.add_argument("--rounds", type=positive_int, default=SPEED_ROUNDS, help="speed rounds (with --speed)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
-    ap.add_argument("--report", action="store_true", help="only rebuild the CSVs, tables and figures from stored runs")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--rebuild", action="store_true", help="only rebuild the CSVs, tables and figures from stored runs")
     ap.add_argument("--max-minutes", type=positive_float, metavar="M",
                     help="start no run after M minutes (the stored runs stay; run the same command to go on)")
     ap.add_argument("--rerun-noisy", action="store_true", help="run again stored runs marked noisy (machine busy)")
@@ -134,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.worker_out, json.dumps(run))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.report:
-        return report(args.out, task_name)
+    if args.rebuild:
+        return rebuild(args.out, task_name)
     if refuse_if_busy("pal-bench race", args.force):
         return 2
     from pal_bench.studies.race import orchestrate
@@ -147,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         if not orchestrate.run_race(args.track, task_name, names, seeds, args.out, args.max_minutes,
                                     args.rerun_noisy, args.rerun_slow):
             return 0
-    return report(args.out, task_name)
+    return rebuild(args.out, task_name)
 
 
-__all__ = ["CONTESTANTS", "TASKS", "TRACKS", "main", "report"]
+__all__ = ["CONTESTANTS", "TASKS", "TRACKS", "main", "rebuild"]
 
 if __name__ == "__main__":
     sys.exit(main())

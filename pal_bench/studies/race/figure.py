@@ -40,8 +40,7 @@ def return_bands(curves: pd.DataFrame, points: int = 400) -> pd.DataFrame:
 
 
 def draw(curves: pd.DataFrame, track: str, task: Task, path: Path) -> Path:
-    from pal_bench.bench.figures import save_figure
-    from pal_bench.bench.plotting import pyplot
+    from pal_bench.plotting import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pal_bench.atomic import atomic_write_text
-from pal_bench.bench.conditions import Conditions, settle
+from pal_bench.conditions import Conditions, settle
 from pal_bench.studies.race.contestants import contestant_class
 from pal_bench.studies.race.probe import probe_outliers
 from pal_bench.studies.race.run import launch

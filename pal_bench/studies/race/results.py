@@ -177,3 +177,35 @@ def _plain(v) -> str:
     if isinstance(v, (list, tuple)):
         return "-".join(str(x) for x in v) if all(isinstance(x, int) for x in v) else str(list(v))
     return str(v)
+
+
+PHASE_NAMES = {"rate_wait": "rate wait", "sample": "sample", "forward_backward": "forward/backward",
+               "priority_update": "priority update", "apply": "apply its gradient", "weights_pull": "weight pull",
+               "inference": "policy forward", "env_step": "env step", "buffer_insert": "buffer insert",
+               "aggregation_wait": "aggregation wait", "grant_wait": "grant wait",
+               "gradient_publish": "gradient publish"}
+
+
+def phase_table(runs: list[dict]) -> pd.DataFrame:
+    """PAL contestants' per-phase time (``phase_seconds`` of their run files), summed over every run of a
+    contestant per worker role (actor, learner), as shares of that role's recorded time, largest first."""
+    rows = []
+    by: dict[tuple[str, str], dict[str, float]] = {}
+    for r in runs:
+        for worker, phases in (r.get("phase_seconds") or {}).items():
+            role = worker.rstrip("0123456789")
+            if role not in ("actor", "learner"):
+                continue
+            acc = by.setdefault((r["contestant"], role), {})
+            for phase, s in phases.items():
+                if phase != "setup":
+                    acc[phase] = acc.get(phase, 0.0) + float(s)
+    for (contestant, role), acc in sorted(by.items()):
+        total = sum(acc.values())
+        if total <= 0:
+            continue
+        shares = sorted(acc.items(), key=lambda kv: -kv[1])
+        rows.append({"contestant": contestant, "worker": role, "seconds": f"{total:.0f}",
+                     "phases (share of the worker's time)": ", ".join(
+                         f"{PHASE_NAMES.get(p, p)} {s / total:.1%}" for p, s in shares if s / total >= 0.005)})
+    return pd.DataFrame(rows)

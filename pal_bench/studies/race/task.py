@@ -116,3 +116,8 @@ def settings_hash(*parts) -> str:
         return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
     text = json.dumps([plain(p) for p in parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def suffix(task_name: str) -> str:
+    """The file-name suffix of a task's results: '' for the full race, '_quick' for --quick."""
+    return "" if task_name == "full" else f"_{task_name}"

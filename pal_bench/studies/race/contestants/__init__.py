@@ -59,7 +59,7 @@ REGISTRY = {
 }
 TRACK_CONTESTANTS = {
     "matched": ("pal", "pal-processes", "tianshou", "rllib", "rllib-pal"),
-    "tuned": ("pal-apex", "tianshou", "rllib"),
+    "tuned": ("pal-processes", "pal-apex", "tianshou", "rllib"),
 }
 CONTESTANTS = tuple(REGISTRY)
 

@@ -1,9 +1,10 @@
 """PAL-Bench's own trainer in the race: ``pal`` (actor and learner threads), ``pal-processes`` (an actor process on
-the shared-memory buffer) and ``pal-apex`` (the Ape-X preset on actor processes, the tuned track's PAL).
+the shared-memory buffer) and ``pal-apex`` (the Ape-X preset on actor processes). The tuned track runs
+``pal-processes`` (PAL's own preset for this task is the matched learner) and ``pal-apex``.
 
 Matched track: one actor with one environment and one learner (the matched data rhythm), Double DQN
 (``algo="ddqn"``) with ``task.MATCHED``'s network, loss, clipping, optimizer, replay and schedule, beta held
-constant. Tuned track (``pal-apex``): ``--preset apex`` (Double DQN, dueling head, 3-step returns, actor-side
+constant. ``pal-apex``: ``--preset apex`` (Double DQN, dueling head, 3-step returns, actor-side
 priorities over a local buffer of 50 steps, per-actor epsilon, one learner) with the actors of the core-split
 solver's choice for this machine, the matched learner settings otherwise.
 
@@ -27,9 +28,9 @@ BACKENDS = {"pal": "threads", "pal-processes": "processes", "pal-apex": "process
 def apex_actors(task: Task) -> int:
     """The actors of ``pal-apex``: the core-split solver's choice for the process backend on this machine (from
     ``results/scaling_processes.csv``; 1 without stored curves)."""
-    from pal_bench.studies.race.split import dse_split
+    from pal_bench.studies.dse import split_from_curves
 
-    return dse_split(MATCHED.updates_per_step, "processes")[0]
+    return split_from_curves(MATCHED.updates_per_step, "processes")[0]
 
 
 class PALContestant(Contestant):

@@ -244,7 +244,7 @@ class RLlibContestant(Contestant):
         import ray
         import torch
 
-        from pal_bench.studies.plugin import local_ray
+        from pal_bench.train.backends.ray.session import local_ray
 
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(TORCH_THREADS)               # the local Learner and EnvRunner run in this process

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pal_bench.train.backends.ray.context import restarted_by_ray
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.core import RunCore
 from pal_bench.train.rate_policy import RatePolicy
@@ -62,7 +63,7 @@ class BufferActor:
         self.restored: dict | None = None     # set when a restarted actor reloaded its checkpoint
         if restore_path:            # resuming a run from its checkpoint
             self._load(restore_path, restore_counters)
-        elif checkpoint_path and _reconstructed() and Path(checkpoint_path).exists():
+        elif checkpoint_path and restarted_by_ray() and Path(checkpoint_path).exists():
             self._load(checkpoint_path)
             self.restored = {"steps": self.steps, "wall": time.time()}
         else:
@@ -238,17 +239,3 @@ class BufferActor:
             pass
         self.wait_s[role] += time.perf_counter() - t0
         return ready()
-
-
-def _reconstructed() -> bool:
-    """True in an actor that Ray restarted after a failure."""
-    import warnings
-
-    try:
-        import ray
-
-        with warnings.catch_warnings():   # Ray 2.60 reads a deprecated property inside
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
-    except Exception:   # noqa: BLE001 - outside an actor
-        return False

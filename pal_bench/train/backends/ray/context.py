@@ -46,3 +46,25 @@ def from_numpy(arrays):
         if isinstance(arrays, dict):
             return {k: torch.from_numpy(v) for k, v in arrays.items()}
         return [torch.from_numpy(v) for v in arrays]
+
+
+def restarted_by_ray() -> bool:
+    """True in an actor that Ray restarted after a failure."""
+    import warnings
+
+    try:
+        import ray
+
+        with warnings.catch_warnings():   # Ray 2.60 reads a deprecated property inside
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+    except Exception:   # noqa: BLE001 - outside an actor
+        return False
+
+
+def cpu_share(workers: int) -> float:
+    """CPUs per worker when ``workers`` share the cluster's CPUs (at most 1, rounded down to 0.01 so that
+    the shares fit)."""
+    import ray
+
+    return math.floor(100 * min(1.0, ray.cluster_resources().get("CPU", 1.0) / workers)) / 100

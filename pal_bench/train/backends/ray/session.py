@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pal_bench.bench.conditions import usable_cores
+from pal_bench.conditions import usable_cores
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> bool:
@@ -40,3 +40,11 @@ def session(address: str | None = None, **kw) -> Iterator[None]:
             import ray
 
             ray.shutdown()
+
+
+def local_ray() -> None:
+    """Start this process's own Ray instance (a bare ``ray.init()`` would join any cluster that
+    ``ray start`` left running on the machine) with as many CPUs as the machine has."""
+    import os
+
+    connect(num_cpus=max(2, os.cpu_count() or 1), log_to_driver=False)

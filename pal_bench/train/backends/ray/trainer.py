@@ -1,6 +1,6 @@
 """``RayTrainer(cfg).run()``: the trainer with its actors, learners, replay buffer and parameter
 server as Ray actors; the driver (this process) evaluates, logs, checkpoints and watches for
-failures. Evaluation, logs, the summary and the progress bar are ``Trainer``'s own code, fed by
+failures. Evaluation, logs, the summary and the progress bar are the ``Driver``'s own code, fed by
 driver-side mirrors of the remote counters (polled every ``POLL_S``).
 
 Failures: actors and learners are restarted by Ray (``MAX_RESTARTS`` each); the driver sees the
@@ -20,28 +20,28 @@ its own; ``ray_placement`` "pack" or "spread" is the placement group's strategy.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pal_bench.train.backends.ray.context import from_numpy, rate_slack
-from pal_bench.train.backends.threads import JOIN_TIMEOUT_S, DriverSchedule, Trainer, WorkerError, stop_on_signals
+from pal_bench.train.backends.ray.context import cpu_share, from_numpy, max_updates, rate_slack
 from pal_bench.train.config import ConfigError, TrainConfig
-from pal_bench.train.core import TrainingError
+from pal_bench.train.driver import JOIN_TIMEOUT_S, Driver, DriverSchedule, WorkerError, stop_on_signals
+from pal_bench.train.errors import TrainingError
 from pal_bench.train.param_server import Snapshot
+from pal_bench.train.supervision import MAX_RESTARTS
 from pal_bench.train.workers import PhaseTimer
 
 POLL_S = 0.2
-MAX_RESTARTS = 3          # per actor / learner process
 REVIVE_TIMEOUT_S = 120.0  # longest wait for Ray to restart a dead worker
 PLACEMENT_TIMEOUT_S = 60.0
 
 
 class _PSView:
-    """What ``Trainer``'s evaluation and summary read from a parameter server, from the Ray actor."""
+    """What the ``Driver``'s evaluation and summary read from a parameter server, from the Ray actor."""
 
     direct = False        # Ray's learners always send their gradients to the parameter-server actor
 
@@ -62,7 +62,7 @@ class _PSView:
 @dataclass
 class RemoteCounters:
     """The driver's mirror of the buffer actor's counters (transitions inserted, updates done), refreshed
-    every ``POLL_S``; what ``Trainer``'s evaluation, summary and progress bar read as ``rate``."""
+    every ``POLL_S``; what the ``Driver``'s evaluation, summary and progress bar read as ``rate``."""
 
     max_updates: int
     steps: int = 0
@@ -71,7 +71,7 @@ class RemoteCounters:
 
 
 class RemoteBufferStats:
-    """What ``Trainer.summary`` reads from a buffer (``lock_stats``), from the buffer actor's last stats."""
+    """What ``Driver.summary`` reads from a buffer (``lock_stats``), from the buffer actor's last stats."""
 
     def __init__(self):
         self.stats: dict = {"lock": {}, "seconds": {}}
@@ -80,8 +80,9 @@ class RemoteBufferStats:
         return self.stats["lock"]
 
 
-class RayTrainer(Trainer):
-    """Same interface as ``Trainer``: ``run() -> summary``, ``close()``, context manager, run directory."""
+class RayTrainer(Driver):
+    """The Ray backend's driver: the ``Driver`` with the buffer, the parameter server and the workers in Ray
+    actors; ``run() -> summary``, ``close()``, context manager, run directory, as every backend."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         if cfg.backend != "ray":
@@ -124,7 +125,7 @@ class RayTrainer(Trainer):
 
         cfg = self.cfg
         n = cfg.actors + cfg.learners
-        cpu = math.floor(100 * min(1.0, ray.cluster_resources().get("CPU", 1.0) / n)) / 100
+        cpu = cpu_share(n)
         bundles = [{"CPU": cpu * cfg.learners}] + [{"CPU": cpu}] * cfg.actors
         self._pg = placement_group(bundles, strategy="SPREAD" if cfg.ray_placement == "spread" else "PACK")
         ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -216,7 +217,9 @@ class RayTrainer(Trainer):
 
     def _start(self, name: str):
         h = self._handles[name]
-        return h.run.remote(self._init_method) if name.startswith("learner") else h.run.remote()
+        if name.startswith("learner"):
+            return h.run.remote(self._init_method)
+        return h.run.remote(self._restarts.get(name, 0), self.resumed_steps)
 
     def _loop(self, progress) -> None:
         import ray
@@ -342,6 +345,42 @@ class RayTrainer(Trainer):
             self._write_logs()                  # before the checkpoint: a full disk there still leaves them
             self.save_checkpoint()
 
+    def run_learners(self, rows: dict, updates: int) -> dict:
+        """Learners alone, for measuring f_l (as ``Trainer.run_learners``): the buffer actor holding ``rows``
+        (replay columns, N each) as if the actors had collected them, a budget that allows ``updates`` updates at
+        once, the parameter-server actor and ``cfg.learners`` learner workers, no actors. ``wall_s`` runs from the
+        learners' ``run`` calls to the last one's return (every process up before); ``cpu_s`` is None (the work
+        is in other processes)."""
+        import ray
+
+        from pal_bench.train.backends.ray.buffer_actor import BufferActor
+        from pal_bench.train.backends.ray.ps_actor import ParameterServerActor
+        from pal_bench.train.backends.ray.workers import LearnerWorker
+
+        n_rows = len(next(iter(rows.values())))
+        cfg = dataclasses.replace(self.cfg, steps=n_rows, learning_starts=0, updates_per_step=updates / n_rows)
+        while max_updates(cfg) < updates:
+            cfg = dataclasses.replace(cfg, updates_per_step=float(np.nextafter(cfg.updates_per_step, 1.0)))
+        self._connect()
+        try:
+            n = cfg.learners
+            buffer = ray.remote(BufferActor).options(num_cpus=0).remote(cfg, 0)
+            ps = ray.remote(ParameterServerActor).options(num_cpus=0).remote(cfg, n)
+            learners = [ray.remote(LearnerWorker).options(num_cpus=cpu_share(n)).remote(cfg, i, buffer, ps)
+                        for i in range(n)]
+            self._handles = {"buffer": buffer, "parameter-server": ps} | {f"learner{i}": h
+                                                                          for i, h in enumerate(learners)}
+            ray.get(buffer.add_batch.remote(0, rows, n_rows, [], 0))
+            ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
+            init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
+            t0 = time.perf_counter()
+            ray.get([h.run.remote(init) for h in learners])
+            wall = time.perf_counter() - t0
+            done = ray.get(buffer.status.remote())["done"]
+        finally:
+            self._teardown()
+        return {"updates": done, "wall_s": wall, "cpu_s": None}
+
     def close(self) -> None:
         """Kill this run's Ray actors and disconnect from Ray if we connected (idempotent)."""
         if self._closed:
@@ -376,11 +415,9 @@ class RayTrainer(Trainer):
             saved["ps"] = ray.get(self._handles["parameter-server"].state_dict.remote())
             return saved["total_added"]
 
-        # the actors' RNGs live in their processes: a thread trainer resuming this run starts them afresh
-        fresh = [np.random.default_rng([self.cfg.seed, a]) for a in range(self.cfg.actors)]
         # the state's counters are the buffer actor's at its save: built once the buffer is written
         return self.recorder.save_checkpoint(
-            lambda: self._checkpoint_state(saved["ps"], saved["steps"], saved["done"], fresh), write_buffer,
+            lambda: self._checkpoint_state(saved["ps"], saved["steps"], saved["done"]), write_buffer,
             steps=self.rate.steps)
 
     def _restore(self, state: dict) -> None:

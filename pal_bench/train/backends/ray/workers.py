@@ -28,11 +28,12 @@ import numpy as np
 import ray
 import torch
 
-from pal_bench.train.backends.ray.buffer_actor import _reconstructed
 from pal_bench.train.backends.ray.context import chunk_size, from_numpy, to_numpy
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.core import RunCore, check_losses
+from pal_bench.train.core import RunCore
+from pal_bench.train.losses import check_losses, gradients, param_groups
 from pal_bench.train.param_server import ParameterServer
+from pal_bench.train.supervision import actor_rng, env_seeds
 from pal_bench.train.workers import PhaseTimer
 
 PUBLISH_EVERY_S = 0.02      # allreduce: learner 0 publishes its weights at most this often
@@ -65,7 +66,6 @@ class _Worker:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self.cfg, self.id, self.buffer, self.ps = cfg, worker_id, buffer, ps
         self.ctx = RunCore(cfg)
-        self.restarted = _reconstructed()
 
     def info(self) -> dict:
         """Where this worker runs: pid, Ray node id, host."""
@@ -83,19 +83,18 @@ class _Worker:
 class ActorWorker(_Worker):
     """Steps ``envs_per_actor`` environments and sends n-step transitions to the buffer in chunks."""
 
-    def run(self) -> dict:
+    def run(self, incarnation: int = 0, resumed_steps: int = 0) -> dict:
+        """``incarnation``: the restarts of this actor so far, ``resumed_steps``: the run's env steps when it
+        resumed (the driver's; for the seeds, ``supervision``)."""
         cfg, ctx = self.cfg, self.ctx
         E, chunk = cfg.envs_per_actor, chunk_size(cfg)
         timer = PhaseTimer()
-        # a restarted actor must not replay its first incarnation's episodes
-        salt = [time.time_ns() % 2**32] if self.restarted else []
-        rng = np.random.default_rng([cfg.seed, self.id, *salt])
+        rng = actor_rng(cfg.seed, self.id, incarnation, resumed_steps)
         envs = ctx.make_vector_env(self.id)
         try:
             nets = ctx.networks()
             targets = ctx.networks() if cfg.actor_priorities else None
-            stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + self.id * E + i + sum(salt) for i in range(E)],
-                                       self.id)
+            stepper = ctx.make_stepper(envs, env_seeds(cfg.seed, self.id, E, incarnation, resumed_steps), self.id)
             version, collected = -1, 0
             grant_ref = self.buffer.acquire.remote(self.id, chunk)
             weights_ref = self.ps.latest.remote(version)
@@ -156,7 +155,7 @@ class LearnerWorker(_Worker):
         cfg, ctx, algo = self.cfg, self.ctx, self.ctx.algo
         timer = PhaseTimer()
         nets, targets = ctx.networks(), ctx.networks()
-        groups = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in algo.GROUPS.items()}
+        groups = param_groups(algo, nets)
         allreduce = cfg.aggregation == "allreduce"
         local = None
         if allreduce:
@@ -190,7 +189,7 @@ class LearnerWorker(_Worker):
                 timer.lap("deserialize")
                 losses, td = algo.losses(nets, targets, batch, cfg, res["update"])
                 check_losses(losses, res["update"], f"learner{self.id}")
-                grads = {g: [x.detach() for x in torch.autograd.grad(loss, groups[g])] for g, loss in losses.items()}
+                grads = gradients(losses, groups)
                 timer.lap("forward_backward")
                 if allreduce:
                     grads = self._allreduce(grads, groups)

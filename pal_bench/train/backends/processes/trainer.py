@@ -1,67 +1,46 @@
-"""The process backend: actor processes write straight into the shared-memory replay buffer.
-
-Placement: every actor is an OS process (``spawn``) stepping its own environments with its own copy of
-the policy; learners are threads of the driver, next to the parameter server (torch releases the GIL in
-its kernels). What crosses a process boundary, and how:
-
-- transitions: each actor calls ``add_batch`` on the driver's ``PrioritizedReplayBuffer(shared=True)``
-  segment (attached by name): no pipe, no pickling;
-- weights: the driver publishes every new parameter-server version into a ``SharedWeights`` block
-  (seqlock); an actor copies it when its version counter moved;
-- counters: one shared int64 array: per actor, transitions reserved and inserted (one writer each),
-  plus the learners' started updates, a pause flag and a stop flag written by the driver. An actor asks
-  for its next vector step under one process-shared lock, with the rule of ``rate_policy.RatePolicy``;
-- episodes, errors and per-phase timers: small messages on a queue.
-
-Everything else (config, algorithms, learners, evaluation, checkpoints, logs, ``summary.json``) is the
-thread trainer's. An actor process that dies (exception or SIGKILL) is restarted; the transitions it had
-reserved but not inserted are given back to the budget and recorded in ``events.csv``. Actor processes
-exit on the stop flag, on the end of the budget, and when the driver dies (``PR_SET_PDEATHSIG`` plus a
-parent check), and ignore Ctrl-C, SIGTERM and SIGHUP (the driver handles them and stops them). An actor that dies
-more than ``MAX_RESTARTS`` times ends the run with ``ActorGaveUp`` (one line) after a final checkpoint; a worker
-process whose learner or actor-side priorities diverge sends that one line (``Diverged``) instead of a traceback.
-"""
+"""The process backend's driver: ``ProcessTrainer`` places the buffer and the weights in shared memory, starts
+and supervises the actor (and learner) processes, and keeps the rate counters in the shared block."""
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
-import signal
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
-from typing import NoReturn
 
-import numpy as np
-
-from pal_bench.train.backends.threads import Trainer, WorkerError, stop_on_signals
+from pal_bench.train.backends.processes.actor import actor_process
+from pal_bench.train.backends.processes.learner import L_FIELDS, L_READY, L_STOP, L_UPDATE, grads_spec, learner_process
+from pal_bench.train.backends.processes.shared import (
+    FINISHED,
+    GO,
+    HEADER,
+    HOLDER,
+    PAUSED,
+    POLL_S,
+    READY,
+    READY_TIMEOUT_S,
+    STARTED,
+    STOP,
+    STOP_JOIN_S,
+    flat_state,
+    inserted_slot,
+    read_messages,
+    reserved_slot,
+    segment_name,
+    training_error,
+)
+from pal_bench.train.backends.threads import Trainer
 from pal_bench.train.config import TrainConfig
-from pal_bench.train.core import Diverged, TrainingError
+from pal_bench.train.driver import WorkerError, stop_on_signals
+from pal_bench.train.errors import TrainingError
+from pal_bench.train.faults import NO_FAULTS, Faults
 from pal_bench.train.rate import RateController
-from pal_bench.train.rate_policy import RatePolicy, default_slack
+from pal_bench.train.rate_policy import default_slack
 from pal_bench.train.replay_spec import buffer_class, make_buffer
 from pal_bench.train.shared_weights import SharedWeights, spec_of
-from pal_bench.train.workers import PhaseTimer, pin
-
-STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
-READY, GO = 4, 5                 # actors set up (count); the driver's clock has started (flag)
-FINISHED = 6                     # actors whose share of the budget is collected and inserted (count)
-READY_TIMEOUT_S = 300.0          # longest wait for the first actors' set-up (imports, environments)
-HEADER = 8                       # counters before the per-actor pairs (reserved, inserted)
-MAX_RESTARTS = 5                 # per actor: more deaths than this end the run with an error
-POLL_S = 0.002                   # the driver's counter sync period
-STOP_JOIN_S = 1.5                # an actor process that has not exited this long after stop is killed
-
-
-def _reserved(a: int) -> int:
-    return HEADER + 2 * a
-
-
-def _inserted(a: int) -> int:
-    return HEADER + 2 * a + 1
+from pal_bench.train.supervision import MAX_RESTARTS
+from pal_bench.train.workers import PhaseTimer
 
 
 class ActorGaveUp(TrainingError, WorkerError):
@@ -70,285 +49,6 @@ class ActorGaveUp(TrainingError, WorkerError):
 
     checkpoint = True
 
-
-def _ignore_stop_signals() -> None:
-    """(worker process) Ctrl-C, SIGTERM and SIGHUP go to the driver, which stops its workers itself (a terminal's
-    Ctrl-C or hang-up reaches the whole process group)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def _segment_name(run_dir: Path, kind: str) -> str:
-    """A name per run directory, so that the next run in the same place replaces what a killed driver left."""
-    digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:12]
-    return f"pal_{kind}_{digest}"
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
-# ---------------------------------------------------------------------- the actor process
-
-def actor_process(cfg: TrainConfig, actor: int, incarnation: int, buffer_name: str, weights_name: str,
-                  weights_spec, counters, lock, messages, parent_pid: int) -> None:
-    """Body of one actor process (spawned). Steps ``envs_per_actor`` environments and inserts n-step rows
-    with ``add_batch`` into the shared buffer until the budget is spent or the driver says stop."""
-    _die_with_parent()
-    _ignore_stop_signals()                              # the driver handles Ctrl-C, SIGTERM, SIGHUP and stops us
-    import torch
-
-    from pal_bench.train.core import RunCore
-    from pal_bench.train.workers import LocalBuffer
-
-    torch.set_num_threads(1)
-    pin(actor if cfg.pin_cores else None)               # as the thread backend pins its actor threads
-    envs = buf = weights = None
-    try:
-        ctx = RunCore(cfg)
-        policy = RatePolicy.from_config(cfg, default_slack(cfg))
-        timer = PhaseTimer()
-        buf = buffer_class(cfg).attach(buffer_name, seed=cfg.seed)
-        weights = SharedWeights.attach(weights_name, weights_spec)
-        nets = ctx.networks()
-        targets = ctx.networks() if cfg.actor_priorities else None
-        E = cfg.envs_per_actor
-        rng = np.random.default_rng([cfg.seed, actor, incarnation])
-        envs = ctx.make_vector_env(actor)
-        start = int(counters[_inserted(actor)])
-        stepper = ctx.make_stepper(envs, [cfg.seed * 100_003 + actor * E + i + start + 7919 * incarnation
-                                          for i in range(E)], actor)
-        into = _actor_tensors(nets, targets)
-        version = _pull(weights, into, 0)
-        local = LocalBuffer(ctx, buf, stepper, nets, targets, timer)
-        if os.environ.get("PAL_BENCH_TEST_ACTOR_SETUP_FAIL") == str(actor):      # tests only
-            raise RuntimeError(f"injected set-up failure of actor{actor}")
-        _count(counters, lock, actor, READY)
-        messages.put(("ready", actor, incarnation))
-        while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
-            time.sleep(0.001)                            # every actor set up before the driver's clock starts
-        timer.lap("setup")
-        n_actors = cfg.actors
-        # tests only: "ACTOR:STEPS" makes that actor stall inside the lock once it has inserted STEPS transitions
-        hold = os.environ.get("PAL_BENCH_TEST_HOLD_RESERVATION", "")
-        hold_actor, hold_after = (int(x) for x in hold.split(":")) if hold else (-1, 0)
-        while True:
-            if counters[STOP] or os.getppid() != parent_pid:
-                break
-            with lock:
-                counters[HOLDER] = actor + 1
-                if actor == hold_actor and counters[_inserted(actor)] >= hold_after and incarnation == 0:
-                    time.sleep(60)
-                reserved = sum(int(counters[_reserved(a)]) for a in range(n_actors))
-                spent = policy.budget_spent(reserved)
-                ok = (not spent and not counters[PAUSED]
-                      and policy.actor_may_step(reserved, int(counters[STARTED])))
-                if ok:
-                    counters[_reserved(actor)] += E
-                counters[HOLDER] = 0
-            if spent:        # another actor took the last steps: the pending windows bootstrap from the last obs
-                counters[_inserted(actor)] += local.put(stepper.flush(), 0, send=True)
-                _count(counters, lock, actor, FINISHED)   # the driver need not wait for this process's exit
-                break
-            if not ok:
-                time.sleep(0.0005)
-                timer.lap("rate_wait")
-                continue
-            timer.lap("rate_wait")
-            version = _pull(weights, into, version)
-            timer.lap("weights_pull")
-            rows, episodes = stepper.step(nets, reserved + E, rng, timer)
-            if episodes:
-                messages.put(("episodes", actor, episodes))
-            last = reserved + E >= cfg.steps
-            if last:                                     # the budget is spent: flush the pending windows
-                rows += stepper.flush()
-            counters[_inserted(actor)] += local.put(rows, E, send=last)
-        if local.steps and os.getppid() == parent_pid:   # stopped: what the local buffer holds still goes in
-            counters[_inserted(actor)] += local.send()
-        messages.put(("timers", actor, timer.seconds))
-    except TrainingError as e:
-        _report_failure(f"actor{actor}", actor, messages, e)
-    except BaseException:
-        _report_failure(f"actor{actor}", actor, messages)
-    finally:
-        if envs is not None:
-            envs.close()
-        if buf is not None:
-            buf.close()
-        if weights is not None:
-            weights.close()
-
-
-def _report_failure(name: str, index: int, messages, stopped: TrainingError | None = None) -> NoReturn:
-    """(in an ``except`` block of a worker process) Print the traceback, send it to the driver, wait until it is
-    sent, and exit with status 1. ``stopped``: a ``TrainingError`` (divergence), whose one line is sent instead
-    and not printed here (the driver reports it)."""
-    if stopped is not None:
-        messages.put(("training_error", index, (type(stopped).__name__, str(stopped))))
-    else:
-        tb = traceback.format_exc()
-        print(f"pal-bench {name} (process {os.getpid()}) failed:\n{tb}", file=sys.stderr, flush=True)
-        messages.put(("error", index, tb))
-    messages.close()
-    messages.join_thread()                               # the error reaches the driver before we exit
-    raise SystemExit(1) from None
-
-
-def _read(q, timeout: float | None = None):
-    """(driver) The (kind, payload) messages waiting in a worker's queue, until it is empty (or, with ``timeout``,
-    quiet that long) or a message is cut short by a killed writer."""
-    while True:
-        try:
-            kind, _, payload = q.get(timeout=timeout) if timeout else q.get_nowait()
-        except Exception:                        # queue.Empty, or a truncated message
-            return
-        yield kind, payload
-
-
-def _count(counters, lock, actor: int, slot: int) -> None:
-    """Add one to a counter several actors write (READY, FINISHED): under the reservation lock, marked as
-    held by ``actor`` so that the driver can release it if the process dies inside."""
-    with lock:
-        counters[HOLDER] = actor + 1
-        counters[slot] += 1
-        counters[HOLDER] = 0
-
-
-def _training_error(payload: tuple[str, str]) -> TrainingError:
-    """The ``TrainingError`` a worker process sent as (class name, message)."""
-    name, message = payload
-    return (Diverged if name == "Diverged" else TrainingError)(message)
-
-
-# ---------------------------------------------------------------------- the learner process (learner_processes)
-
-L_UPDATE, L_STOP, L_READY, L_FIELDS = 0, 1, 2, 4     # per learner slot: granted update number, stop, set up
-
-
-def grads_spec(ps) -> list:
-    """The shared block a learner process publishes one gradient into: every parameter of every group (float32),
-    plus which groups this gradient has (TD3's delayed actor: not every update has every group)."""
-    spec = [(f"{g}.{i}", tuple(p.shape), "<f4") for g, params in ps.params.items() for i, p in enumerate(params)]
-    return spec + [("groups", (len(ps.params),), "|u1")]
-
-
-def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_name: str, weights_spec,
-                    grads_name: str, gspec, slots, grant, done, messages, parent_pid: int) -> None:
-    """Body of one learner process (spawned): for each update the driver grants, load the latest published
-    weights, sample the shared buffer, compute the gradients, write |TD| back as priorities and publish the
-    gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
-    the driver (one proxy thread per learner process), so they are the thread trainer's."""
-    _die_with_parent()
-    _ignore_stop_signals()
-    import torch
-
-    from pal_bench.train.core import RunCore, check_losses
-
-    torch.set_num_threads(1)
-    pin(cfg.actors + learner if cfg.pin_cores else None)
-    buf = weights = grads = None
-    base = learner * L_FIELDS
-    try:
-        ctx = RunCore(cfg)
-        timer = PhaseTimer()
-        buf = buffer_class(cfg).attach(buffer_name, seed=cfg.seed)
-        weights = SharedWeights.attach(weights_name, weights_spec)
-        grads = SharedWeights.attach(grads_name, gspec)
-        nets, targets = ctx.networks(), ctx.networks()
-        names = list(ctx.algo.GROUPS)
-        params = {g: [p for m in mods for p in nets[m].parameters()] for g, mods in ctx.algo.GROUPS.items()}
-        zeros = {f"{g}.{i}": torch.zeros_like(p) for g in names for i, p in enumerate(params[g])}
-        # the networks' own tensors as the read target: a new version is copied straight into them
-        into = _flat_state(_Pair(nets.state_dict(), targets.state_dict()))
-        version = 0
-        fail_after = int(os.environ.get("PAL_BENCH_TEST_LEARNER_FAIL_AFTER", "-1"))   # tests only
-        updates = 0
-        slots[base + L_READY] = 1
-        timer.lap("setup")
-        while True:
-            while not grant.acquire(timeout=0.05):
-                if slots[base + L_STOP] or os.getppid() != parent_pid:
-                    break
-            if slots[base + L_STOP] or os.getppid() != parent_pid:
-                break
-            timer.lap("grant_wait")
-            update = int(slots[base + L_UPDATE])
-            if updates == fail_after and learner == 0:
-                raise RuntimeError(f"injected learner failure after {updates} updates")
-            updates += 1
-            with torch.no_grad():
-                got = weights.read(out=into, min_version=version + 1)
-            version = got[0] if got is not None else version
-            timer.lap("weights_pull")
-            sample = buf.sample(cfg.batch_size, beta=ctx.beta(update))
-            timer.lap("sample")
-            losses, td = ctx.algo.losses(nets, targets, ctx.to_tensors(sample), cfg, update)
-            check_losses(losses, update, f"learner{learner}")
-            flat = dict(zeros)
-            has = torch.zeros(len(names), dtype=torch.uint8)
-            for g, loss in losses.items():
-                has[names.index(g)] = 1
-                for i, x in enumerate(torch.autograd.grad(loss, params[g], allow_unused=False)):
-                    flat[f"{g}.{i}"] = x
-            flat["groups"] = has
-            timer.lap("forward_backward")
-            if cfg.prioritized:
-                buf.update_priorities(sample["indices"], td.numpy().astype(np.float64))
-            timer.lap("priority_update")
-            grads.publish(flat)
-            done.release()
-            timer.lap("gradient_publish")
-        messages.put(("timers", learner, timer.seconds))
-    except TrainingError as e:
-        _report_failure(f"learner{learner}", learner, messages, e)
-    except BaseException:
-        _report_failure(f"learner{learner}", learner, messages)
-    finally:
-        for h in (buf, weights, grads):
-            if h is not None:
-                h.close()
-
-
-def _actor_tensors(nets, targets) -> dict:
-    """The actor networks' own tensors under the published names: the online networks, and the targets when
-    the actor computes Ape-X priorities (a new version is copied straight into them, nothing else)."""
-    return _flat_state(_Pair(nets.state_dict(), targets.state_dict() if targets is not None else {}))
-
-
-def _pull(weights: SharedWeights, into: dict, version: int) -> int:
-    """Copy a version newer than ``version`` into ``into`` (``_actor_tensors``); returns the version held."""
-    got = weights.read(out=into, min_version=version + 1)      # state_dict tensors are detached: no autograd
-    return version if got is None else got[0]
-
-
-class _Pair:
-    """Online and target state dicts in the shape ``_flat_state`` reads (a snapshot's ``online``/``target``)."""
-
-    def __init__(self, online: dict, target: dict):
-        self.online, self.target = online, target
-
-
-def _flat_state(snap, targets: bool = True) -> dict:
-    """The shared block's names for a snapshot's tensors (``online.*``, and ``target.*`` unless ``targets`` is
-    False)."""
-    out = {f"online.{k}": v for k, v in _as_state(snap.online).items()}
-    if targets:
-        out.update({f"target.{k}": v for k, v in _as_state(snap.target).items()})
-    return out
-
-
-def _as_state(nets) -> dict:
-    return nets.state_dict() if hasattr(nets, "state_dict") else nets
-
-
-# ---------------------------------------------------------------------- the driver
 
 class SharedRate(RateController):
     """The thread trainer's rate controller with its counters in the shared array: ``steps`` and ``reserved``
@@ -374,19 +74,19 @@ class SharedRate(RateController):
 
     @property
     def steps(self) -> int:
-        return self._sum(_inserted)
+        return self._sum(inserted_slot)
 
     @steps.setter
     def steps(self, value: int) -> None:             # init and restore only: all on actor 0's account
-        self._c[_inserted(0)] = value - (self.steps - int(self._c[_inserted(0)]))
+        self._c[inserted_slot(0)] = value - (self.steps - int(self._c[inserted_slot(0)]))
 
     @property
     def reserved(self) -> int:
-        return self._sum(_reserved)
+        return self._sum(reserved_slot)
 
     @reserved.setter
     def reserved(self, value: int) -> None:
-        self._c[_reserved(0)] = value - (self.reserved - int(self._c[_reserved(0)]))
+        self._c[reserved_slot(0)] = value - (self.reserved - int(self._c[reserved_slot(0)]))
 
     @property
     def started(self) -> int:
@@ -421,7 +121,10 @@ class SharedRate(RateController):
 
 
 class ProcessTrainer(Trainer):
-    """``Trainer`` with actor processes on a shared-memory buffer (``backend = "processes"``)."""
+    """``Trainer`` with actor processes on a shared-memory buffer (``backend = "processes"``). ``faults``: the
+    workers' fault-injection seam (``pal_bench.train.faults``; tests set it)."""
+
+    faults: Faults = NO_FAULTS
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         self._ctx = mp.get_context("spawn")
@@ -437,16 +140,16 @@ class ProcessTrainer(Trainer):
         self._published_target: dict | None = None  # the snapshot target dict whose tensors the block holds
         self.restarts = [0] * cfg.actors
         self.lost = [0] * cfg.actors
-        name = _segment_name(self.run_dir, "w")
+        name = segment_name(self.run_dir, "w")
         stale = Path("/dev/shm") / name
         if stale.exists():                                # left by a driver killed in this run directory
             stale.unlink()
-        self._weights = SharedWeights.create(spec_of(_flat_state(self.ps.snapshot)), name=name)
+        self._weights = SharedWeights.create(spec_of(flat_state(self.ps.snapshot)), name=name)
         self._publish()
         if cfg.learner_processes:
             self._gspec = grads_spec(self.ps)
             for i in range(cfg.learners):
-                gname = _segment_name(self.run_dir, f"g{i}")
+                gname = segment_name(self.run_dir, f"g{i}")
                 if (Path("/dev/shm") / gname).exists():
                     (Path("/dev/shm") / gname).unlink()
                 self._grads.append(SharedWeights.create(self._gspec, name=gname))
@@ -455,22 +158,22 @@ class ProcessTrainer(Trainer):
             self._done = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
             self._lmessages = [self._ctx.Queue() for _ in range(cfg.learners)]
 
-    def _place(self) -> None:
-        """The thread trainer's parameter server; the buffer in shared memory; the rate counters in a shared
-        array (a resumed run's steps count as actor 0's)."""
-        super()._place()
+    def _make_rate(self) -> SharedRate:
+        """The rate counters in a shared array the actor processes write (a resumed run's steps count as actor
+        0's), and the process-shared lock they reserve under. The parameter server is the thread trainer's and the
+        buffer a shared segment (``_new_buffer``)."""
         self.counters = self._ctx.RawArray("q", HEADER + 2 * self.cfg.actors)
-        self.rate = SharedRate(self.cfg, self.counters)
         self._lock_mp = self._ctx.Lock()
+        return SharedRate(self.cfg, self.counters)
 
     # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
     def _new_buffer(self, fields: dict):
         cfg = self.cfg
-        return make_buffer(cfg, fields, shared=True, name=_segment_name(cfg.run_dir(), "buf"))
+        return make_buffer(cfg, fields, shared=True, name=segment_name(cfg.run_dir(), "buf"))
 
     def _load_buffer(self, path: Path):
         self.buffer.close()
-        return buffer_class(self.cfg).load(path, shared=True, name=_segment_name(self.cfg.run_dir(), "buf"))
+        return buffer_class(self.cfg).load(path, shared=True, name=segment_name(self.cfg.run_dir(), "buf"))
 
     # ------------------------------------------------------------------ counters and weights
 
@@ -480,7 +183,7 @@ class ProcessTrainer(Trainer):
         snap = self.ps.snapshot
         if snap.version != self._published:
             new_targets = snap.target is not self._published_target
-            self._weights.publish(_flat_state(snap, targets=new_targets), partial=not new_targets)
+            self._weights.publish(flat_state(snap, targets=new_targets), partial=not new_targets)
             self._published, self._published_target = snap.version, snap.target
 
     def _sync(self) -> None:
@@ -492,7 +195,7 @@ class ProcessTrainer(Trainer):
 
     def _drain(self, actor: int) -> None:
         """(sync lock held) Read what actor ``actor`` sent. A message cut short by a killed actor ends it."""
-        for kind, payload in _read(self._messages[actor]):
+        for kind, payload in read_messages(self._messages[actor]):
             if kind == "episodes":
                 for ret, length in payload:
                     self.record_episode(ret, length)
@@ -585,9 +288,16 @@ class ProcessTrainer(Trainer):
             target=learner_process, name=f"pal-learner{i}", daemon=True,
             args=(self.cfg, i, self.buffer.shared_name, self._weights.name, self._weights.spec,
                   self._grads[i].name, self._gspec, self._lslots, self._grant[i], self._done[i],
-                  self._lmessages[i], os.getpid()))
+                  self._lmessages[i], os.getpid(), self.faults))
         p.start()
         return p
+
+    def _start_learner_workers(self) -> None:
+        """(``run_learners``) The learner processes (``learner_processes``), set up before the clock."""
+        self._procs, self._last_error, self._ready = {}, {}, set()
+        if self.cfg.learner_processes:
+            self._lprocs = {i: self._start_learner(i) for i in range(self.cfg.learners)}
+            self._wait_ready()
 
     def _learner(self, i: int) -> None:
         """Learner ``i``: the thread trainer's learner, or (``learner_processes``) a proxy thread that takes
@@ -662,11 +372,11 @@ class ProcessTrainer(Trainer):
         """How learner process ``i`` ended, with the traceback it sent; or the ``TrainingError`` (``Diverged``) it
         sent, to raise as it is."""
         why = None
-        for kind, payload in _read(self._lmessages[i], timeout=0.2):
+        for kind, payload in read_messages(self._lmessages[i], timeout=0.2):
             if kind == "error":
                 why = payload
             elif kind == "training_error":
-                return _training_error(payload)
+                return training_error(payload)
         code = p.exitcode
         cause = f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
         return cause + (f":\n{why.strip()}" if why else "")
@@ -683,7 +393,7 @@ class ProcessTrainer(Trainer):
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
-            for kind, payload in _read(self._lmessages[i]):
+            for kind, payload in read_messages(self._lmessages[i]):
                 if kind == "timers":
                     self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
         self._lprocs = {}
@@ -691,8 +401,8 @@ class ProcessTrainer(Trainer):
     def _start(self, i: int) -> mp.Process:
         p = self._ctx.Process(
             target=actor_process, name=f"pal-actor{i}", daemon=True,
-            args=(self.cfg, i, self.restarts[i], self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid()))
+            args=(self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name, self._weights.name,
+                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid(), self.faults))
         p.start()
         return p
 
@@ -718,11 +428,11 @@ class ProcessTrainer(Trainer):
                 self.counters[HOLDER] = 0
                 self._lock_mp.release()
             with self._lock_mp:                  # give back what it reserved and never inserted
-                lost = int(self.counters[_reserved(i)] - self.counters[_inserted(i)])
-                self.counters[_reserved(i)] = self.counters[_inserted(i)]
+                lost = int(self.counters[reserved_slot(i)] - self.counters[inserted_slot(i)])
+                self.counters[reserved_slot(i)] = self.counters[inserted_slot(i)]
             self.lost[i] += lost
             if i in self._training_errors:       # it diverged (actor-side priorities): no restart would help
-                raise _training_error(self._training_errors.pop(i))
+                raise training_error(self._training_errors.pop(i))
             why = self._last_error.pop(i, None)
             cause = (f"exit code {p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
                      + (f": {why.strip().splitlines()[-1]}" if why else ""))

@@ -19,7 +19,7 @@ Times are seconds per iteration (mean over timed iterations and learners); ``agg
 (communicate + apply) / iteration. All learner processes are placed with ``num_cpus=0``, so with
 more learners than cores they share the cores, as they would on an oversubscribed node.
 
-``pal-bench aggregation --quick``: L = 1, 2, two sizes (a few minutes on 2 cores); the full profile
+``pal-bench aggregation --quick``: L = 1, 2, two sizes (a few minutes on 2 cores); the full sweep
 (no ``--quick``): L = 1..4, four sizes. ``--ray-address`` runs it on a cluster. Writes
 ``results/aggregation.csv``, ``results/figures/aggregation_breakdown.png`` and
 ``results/figures/aggregation_share.png``.
@@ -39,10 +39,12 @@ import numpy as np
 import torch
 
 from pal_bench.argtypes import choice_list, nonneg_int, positive_int, workers
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.publishing import store
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
+from pal_bench.studies.aggregation.publish import SCHEMES, draw
 from pal_bench.train.backends.ray.session import session
 
-SCHEMES = ("threads-ps", "ps-sync", "ps-async", "allreduce", "hierarchical")
 QUICK_SIZES = ((128, 128), (1024, 1024))
 FULL_SIZES = ((128, 128), (512, 512), (1024, 1024), (2048, 2048))
 ENV = "CartPole-v1"
@@ -329,55 +331,6 @@ def study(learners: list[int], sizes, iters: int, warmup: int, group_size: int =
     return rows
 
 
-def draw(df, fig_dir: Path) -> list[Path]:
-    """``aggregation_breakdown.png`` (stacked phases vs learners, one panel per scheme and size) and
-    ``aggregation_share.png`` (share vs parameters, one line per scheme, at the most learners)."""
-    from pal_bench.bench.plotting import pyplot
-
-    plt = pyplot()
-
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    schemes = [s for s in SCHEMES if s in set(df.scheme)]
-    sizes = sorted(set(df.params))
-    fig, axes = plt.subplots(len(sizes), len(schemes), figsize=(3.2 * len(schemes), 2.8 * len(sizes)),
-                             squeeze=False, sharex=True)
-    colors = {"compute_s": "#4c72b0", "communicate_s": "#dd8452", "apply_s": "#55a868"}
-    for i, p in enumerate(sizes):
-        for j, s in enumerate(schemes):
-            ax, d = axes[i][j], df[(df.params == p) & (df.scheme == s)].sort_values("learners")
-            bottom = np.zeros(len(d))
-            for k, c in colors.items():
-                ax.bar(d.learners, d[k] * 1e3, bottom=bottom, color=c, label=k.removesuffix("_s"))
-                bottom += d[k].to_numpy() * 1e3
-            ax.set_title(f"{s}, {p:,} params", fontsize=9)
-            ax.set_xticks(sorted(set(df.learners)))
-            if j == 0:
-                ax.set_ylabel("ms / iteration")
-            if i == len(sizes) - 1:
-                ax.set_xlabel("learners")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    breakdown = fig_dir / "aggregation_breakdown.png"
-    fig.savefig(breakdown, dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    top = df.learners.max()
-    for s in schemes:
-        d = df[(df.scheme == s) & (df.learners == top)].sort_values("params")
-        ax.plot(d.params, d.aggregation_share * 100, marker="o", label=s)
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel("aggregation share of iteration (%)")
-    ax.set_title(f"gradient aggregation share, {top} learners")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    share = fig_dir / "aggregation_share.png"
-    fig.savefig(share, dpi=110)
-    plt.close(fig)
-    return [breakdown, share]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench aggregation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1-2 learners, 2 model sizes (a few minutes on 2 cores)")
@@ -388,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schemes", type=choice_list(SCHEMES), default=list(SCHEMES),
                     help=f"comma-separated, of {', '.join(SCHEMES)} (default: all)")
     ap.add_argument("--ray-address", help="join this Ray cluster (default: a local Ray of this machine's cores)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "results",
+    ap.add_argument("--out", type=Path, default=RESULTS,
                     help="where the CSV and figure go (default: the project's results/)")
     add_force_flag(ap)
     args = ap.parse_args(argv)
@@ -405,16 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = study(list(range(1, top + 1)), sizes, iters, args.warmup, args.group_size, schemes,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
-    df.to_csv(out / "aggregation.csv", index=False, float_format="%.6g")
-    measured.write(out / "aggregation.csv")
+    store(df, out / "aggregation.csv", measured, "%.6g")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for p in draw(df, out / "figures"):
         print(f"figure: {p}")
     print(f"csv: {out / 'aggregation.csv'}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

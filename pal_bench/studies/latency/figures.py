@@ -1,4 +1,4 @@
-"""Paper-style figures from the tidy latency rows (``pal_bench.report`` calls ``draw_all``).
+"""Paper-style figures of the buffer suites, from the tidy latency rows (``publish.outputs`` calls ``draw_all``).
 
 Log-log latency vs buffer size, one line per implementation (the PAL paper's latency figure), one
 file per operation plus a panel of all of them; latency vs batch size; the fan-out sweep; the tree
@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.plotting import pyplot
-
-plt = pyplot()
+from pal_bench.plotting import pyplot, save_figure
 
 OPS = ["insert_one", "insert_batch", "sample", "update", "sample_update"]
 TITLES = {"insert_one": "insert 1 transition", "insert_batch": "add_batch (B transitions)",
@@ -39,20 +37,6 @@ def _lines(ax, df: pd.DataFrame, x: str) -> None:
                         color=_style(peer)["color"], alpha=0.15, lw=0)
 
 
-def save_figure(fig, path: Path, note: str | None = None) -> Path:
-    """Lay out, write (110 dpi, creating the folder) and close ``fig``; ``note`` goes small and grey in the
-    bottom right corner. Returns ``path``."""
-    if note:
-        fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize=6, color="gray")
-        fig.tight_layout(rect=(0, 0.02, 1, 1))
-    else:
-        fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _order(df: pd.DataFrame) -> pd.DataFrame:
     rank = {p: i for i, p in enumerate(STYLE)}
     return df.assign(_r=df.peer.map(lambda p: rank.get(p, 99))).sort_values("_r").drop(columns="_r")
@@ -60,6 +44,7 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
 
 def latency_vs_capacity(df: pd.DataFrame, out: Path, note: str) -> list[Path]:
     """One log-log figure per operation, and a panel of all operations."""
+    plt = pyplot()
     df = _order(df)
     ops = [op for op in OPS if op in set(df.op)]
     paths = []
@@ -100,6 +85,7 @@ def _axes(ax, title: str, xlabel: str) -> None:
 
 
 def latency_vs_batch(df: pd.DataFrame, out: Path, note: str) -> Path:
+    plt = pyplot()
     df = _order(df[df.capacity == df.capacity.min()])
     ops = [op for op in OPS if op in set(df.op)]
     fig, axes = plt.subplots(1, len(ops), figsize=(3.3 * len(ops), 3.4), squeeze=False)
@@ -112,6 +98,7 @@ def latency_vs_batch(df: pd.DataFrame, out: Path, note: str) -> Path:
 
 
 def latency_vs_fanout(df: pd.DataFrame, out: Path, note: str) -> Path:
+    plt = pyplot()
     df = df[df.capacity == df.capacity.max()]
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for op, g in df.groupby("op"):
@@ -124,6 +111,7 @@ def latency_vs_fanout(df: pd.DataFrame, out: Path, note: str) -> Path:
 
 
 def tree_vs_buffer(df: pd.DataFrame, out: Path, note: str) -> Path:
+    plt = pyplot()
     df = _order(df)
     ops = [op for op in ("sample", "update", "sample_update") if op in set(df.op)]
     fig, axes = plt.subplots(1, len(ops), figsize=(3.3 * len(ops), 3.4), squeeze=False)

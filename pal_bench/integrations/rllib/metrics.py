@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics.metrics_logger import DEFAULT_STATS_CLS_LOOKUP, MetricsLogger
 from ray.rllib.utils.metrics.stats.base import StatsBase
 from ray.rllib.utils.metrics.stats.mean import MeanStats
@@ -103,3 +104,23 @@ class CheapMetricsLogger(MetricsLogger):
     def set_state(self, state: dict[str, Any]) -> None:
         self._leaf_of.clear()
         super().set_state(state)
+
+
+def rows_per_episode(serials: list[int]) -> dict[int, int]:
+    """Rows per episode serial, ignoring negative (empty-slot) ones: a few rows per call, where ``np.unique``
+    costs ~15 µs and ``Counter``'s constructor ~15 µs cold inside a training loop."""
+    out: dict[int, int] = {}
+    for s in serials:
+        if s >= 0:
+            out[s] = out.get(s, 0) + 1
+    return out
+
+
+def metric_kwargs(**totals: float) -> dict[str, Any]:
+    """RLlib's ``_update_*_metrics`` arguments: each total plus its ``agent_to_*``/``module_to_*`` dicts."""
+    out: dict[str, Any] = dict(totals)
+    for key, value in totals.items():
+        key = key.replace("num_env_steps", "num_steps")
+        out[f"agent_to_{key}"] = {DEFAULT_AGENT_ID: value}
+        out[f"module_to_{key}"] = {DEFAULT_MODULE_ID: value}
+    return out

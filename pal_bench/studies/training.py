@@ -1,9 +1,11 @@
-"""The trainer's reference runs: ``python -m pal_bench.train.sweep [--only NAME ...]``.
+"""The trainer's reference runs: ``python -m pal_bench.studies.training [--only NAME ...]`` (``make train-results``).
 
 Each preset is one ``pal-bench train`` run (printed as its command line) writing into
 ``results/runs/<name>/``; afterwards ``results/training.md`` and ``results/training.csv`` summarise
 every run found there (final and best evaluation return, env steps/s, updates/s, wall time), read
-from the runs' own ``summary.json`` files, never re-measured.
+from the runs' own ``summary.json`` files, never re-measured. Each run is its own ``pal-bench train`` process.
+docs/trainer.md's blocks: the reference runs (``training``) and the learning tests' seed sweeps
+(``learning-sweeps``, written by ``tests/learning_runs.py``).
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
+from pal_bench.paths import RESULTS
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNS = ROOT / "results" / "runs"
+RUNS = RESULTS / "runs"
 
 # name -> (algo, env, extra `pal-bench train` arguments); targets from the issue: LunarLander-v3
 # solved at 200, Pendulum-v1 at -250
@@ -58,10 +62,13 @@ TARGETS = {"Pendulum-v1": -250.0, "LunarLander-v3": 200.0, "pal_bench/CartPoleNo
 def command(name: str) -> list[str]:
     algo, env, extra = PRESETS[name]
     if "split=dse" in extra:            # the split the DSE picks for this backend from its stored curves
-        from pal_bench.studies.race import TASKS, dse_split
+        from pal_bench.studies.dse import split_from_curves
+        from pal_bench.train import make_config
 
         backend = extra[extra.index("--backend") + 1]
-        actors, learners = dse_split(TASKS["full"], backend)
+        preset = extra[extra.index("--preset") + 1] if "--preset" in extra else None
+        ratio = make_config(algo, env, preset=preset, backend=backend).updates_per_step
+        actors, learners = split_from_curves(ratio, backend)
         extra = [x for x in extra if x not in ("--set", "split=dse")] + ["--actors", str(actors)]
         if "apex" not in extra:
             extra += ["--learners", str(learners)]
@@ -86,38 +93,76 @@ def summarise(runs: Path = RUNS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_tables(df: pd.DataFrame, out: Path = ROOT / "results") -> str:
-    df.to_csv(out / "training.csv", index=False)
+def write_tables(df: pd.DataFrame, out: Path = RESULTS) -> str:
+    atomic_write_text(out / "training.csv", df.to_csv(index=False))
     cmds = "\n".join(f"    {shlex.join(command(r))}" for r in df.run if r in PRESETS)
     text = ("Evaluation return (mean of `eval_episodes` greedy episodes) of the trainer's reference runs, "
-            "from `results/runs/<run>/summary.json`; made by `python -m pal_bench.train.sweep`:\n\n" + cmds
+            "from `results/runs/<run>/summary.json`; made by `python -m pal_bench.studies.training`:\n\n" + cmds
             + "\n\n" + df.drop(columns=["target"]).to_markdown(index=False, floatfmt=".1f") + "\n")
-    (out / "training.md").write_text(text)
+    atomic_write_text(out / "training.md", text)
     return text
+
+
+def training_block(results: Path) -> str:
+    path = results / "training.csv"
+    if not path.exists():
+        return missing("training.csv", "make train-results")
+    df = pd.read_csv(path)
+    t = pd.DataFrame({
+        "run": df.run, "algorithm": df.algo, "env": df.env, "actors / learners": df.actors.astype(str) + " / "
+        + df.learners.astype(str), "env steps": df.env_steps, "updates": df.updates,
+        "final eval return": df.final_eval_return, "best eval return": df.best_eval_return,
+        "target": df.target.map(lambda v: f">= {v:g}"), "reached": df.reached.map({True: "yes", False: "**no**"}),
+    })
+    return ("Evaluation return (mean of the run's greedy evaluation episodes) of the reference runs; each run's "
+            "command is in `results/training.md`, its curve in `results/runs/<run>/learning_curve.png`.\n\n"
+            + md(t) + "\n\n" + source(results, "training.csv") + "\n")
+
+
+def learning_sweeps_block(results: Path) -> str:
+    path = results / "learning_sweeps.csv"
+    if not path.exists():
+        return missing("learning_sweeps.csv", "python tests/learning_runs.py RUN --seeds 0-9")
+    df = pd.read_csv(path)
+    rows = []
+    for run, g in df.groupby("run", sort=False):
+        row = {"run": run, "seeds": len(g), "best: min": g.best.min(), "best: median": g.best.median(),
+               "best: max": g.best.max()}
+        if "final" in g and g.final.notna().any():
+            row |= {"final: min": g.final.min(), "final: median": g.final.median()}
+        row |= {"CPU": ", ".join(sorted(set(g.cpu.astype(str)))), "noisy seeds": int(g.noisy.sum()),
+                "dates": f"{str(g.date.min())[:10]}"}
+        rows.append(row)
+    return ("Seed sweeps of the learning tests (`python tests/learning_runs.py RUN --seeds ...`): the asserted "
+            "quantity over seeds; each test's threshold sits below the minimum with a margin (its docstring says "
+            "which).\n\n" + md(pd.DataFrame(rows)) + "\n\nSource: `results/learning_sweeps.csv` (one row per seed, "
+            "with load before/after, CPU and commit).\n")
+
+
+PUBLICATION = Publication("training", {"training": training_block, "learning-sweeps": learning_sweeps_block})
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", choices=sorted(PRESETS), help="presets to run (default: all)")
-    ap.add_argument("--report", action="store_true", help="only rebuild the tables from stored runs")
+    ap.add_argument("--rebuild", action="store_true", help="only rebuild the tables from stored runs")
     add_force_flag(ap)
     args = ap.parse_args(argv)
     measured = None
-    if not args.report:
-        from pal_bench.cli import main as cli
-
-        if refuse_if_busy("pal_bench.train.sweep", args.force):
+    if not args.rebuild:
+        if refuse_if_busy("pal_bench.studies.training", args.force):
             return 2
         measured = Conditions("trainer reference runs")
         for name in args.only or PRESETS:
             print("$", shlex.join(command(name)), flush=True)
             # a reference run is made again on purpose: it replaces the stored one
-            rc = cli(command(name)[1:] + ["--out-dir", str(RUNS), "--overwrite"])
+            rc = subprocess.call([sys.executable, "-m", "pal_bench.cli", *command(name)[1:], "--out-dir", str(RUNS),
+                                  "--overwrite"])
             if rc:
                 return rc
     print(write_tables(summarise()))
     if measured is not None:
-        measured.write(ROOT / "results" / "training.csv")
+        measured.write(RESULTS / "training.csv")
     return 0
 
 

@@ -23,8 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 from pal_bench.atomic import atomic_write_text  # noqa: F401 - re-exported: the studies write through it
+from pal_bench.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("numpy", "torch", "gymnasium", "cython", "tianshou", "cpprb", "ray", "pandas", "scipy")
 
 

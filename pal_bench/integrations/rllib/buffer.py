@@ -1,22 +1,5 @@
-"""RLlib (ray 2.60, new API stack) drop-in: a prioritized episode replay buffer stored in PAL's Cython buffer.
-
-Use it through the algorithm config, as a dotted string (RLlib 2.60 rejects a class object here)::
-
-    config.training(replay_buffer_config={
-        "type": "pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer",
-        "capacity": 50_000, "alpha": 0.6, "beta": 0.4,
-    })
-
-SAC's config check accepts only RLlib's own buffer names: build SAC with a small RLlib buffer, then swap
-it with ``replace_replay_buffer(algo, capacity=...)`` before training.
-
-Layout: each env step of an episode chunk is one PAL row ``(obs, next_obs, action, reward, terminated,
-truncated, t)``, with specs inferred from the first episode. Python keeps two int64 arrays indexed by
-slot: the transition id of the row's successor in its episode (-1: none yet) and an episode serial
-(for metrics). Chunks of one episode may arrive over several ``add`` calls, interleaved with others;
-the successor link joins them. The ring overwrites the oldest transitions (RLlib evicts whole
-episodes); an n-step walk stops at the episode's end, at a successor not yet added or overwritten.
-"""
+"""``PALPrioritizedEpisodeReplayBuffer``: RLlib's prioritized episode buffer with storage and priorities in
+PAL's Cython buffer (usage and layout: ``pal_bench.integrations.rllib``)."""
 
 from __future__ import annotations
 
@@ -26,134 +9,17 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
-from ray.rllib.env import single_agent_episode as _sae
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
-from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from ray.rllib.utils import force_list
 from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 from ray.rllib.utils.serialization import gym_space_from_dict, gym_space_to_dict
-from ray.rllib.utils.spaces.space_utils import get_base_struct_from_space
 
 from pal_bench import PrioritizedReplayBuffer
-from pal_bench.integrations.rllib_metrics import CheapMetricsLogger
+from pal_bench.integrations.rllib.episodes import OneStepEpisodes
+from pal_bench.integrations.rllib.metrics import CheapMetricsLogger, metric_kwargs, rows_per_episode
 
 STATE_VERSION = 1
-
-
-class _OneStepEpisodes:
-    """Builds the 1-step ``SingleAgentEpisode`` objects ``sample`` returns, about 10x faster than the
-    constructor: ``SingleAgentEpisode.__init__`` re-derives the space structure of every lookback
-    buffer and validates (~35 µs an episode, most of a 256-batch sample), while these episodes
-    all share two spaces whose structures are computed once here. The attributes set are exactly
-    the constructor's (RLlib 2.60; tests/test_integration_rllib.py compares both field by field)."""
-
-    def __init__(self, obs_space: Any, act_space: Any):
-        self.obs_space, self.act_space = obs_space, act_space
-        self._structs = {id(sp): get_base_struct_from_space(sp)
-                         for sp in (obs_space, act_space, _sae._REWARDS_BOX_SPACE, None)}
-        self._prefix, self._serial = os.urandom(8).hex(), 0
-
-    def _buffer(self, data: list, space: Any) -> InfiniteLookbackBuffer:
-        b = InfiniteLookbackBuffer.__new__(InfiniteLookbackBuffer)
-        b.data, b.lookback, b.finalized = data, 0, False
-        b._space, b._space_struct = space, self._structs[id(space)]
-        return b
-
-    def _new(self, cls: type, terminated: bool, truncated: bool):
-        """An episode of ``cls`` with the constructor's attributes that do not depend on its data."""
-        ep = cls.__new__(cls)
-        self._serial += 1
-        ep.id_ = f"{self._prefix}{self._serial:016x}"
-        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
-        ep._observation_space, ep._action_space = self.obs_space, self.act_space
-        ep.is_terminated, ep.is_truncated = terminated, truncated
-        ep._custom_data = {}
-        ep._start_time = ep._last_step_time = ep._last_added_observation = ep._last_added_infos = None
-        return ep
-
-    def make(self, obs: Any, next_obs: Any, action: Any, reward: float, terminated: bool, truncated: bool,
-             weight: float, n_step: int, t_started: int) -> SingleAgentEpisode:
-        ep = self._new(SingleAgentEpisode, terminated, truncated)
-        ep.observations = self._buffer([obs, next_obs], self.obs_space)
-        ep.infos = self._buffer([{}, {}], None)
-        ep.actions = self._buffer([action], self.act_space)
-        ep.rewards = self._buffer([reward], _sae._REWARDS_BOX_SPACE)
-        ep.extra_model_outputs = {"weights": self._buffer([weight], None), "n_step": self._buffer([n_step], None)}
-        ep.t_started = t_started
-        ep.t = t_started + 1
-        return ep
-
-    def columns(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-                weights: np.ndarray, n_step: np.ndarray, terminated: bool = False,
-                truncated: bool = False) -> _ColumnEpisode:
-        """One ``_ColumnEpisode`` for ``n = len(rewards)`` transitions; only a single transition (n = 1) may end
-        its episode (``terminated``/``truncated``), since RLlib reads those flags per episode."""
-        ep = self._new(_ColumnEpisode, terminated, truncated)
-        ep.observations = ep.infos = ep.actions = ep.rewards = None      # read through the getters only
-        ep._columns = {"obs": obs, "next_obs": next_obs, "actions": actions, "rewards": rewards,
-                       "weights": weights, "n_step": n_step}
-        ep.extra_model_outputs = {"weights": None, "n_step": None}       # the keys the connector iterates
-        ep.t_started, ep.t = 0, len(rewards)
-        return ep
-
-
-class _ColumnEpisode(SingleAgentEpisode):
-    """``n`` sampled one-step transitions, none of which ends its episode (or a single one that may), as ONE
-    episode object whose getters
-    return the batch's columns: what RLlib's learner connectors (``AddObservationsFromEpisodesToBatch``,
-    ``AddNextObservationsFromEpisodesToTrainBatch``, ``AddColumnsFromEpisodesToTrainBatch``) read from an
-    episode of length ``n`` (observations ``[0, n)`` and ``[1, n + 1)``, actions, rewards and extra model outputs
-    ``[0, n)``, and the episode's terminated/truncated flags, which RLlib gives the last step), each as one array
-    that RLlib's ``add_n_batch_items`` appends as an already batched item. So a whole batch costs one object
-    instead of ``n`` (and the connectors one call per column instead of ``n``). Any other read raises
-    ``NotImplementedError`` naming the ``columnar=False`` switch: this is not a trajectory (its "next
-    observation" of step i is not the observation of step i + 1)."""
-
-    __slots__ = ("_columns",)
-
-    def _column(self, name: str, indices: Any, lo: int = 0, **unsupported: Any) -> np.ndarray:
-        if any(v is not None and v is not False for v in unsupported.values()) or indices != slice(lo, lo + self.t):
-            raise NotImplementedError(
-                f"a columnar sample of PALPrioritizedEpisodeReplayBuffer answers RLlib's learner-connector reads "
-                f"only (got {name} at {indices!r}, options {unsupported}); configure the buffer with "
-                f"columnar=False to get one SingleAgentEpisode per sampled transition")
-        return self._columns[name]
-
-    def get_observations(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None,
-                         one_hot_discrete: bool = False) -> np.ndarray:
-        opts = dict(neg_index_as_lookback=neg_index_as_lookback, fill=fill, one_hot_discrete=one_hot_discrete)
-        if indices == slice(1, self.t + 1):
-            return self._column("next_obs", indices, lo=1, **opts)
-        return self._column("obs", indices, **opts)
-
-    def get_actions(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None,
-                    one_hot_discrete: bool = False) -> np.ndarray:
-        return self._column("actions", indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill,
-                            one_hot_discrete=one_hot_discrete)
-
-    def get_rewards(self, indices: Any = None, *, neg_index_as_lookback: bool = False,
-                    fill: Any = None) -> np.ndarray:
-        return self._column("rewards", indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
-
-    def get_extra_model_outputs(self, key: str, indices: Any = None, *, neg_index_as_lookback: bool = False,
-                                fill: Any = None) -> np.ndarray:
-        return self._column(key, indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
-
-    def get_infos(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> list:
-        self._column("obs", indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
-        return [{} for _ in range(self.t)]
-
-    @property
-    def is_numpy(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"_ColumnEpisode({self.t} transitions, terminated={self.is_terminated}, truncated={self.is_truncated})"
-
-    def to_numpy(self) -> _ColumnEpisode:
-        return self
 
 
 def _field_spec(data: np.ndarray, space: Any) -> tuple[tuple[int, ...], np.dtype]:
@@ -164,26 +30,6 @@ def _field_spec(data: np.ndarray, space: Any) -> tuple[tuple[int, ...], np.dtype
     dtype = getattr(space, "dtype", None)
     dtype = np.dtype(dtype) if dtype is not None and np.dtype(dtype).kind in "biuf" else data.dtype
     return data.shape[1:], dtype
-
-
-def _counts(serials: list[int]) -> dict[int, int]:
-    """Rows per episode serial, ignoring negative (empty-slot) ones: a few rows per call, where ``np.unique``
-    costs ~15 µs and ``Counter``'s constructor ~15 µs cold inside a training loop."""
-    out: dict[int, int] = {}
-    for s in serials:
-        if s >= 0:
-            out[s] = out.get(s, 0) + 1
-    return out
-
-
-def _metric_kwargs(**totals: float) -> dict[str, Any]:
-    """RLlib's ``_update_*_metrics`` arguments: each total plus its ``agent_to_*``/``module_to_*`` dicts."""
-    out: dict[str, Any] = dict(totals)
-    for key, value in totals.items():
-        key = key.replace("num_env_steps", "num_steps")
-        out[f"agent_to_{key}"] = {DEFAULT_AGENT_ID: value}
-        out[f"module_to_{key}"] = {DEFAULT_MODULE_ID: value}
-    return out
 
 
 class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
@@ -200,7 +46,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         fanout: K of PAL's sum tree.
         seed: seeds PAL's sampling RNG and the n-step draws (None: from the OS).
         columnar: ``sample`` returns the transitions that do not end an episode as one columnar episode
-            (``_ColumnEpisode``: one object per batch, read by RLlib's learner connectors as whole columns) and
+            (``ColumnEpisode``: one object per batch, read by RLlib's learner connectors as whole columns) and
             each one that does as its own 1-step episode; False: one 1-step episode per transition. The train
             batch RLlib builds is the same either way, rows in the order of the returned episodes.
         batch_size_B, batch_length_T, metrics_num_episodes_for_smoothing: as in RLlib.
@@ -225,7 +71,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.rng = np.random.default_rng(seed)
         self._buf: PrioritizedReplayBuffer | None = None  # created by the first add (specs from its data)
         self._obs_space = self._act_space = None
-        self._episodes: _OneStepEpisodes | None = None
+        self._episodes: OneStepEpisodes | None = None
         self._succ = np.full(self.capacity, -1, dtype=np.int64)     # slot -> successor's transition id
         self._episode = np.full(self.capacity, -1, dtype=np.int64)  # slot -> episode serial (-1: empty)
         self._episode_rows: dict[int, int] = {}                     # serial -> live rows
@@ -327,7 +173,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             live = ids >= oldest
             ids, serial, succ = ids[live], serial[live], succ[live]
         slots = ids % self.capacity
-        evicted = _counts(self._episode[slots].tolist())  # the episodes whose rows these slots held
+        evicted = rows_per_episode(self._episode[slots].tolist())  # the episodes whose rows these slots held
         evicted_rows, n_evicted = sum(evicted.values()), 0
         for s, k in evicted.items():
             left = self._episode_rows.pop(s) - k
@@ -337,7 +183,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 n_evicted += 1
         self._episode[slots] = serial
         self._succ[slots] = succ
-        for s, k in _counts(serial.tolist()).items():
+        for s, k in rows_per_episode(serial.tolist()).items():
             self._episode_rows[s] = self._episode_rows.get(s, 0) + k
         for prev, nxt in links:
             if prev >= oldest:
@@ -345,7 +191,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._open = {k: v for k, v in self._open.items() if v[1] >= oldest}
         self._num_timesteps_added += n_total
         self._num_episodes_evicted += n_evicted
-        self._update_add_metrics(**_metric_kwargs(
+        self._update_add_metrics(**metric_kwargs(
             num_episodes_added=n_new, num_env_steps_added=n_total, num_episodes_evicted=n_evicted,
             num_env_steps_evicted=evicted_rows))
 
@@ -391,7 +237,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
         self._last_sampled_ids = ids
         if self._episodes is None or self._episodes.obs_space is not self._obs_space:
-            self._episodes = _OneStepEpisodes(self._obs_space, self._act_space)
+            self._episodes = OneStepEpisodes(self._obs_space, self._act_space)
         make, obs, act, w, t = self._episodes.make, out["obs"], out["action"], out["weights"], out["t"]
         if self._columnar:
             # the transitions that do not end an episode as one columnar episode, each that does as its own
@@ -415,7 +261,7 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             episodes = [e.to_numpy() for e in episodes]
 
         self.sampled_timesteps += B
-        self._update_sample_metrics(**_metric_kwargs(
+        self._update_sample_metrics(**metric_kwargs(
             num_env_steps_sampled=B, num_episodes_per_sample=len(set(self._episode[ids % self.capacity].tolist())),
             num_env_steps_per_sample=len(set(ids.tolist())), sampled_n_step=1.0 if n is None else float(k.mean()),
             num_resamples=0))
@@ -520,14 +366,3 @@ class PALPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.rng.bit_generator.state = state["rng"]
         self._obs_space, self._act_space = (None if s is None else gym_space_from_dict(s) for s in state["spaces"])
         self._columnar = bool(state.get("columnar", self._columnar))
-
-
-def replace_replay_buffer(algo: Any, **kwargs: Any) -> PALPrioritizedEpisodeReplayBuffer:
-    """Swap ``algo.local_replay_buffer`` for a new ``PALPrioritizedEpisodeReplayBuffer``; call before training.
-
-    For SAC, whose ``SACConfig.validate`` (RLlib 2.60) rejects any buffer ``type`` but RLlib's four own
-    names. Constructor arguments: ``algo.config.replay_buffer_config`` (less ``type``), updated by ``kwargs``.
-    """
-    config = {k: v for k, v in algo.config.replay_buffer_config.items() if k != "type"}
-    algo.local_replay_buffer = PALPrioritizedEpisodeReplayBuffer(**{**config, **kwargs})
-    return algo.local_replay_buffer

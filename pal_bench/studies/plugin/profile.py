@@ -1,4 +1,4 @@
-"""Where one plug-in benchmark iteration goes: ``python -m pal_bench.studies.plugin_profile rllib-dqn 256 0 pal``.
+"""Where one plug-in benchmark iteration goes: ``python -m pal_bench.studies.plugin.profile rllib-dqn 256 0 pal``.
 
 Builds the benchmark's run for one configuration (framework, train batch, env runners, buffer "default" or
 "pal"), fills it past learning_starts, then times ``--iterations`` training iterations with each buffer method
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from pal_bench.argtypes import nonneg_int, positive_int
-from pal_bench.studies.plugin import ENVS, Case, RLlibRun
+from pal_bench.studies.plugin.measure import ENVS, Case, RLlibRun
 
 
 def _timed(fn, name: str, seconds: collections.Counter, calls: collections.Counter):
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     case = Case(args.framework, ENVS[args.framework], args.batch, args.runners, args.buffer)
     if args.framework.startswith("tianshou"):
-        from pal_bench.integrations.tianshou_dqn import TianshouRun
+        from pal_bench.studies.plugin.tianshou_run import TianshouRun
 
         run = TianshouRun(case, 0, args.steps)
     else:

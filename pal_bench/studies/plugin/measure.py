@@ -10,7 +10,7 @@ buffer instance's methods) and the speedup default / PAL.
 The two runs of a configuration are built side by side and their timed iterations alternate
 (ABBA), so load on a shared machine hits both alike. ``pal-bench plugin-bench [--full]`` writes
 ``results/plugin.csv`` (one row per configuration and buffer, with every timed iteration) and
-``results/figures/plugin.png``; the table (``pal_bench.bench.tables``) is printed and lives in docs/plugin.md.
+``results/figures/plugin.png``; the table (``publish``) is printed and lives in docs/plugin.md.
 Quick (default): 2 warm-up and 5 timed iterations of 200 env
 steps each, env runners 0 and 1; ``--full``: 10 timed iterations of 1000 steps, env runners
 0..cores-1 (at least 0 and 1). tianshou's iterations take about a tenth of RLlib's, so its cases
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,10 +33,12 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.argtypes import MAX_COUNT, Range, nonneg_int, number, rng_seed
-from pal_bench.bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
-from pal_bench.train.backends.ray.session import connect
+from pal_bench.bench.publishing import show, store
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
+from pal_bench.paths import RESULTS
+from pal_bench.studies.plugin.publish import PUBLICATION
+from pal_bench.train.backends.ray.session import local_ray
 
-ROOT = Path(__file__).resolve().parents[2]
 BUFFER_METHODS = ("add", "sample", "update_priorities", "get_metrics")
 ENVS = {"rllib-dqn": "LunarLander-v3", "rllib-sac": "Pendulum-v1", "tianshou-dqn": "LunarLander-v3"}
 
@@ -98,12 +99,6 @@ def rllib_algo(case: Case, seed: int, steps_per_iter: int, learning_starts: int)
 
         replace_replay_buffer(algo)
     return algo
-
-
-def local_ray() -> None:
-    """Start this process's own Ray instance (a bare ``ray.init()`` would join any cluster that
-    ``ray start`` left running on the machine) with as many CPUs as the machine has."""
-    connect(num_cpus=max(2, os.cpu_count() or 1), log_to_driver=False)
 
 
 class RLlibRun:
@@ -179,76 +174,6 @@ def cases(full: bool, cores: int) -> list[Case]:
     return out
 
 
-def _times(cell) -> list[float]:
-    return [float(x) for x in str(cell).split()] if isinstance(cell, str) and cell.strip() else []
-
-
-def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration: median ms with each buffer, speedup default / PAL with a bootstrap 95%
-    interval over the timed iterations (``speedup_low``/``_high``; NaN for results stored without their
-    iteration times), buffer shares, the Amdahl bound, and a ``note`` where the speedup exceeds the bound."""
-    from pal_bench.bench.stats import ratio_ci
-
-    keys = ["framework", "env", "batch_size", "env_runners"]
-    d = df[df.buffer == "default"].set_index(keys)
-    p = df[df.buffer == "pal"].set_index(keys)
-    t = pd.DataFrame({"default_ms": d.iteration_s * 1e3, "pal_ms": p.iteration_s * 1e3,
-                      "speedup": d.iteration_s / p.iteration_s,
-                      "buffer_share_default": d.buffer_share, "buffer_share_pal": p.buffer_share}).reset_index()
-    # the speedup if the buffer took no time at all (Amdahl bound for replacing the buffer)
-    t["bound"] = 1 / (1 - t.buffer_share_default)
-    lows, highs = [], []
-    for key in zip(*(t[k] for k in keys)):
-        a = _times(d.loc[key].get("times_s")) if "times_s" in d else []
-        b = _times(p.loc[key].get("times_s")) if "times_s" in p else []
-        _, lo, hi = ratio_ci(a, b) if a and b else (np.nan, np.nan, np.nan)
-        lows.append(lo)
-        highs.append(hi)
-    t["speedup_low"], t["speedup_high"] = lows, highs
-    t["note"] = [_note(f, s, lo, bound) for f, s, lo, bound in zip(t.framework, t.speedup, t.speedup_low, t.bound)]
-    return t
-
-
-# drop-ins that change work outside the buffer's own methods, so their speedup may exceed the buffer-only bound
-_RLLIB_COLUMNAR = ("above the buffer-only bound, as expected: PAL's columnar samples also cut RLlib's "
-                   "learner-connector work (profile in docs/plugin.md)")
-BEYOND_THE_BUFFER = {"rllib-dqn": _RLLIB_COLUMNAR, "rllib-sac": _RLLIB_COLUMNAR}
-
-
-def _note(framework: str, speedup: float, low: float, bound: float) -> str:
-    """Why a speedup above the Amdahl bound is expected (a drop-in that changes work outside the buffer) or
-    a measurement problem (any other); empty when it is within the bound."""
-    above = low > bound if np.isfinite(low) else speedup > bound
-    if not above:
-        return ""
-    if framework in BEYOND_THE_BUFFER:
-        return BEYOND_THE_BUFFER[framework]
-    return ("interval above the Amdahl bound: a measurement problem, not a result" if np.isfinite(low)
-            else "above the Amdahl bound (no interval stored): not a result")
-
-
-def draw(t: pd.DataFrame, path: Path) -> Path:
-    from pal_bench.bench.plotting import pyplot
-
-    plt = pyplot()
-
-    labels = [f"{r.framework}\nB={r.batch_size} runners={r.env_runners}" for r in t.itertuples()]
-    x = np.arange(len(t))
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(t) + 2), 4))
-    ax.bar(x - 0.2, t.default_ms, 0.4, label="framework's own buffer")
-    ax.bar(x + 0.2, t.pal_ms, 0.4, label="PAL drop-in")
-    for xi, r in zip(x, t.itertuples()):
-        ax.text(xi, max(r.default_ms, r.pal_ms) * 1.02, f"{r.speedup:.2f}x", ha="center", fontsize=7)
-    ax.set_xticks(x, labels, fontsize=6)
-    ax.set_ylabel("median time per training iteration (ms)")
-    ax.set_title("training iteration: default buffer vs PAL's drop-in", fontsize=10)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    from pal_bench.bench.figures import save_figure
-
-    return save_figure(fig, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench plugin-bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -263,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: 5, or 10 with --full; tianshou's cases time 4x as many), for narrower intervals "
                          "where the bound is small")
     ap.add_argument("--seed", type=rng_seed, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
     todo = [c for c in cases(args.full, usable_cores()) if (not args.only or c.framework in args.only)
@@ -281,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         label = case.name.replace("-default]", "]")
         print(f"[{i}/{len(todo)}, {time.perf_counter() - t_start:.0f} s] {label} ...", file=sys.stderr, flush=True)
         if case.framework.startswith("tianshou"):
-            from pal_bench.integrations.tianshou_dqn import TianshouRun
+            from pal_bench.studies.plugin.tianshou_run import TianshouRun
 
             def make(buffer, case=case):
                 return TianshouRun(dataclasses.replace(case, buffer=buffer), args.seed, steps)
@@ -296,16 +221,7 @@ def main(argv: list[str] | None = None) -> int:
               f"iteration ({d['iteration_s'] / p['iteration_s']:.2f}x), buffer {d['buffer_share']:.0%} -> "
               f"{p['buffer_share']:.0%}", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "plugin.csv", index=False, float_format="%.5f")
-    measured.write(args.out / "plugin.csv")
-    from pal_bench.bench.tables import plugin_block
-
-    print(plugin_block(args.out))
-    t = speedup_table(df)
-    print(f"figure: {draw(t, args.out / 'figures' / 'plugin.png')}")
+    store(df, args.out / "plugin.csv", measured, "%.5f")
+    show(PUBLICATION, args.out, "plugin")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from pal_bench.studies.aggregation.measure import main
+
+sys.exit(main())

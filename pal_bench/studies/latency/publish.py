@@ -1,0 +1,180 @@
+"""The buffer suites' publication: README's latency headline, docs/latency.md's tables (latency, shared vs
+private, sequence replay, the regression check's instruction counts and the step costs), and the derived files
+``results/latency.csv`` (tidy rows, skipped cases with their reason), ``results/latency_tables.md`` and the
+latency figures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.bench import suite_json
+from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.stats import fmt_ci, ratio_ci
+from pal_bench.conditions import atomic_write_text
+from pal_bench.studies.latency.figures import draw_all
+from pal_bench.studies.latency.tables import fmt_n, op_label, speedup_ci, tables_markdown
+
+
+def latency_block(results: Path) -> str:
+    """The full latency tables of the suites (pytest-benchmark JSON), with the figures."""
+    try:
+        tidy, machine = suite_json.load_all(results)
+    except FileNotFoundError:
+        return missing("latency_vs_capacity.json", "make bench")
+    figs = "\n".join(f"![{n}](../results/figures/{n}.png)" for n in ("latency_vs_capacity", "latency_vs_fanout"))
+    files = sorted(f.name for pattern in suite_json.SUITE_FILES for f in results.glob(pattern))
+    return figs + "\n\n" + tables_markdown(tidy, machine).strip() + "\n\n" + source(results, *files) + "\n"
+
+
+HEADLINE_OPS = ("insert_one", "insert_batch", "sample_update")
+
+
+def latency_headline(results: Path) -> str:
+    """README's table: PAL's latency and its speedup over each peer at the largest capacity both ran."""
+    path = results / "latency_vs_capacity.json"
+    if not path.exists():
+        return missing("latency_vs_capacity.json", "make bench")
+    df, _ = suite_json.load(path)
+    ok = df[df.status == "ok"]
+    rows = []
+    for op in HEADLINE_OPS:
+        pal = ok[(ok.peer == "pal") & (ok.op == op)]
+        if pal.empty:
+            continue
+        for peer in sorted(p for p in ok.peer.unique() if p not in ("pal", "pal-uniform", "pal-tree")):
+            theirs = ok[(ok.peer == peer) & (ok.op == op)]
+            caps = sorted(set(theirs.capacity) & set(pal.capacity))
+            if not caps:
+                continue
+            n = caps[-1]
+            p_us = float(pal[pal.capacity == n].median_us.iloc[0])
+            q_us = float(theirs[theirs.capacity == n].median_us.iloc[0])
+            rows.append({"operation": op_label(op, 256), "peer": peer, "capacity": f"N={fmt_n(n)}",
+                         "PAL µs": p_us, "peer µs": q_us,
+                         "PAL speedup [95% CI]": fmt_ci(*speedup_ci(df, peer, op, n), 1)})
+    if not rows:
+        return missing("latency_vs_capacity.json", "make bench")
+    return ("Median latency, full buffer, LunarLander-sized transitions, alpha 0.6, beta 0.4, at the largest capacity "
+            "both ran (quick sweep: RLlib up to 1e5). Speedup = peer median / PAL median in the same run, with a "
+            "bootstrap 95% interval over the timed rounds.\n\n" + md(pd.DataFrame(rows), ".2f") + "\n\n"
+            + source(results, "latency_vs_capacity.json") + "\n")
+
+
+def shared_vs_private_block(results: Path) -> str:
+    """PAL's buffer with ``shared=True`` against the private one, per operation: the cost of shared memory."""
+    path = results / "shared_vs_private.json"
+    if not path.exists():
+        return missing("shared_vs_private.json", "python -m pal_bench.bench.run --suite shared_vs_private")
+    df, _ = suite_json.load(path)
+    ok = df[df.status == "ok"]
+    rows = []
+    for (op, n), g in ok.groupby(["op", "capacity"], sort=False):
+        mine, ref = g[g.peer == "pal-shared"], g[g.peer == "pal"]
+        if mine.empty or ref.empty:
+            continue
+        a, b = mine.iloc[0], ref.iloc[0]
+        ci = (ratio_ci(a.sample_us, b.sample_us) if isinstance(a.sample_us, list) and isinstance(b.sample_us, list)
+              else (a.median_us / b.median_us, math.nan, math.nan))
+        rows.append({"operation": op_label(op, 256), "capacity": f"N={fmt_n(n)}",
+                     "private µs": b.median_us, "shared µs": a.median_us, "shared / private [95% CI]": fmt_ci(*ci)})
+    return ("Single-process latency of PAL's buffer in a shared-memory segment (`shared=True`) against the private "
+            "one, same run (target: within 10%).\n\n" + md(pd.DataFrame(rows), ".2f") + "\n\n"
+            + source(results, "shared_vs_private.json") + "\n")
+
+
+def sequence_block(results: Path) -> str:
+    """R2D2's batch (64 sequences of 80 steps, sampled and updated): PAL's sequence mode against the same steps
+    drawn as transitions and against RLlib's episode buffers, per stored steps."""
+    path = results / "sequence_replay.json"
+    if not path.exists():
+        return missing("sequence_replay.json", "python -m pal_bench.bench.run --suite sequence_replay")
+    df, _ = suite_json.load(path)
+    rows = []
+    for n, g in df.groupby("capacity", sort=True):
+        med = {r.peer: r.median_us for r in g.itertuples() if r.status == "ok"}
+        why = {r.peer: r.reason for r in g.itertuples() if r.status != "ok"}
+        seq = med.get("pal-seq")
+        row = {"stored steps": f"N={fmt_n(n)}", "pal-seq µs": seq,
+               "pal-transitions µs (5120 steps)": med.get("pal-transitions"),
+               "rllib-episode µs": med.get("rllib-episode"),
+               "rllib-episode-uniform µs (sample only)": med.get("rllib-episode-uniform")}
+        row["transitions / seq"] = med["pal-transitions"] / seq if seq and "pal-transitions" in med else None
+        row["rllib / seq"] = med["rllib-episode"] / seq if seq and "rllib-episode" in med else None
+        row["rllib uniform / seq"] = (med["rllib-episode-uniform"] / seq if seq and "rllib-episode-uniform" in med
+                                      else None)
+        row["not run"] = "; ".join(f"{p}: {w}" for p, w in why.items())
+        rows.append(row)
+    return ("Sample 64 sequences of 80 steps and update their priorities (R2D2's learner step), median µs; "
+            "`transitions / seq` is what drawing the same 5120 steps as single transitions costs against one "
+            "sequence batch; `rllib uniform / seq` is RLlib's uniform episode buffer sampling the same sequences "
+            "(no priorities, no update) against PAL's prioritized sample and update.\n\n"
+            + md(pd.DataFrame(rows), ".1f") + "\n\n" + source(results, "sequence_replay.json") + "\n")
+
+
+def instructions_block(results: Path) -> str:
+    path = results / "regression_baseline.json"
+    if not path.exists():
+        return missing("regression_baseline.json", "python -m pal_bench.bench.regression --update-baseline")
+    b = json.loads(path.read_text())
+    rows = [{"operation": op, "calls counted": b["calls"][op],
+             "instructions/call (project code)": b["instructions"][op],
+             "instructions/call (all code)": b["total_instructions"][op],
+             f"spread over {b['repeats']} runs": f"{b['relative_spread'][op]:.2%}"} for op in b["instructions"]]
+    tc = b["toolchain"]
+    return (f"Instruction-count baseline of the regression check (capacity {b['capacity']:.0e}, batch {b['batch']}; "
+            f"made {b['made']} on {b['cpu']}, commit {b['commit']}; {tc['compiler']}, Python {tc['python']}, "
+            f"numpy {tc['numpy']}, Cython {tc['cython']}, {tc['valgrind']}).\n\n" + md(pd.DataFrame(rows), ".0f")
+            + "\n\nSource: `results/regression_baseline.json`.\n")
+
+
+def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
+    path = results / name
+    if not path.exists():
+        return missing(name, "python -m pal_bench.bench.step_costs")
+    df = pd.read_csv(path)
+    cap = df.capacity.iloc[0]
+    t = df[df.capacity == cap].pivot_table(index="step", columns="label", values="instructions", aggfunc="first",
+                                           sort=False)
+    labels = list(dict.fromkeys(df.label))                       # the builds in the order they were measured
+    t = t[labels].fillna(0).astype(int)
+    t = t.loc[t.max(axis=1).sort_values(ascending=False).index]
+    t.loc["total"] = t.sum()
+    if len(labels) > 1:
+        first, last = labels[0], labels[-1]
+        t[f"{last} / {first}"] = [f"{a / b:.2f}" if b else "new" for a, b in zip(t[last], t[first])]
+    return (f"Instructions per `sample(256)` + `update_priorities(256)` at capacity {float(cap):.0e}, counted by "
+            "callgrind and attributed to steps from the source line each instruction was generated for "
+            "(`python -m pal_bench.bench.step_costs --tree DIR --label NAME`; deterministic, whatever the load).\n\n"
+            + t.reset_index().to_markdown(index=False)
+            + f"\n\nSource: `results/{name}` (instruction counts: the same on a busy or a quiet machine, so no load "
+            "is recorded).\n")
+
+
+def outputs(results: Path, figures: bool) -> list[Path]:
+    """``latency.csv`` and ``latency_tables.md`` from the stored suite JSON, and (``figures``) the latency
+    figures; nothing when no suite has run."""
+    try:
+        tidy, machine = suite_json.load_all(results)
+    except FileNotFoundError:
+        return []
+    atomic_write_text(results / "latency.csv",
+                      tidy.drop(columns="sample_us").to_csv(index=False, float_format="%.4f"))
+    atomic_write_text(results / "latency_tables.md", tables_markdown(tidy, machine))
+    written = [results / "latency.csv", results / "latency_tables.md"]
+    if figures:
+        written += draw_all(tidy, results / "figures", suite_json.machine_line(machine))
+    return written
+
+
+PUBLICATION = Publication("latency", {
+    "latency-headline": latency_headline,
+    "latency": latency_block,
+    "shared-vs-private": shared_vs_private_block,
+    "step-costs": step_costs_block,
+    "sequence-replay": sequence_block,
+    "instructions": instructions_block,
+}, outputs)

@@ -1,0 +1,7 @@
+import sys
+import threading
+
+from pal_bench.studies.scaling.measure import main
+
+threading.current_thread().name = "main"
+sys.exit(main())

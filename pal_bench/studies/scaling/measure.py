@@ -1,0 +1,320 @@
+"""Measuring f_a and f_l (``sweep``, ``sweep_backends``) and the whole trainer per split (``end_to_end``);
+``python -m pal_bench.studies.scaling`` (``main``). The study's overview: ``pal_bench.studies.scaling``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+
+from pal_bench.argtypes import nonneg_int, positive_int, workers
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
+from pal_bench.paths import RESULTS
+from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
+from pal_bench.train import Trainer, make_config, make_trainer
+from pal_bench.train.config import ALGOS
+
+
+def _quiet(cfg, out_dir: str, **kw):
+    return dataclasses.replace(cfg, progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
+                               deterministic=False, out_dir=out_dir, **kw)
+
+
+# CPU cores the process kept busy during the last measurement (process CPU time / wall time):
+# about 1.0 with several threads means they were serialised (the GIL), not spread over cores
+last_cores_used: dict[str, float] = {}
+
+
+def measure_fa(cfg, actors: int, steps: int) -> float:
+    """Transitions/s collected by ``actors`` actor threads, or actor processes for ``cfg.backend`` "processes"
+    and "ray" (no learning)."""
+    with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
+        cfg = _quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
+                     buffer_capacity=max(cfg.buffer_capacity, steps), batch_size=min(cfg.batch_size, steps))
+        with make_trainer(cfg) as tr:
+            cpu0 = time.process_time()
+            s = tr.run()
+            # Ray and actor processes: the work is in other processes, not in the driver's CPU time
+            last_cores_used["f_a"] = (None if cfg.backend != "threads"
+                                      else (time.process_time() - cpu0) / max(1e-9, tr.wall()))
+    return s["env_steps"] / s["wall_s"]
+
+
+def transitions(tr, n: int, seed: int = 0) -> dict:
+    """``n`` real transitions from random actions, as replay-buffer columns; ``tr`` is a ``Trainer``
+    or a worker's ``RunCore`` (anything with ``cfg``, ``algo``, ``act_dim``, ``action_space`` and
+    ``env_actions``)."""
+    env = gym.make(tr.cfg.env, **tr.cfg.env_kwargs)
+    rng = np.random.default_rng(seed)
+    rows = {k: [] for k in ("obs", "act", "rew", "next_obs", "done", "disc")}
+    obs, _ = env.reset(seed=seed)
+    for _ in range(n):
+        if tr.algo.CONTINUOUS:
+            a = rng.uniform(-1, 1, tr.act_dim).astype(np.float32)
+        else:
+            a = int(rng.integers(tr.action_space.n))
+        nxt, r, term, trunc, _ = env.step(tr.env_actions(a))
+        for k, v in zip(rows, (obs, a, r, nxt, float(term), tr.cfg.gamma)):
+            rows[k].append(v)
+        obs = env.reset()[0] if term or trunc else nxt
+    env.close()
+    return {k: np.asarray(v) for k, v in rows.items()}
+
+
+def label(cfg) -> str:
+    """The name a configuration's curves go by: its backend, or "learner-processes" for the process backend with
+    learners as processes (``learner_processes``)."""
+    return "learner-processes" if cfg.backend == "processes" and cfg.learner_processes else cfg.backend
+
+
+def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
+    """Learner updates/s with ``learners`` learner threads (Ray: learner processes, ``cfg.backend``
+    "ray"; the process backend with ``learner_processes``: learner processes on the shared buffer) on a
+    pre-filled buffer (no actors). The process backend's default learners are threads of the driver,
+    placed exactly as the thread backend's, so "processes" measures them the same way."""
+    with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
+        c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
+        if cfg.backend == "ray":
+            return _measure_fl_ray(c, updates, filled)
+        return _measure_fl(c, updates, filled, processes=label(cfg) == "learner-processes")
+
+
+def _measure_fl(cfg, updates: int, filled: int, processes: bool = False) -> float:
+    """Updates/s of ``cfg.learners`` learners on a buffer pre-filled with ``filled`` real transitions (no actors):
+    the thread trainer's learner threads, or (``processes``) the process trainer's learner processes
+    (``Trainer.run_learners``)."""
+    with make_trainer(cfg) if processes else Trainer(cfg) as tr:
+        got = tr.run_learners(transitions(tr, filled), updates)
+    # learner processes: the work is in other processes, not in this one's CPU time
+    last_cores_used["f_l"] = None if processes else got["cpu_s"] / got["wall_s"]
+    return got["updates"] / got["wall_s"]
+
+
+def _measure_fl_ray(cfg, updates: int, filled: int) -> float:
+    """``_measure_fl`` on the Ray backend: its buffer actor pre-filled with ``filled`` real transitions, its
+    parameter-server actor and ``cfg.learners`` learner processes (``RayTrainer.run_learners``; ``cfg.aggregation``
+    sync, async or allreduce)."""
+    with ray_session(cfg), make_trainer(cfg) as tr:
+        got = tr.run_learners(transitions(tr, filled), updates)
+    last_cores_used["f_l"] = None
+    return got["updates"] / got["wall_s"]
+
+
+@contextlib.contextmanager
+def ray_session(cfg):
+    """For ``cfg.backend`` "ray": connect to Ray (``cfg.ray_address``, else a local Ray with the usable
+    cores) unless already connected, and disconnect at the end only if connected here. Every
+    measurement in the block shares the session (starting Ray takes seconds)."""
+    if cfg.backend != "ray":
+        yield
+        return
+    from pal_bench.train.backends.ray.session import session
+
+    with session(cfg.ray_address):
+        yield
+
+
+def measure_splits(cfg, splits: list[tuple[int, int]], steps: int, progress=print,
+                   repeats: int = 1) -> pd.DataFrame:
+    """Run the trainer (``cfg.backend``) at each (actors, learners) split for ``steps`` transitions (after
+    ``learning_starts``) and measure its end-to-end throughput (transitions/s, updates/s): ``repeats``
+    rounds, each running every split once, so that the splits share the machine's drift; per split the
+    median over rounds, and every round's transitions/s in ``measured_transitions_per_s_reps``."""
+    import dataclasses
+    import statistics
+    import tempfile
+
+    from pal_bench.train import make_trainer
+
+    got: dict[tuple[int, int], list[dict]] = {split: [] for split in splits}
+    for r in range(repeats):
+        for i, (xa, xl) in enumerate(splits, 1):
+            where = f"[validate {i}/{len(splits)}" + (f" round {r + 1}/{repeats}]" if repeats > 1 else "]")
+            progress(f"{where} {xa} actor(s) + {xl} learner(s) ...")
+            with tempfile.TemporaryDirectory(prefix="pal-dse-") as out:
+                c = dataclasses.replace(cfg, actors=xa, learners=xl, steps=cfg.learning_starts + steps,
+                                        progress=False, eval_episodes=0, eval_interval=0, deterministic=False,
+                                        out_dir=out)
+                with make_trainer(c) as tr:
+                    s = tr.run()
+            got[(xa, xl)].append(s)
+            progress(f"{where} {s['env_steps_per_s']:.0f} transitions/s, {s['updates_per_s']:.0f} updates/s")
+    rows = []
+    for (xa, xl), runs in got.items():
+        rows.append({"actors": xa, "learners": xl,
+                     "measured_transitions_per_s": statistics.median(s["env_steps_per_s"] for s in runs),
+                     "measured_updates_per_s": statistics.median(s["updates_per_s"] for s in runs),
+                     "wall_s": statistics.median(s["wall_s"] for s in runs),
+                     "measured_transitions_per_s_reps": " ".join(f"{s['env_steps_per_s']:.1f}" for s in runs)})
+    return pd.DataFrame(rows)
+
+
+def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFrame:
+    """Env steps/s and updates/s of the whole trainer for every (actors, learners) split with
+    actors + learners <= max_threads, sync and async aggregation (Ray backend: and allreduce), env
+    backend sync and async (the process backend: sync only)."""
+    cores = usable_cores()
+    splits = [(a, b) for a in range(1, max_threads) for b in range(1, max_threads) if a + b <= max_threads]
+    aggregations = ("sync", "async", "allreduce") if cfg.backend == "ray" else ("sync", "async")
+    frames = []
+    with ray_session(cfg):
+        for aggregation in aggregations:
+            # actor processes step their environments in-process (they cannot start env subprocesses)
+            for backend in ("sync",) if cfg.backend == "processes" else ("sync", "async"):
+                c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
+                df = measure_splits(c, splits, steps,
+                              progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
+                frames.append(df.assign(aggregation=aggregation, env_backend=backend))
+    out = pd.concat(frames, ignore_index=True)
+    out["threads"] = out.actors + out.learners
+    out["oversubscribed"] = out.threads > cores
+    out["backend"] = cfg.backend
+    return out
+
+
+def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repeats: int = 1) -> pd.DataFrame:
+    """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
+    ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
+    ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups."""
+    return sweep_backends([cfg], max_threads, steps, updates, progress, repeats)[label(cfg)]
+
+
+def sweep_backends(cfgs: list, max_threads: int, steps: int, updates: int, progress=print,
+                   repeats: int = 1) -> dict[str, pd.DataFrame]:
+    """``sweep`` for several backends at once, interleaved point by point (each x and curve measured on every
+    backend in turn, round after round), so that a drifting machine affects them alike: backend -> curves."""
+    got: dict[tuple[str, str, int], list[tuple[float, float, float | None]]] = {}
+    with contextlib.ExitStack() as sessions:
+        for cfg in cfgs:
+            sessions.enter_context(ray_session(cfg))       # Ray: one session for every point
+        _interleave(cfgs, max_threads, steps, updates, progress, repeats, got)
+    return {label(cfg): _curves(cfg, {(k, x): r for (b, k, x), r in got.items() if b == label(cfg)})
+            for cfg in cfgs}
+
+
+def _interleave(cfgs, max_threads, steps, updates, progress, repeats, got) -> None:
+    for rep in range(repeats):
+        for x in range(1, max_threads + 1):
+            for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
+                for cfg in cfgs:
+                    where = f"[{label(cfg)} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
+                                                                           if repeats > 1 else "]")
+                    progress(f"{where} measuring ...")
+                    # the machine's 1-minute load average as the point started (other jobs share the cores)
+                    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+                    v = fn(cfg, x, n)
+                    got.setdefault((label(cfg), kind, x), []).append((v, load, last_cores_used.get(kind)))
+                    progress(f"{where} {v:.0f} {'transitions' if kind == 'f_a' else 'updates'}/s")
+
+
+def _curves(cfg, got: dict) -> pd.DataFrame:
+    cores = usable_cores()
+    rows = []
+    for (kind, x), runs in sorted(got.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        values = [r[0] for r in runs]
+        used = [r[2] for r in runs if r[2] is not None]
+        rows.append({"curve": kind, "threads": x, "throughput": float(np.median(values)),
+                     "throughput_reps": " ".join(f"{v:.3f}" for v in values),
+                     "cores_used": float(np.median(used)) if used else None, "cores": cores,
+                     "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env, "env_backend": cfg.env_backend,
+                     "backend": label(cfg), "load1": max(r[1] for r in runs)})
+    df = pd.DataFrame(rows)
+    base = df[df.threads == 1].set_index("curve").throughput
+    df["speedup"] = df.throughput / df.curve.map(base)
+    df["efficiency"] = df.speedup / df.threads
+    # Amdahl's serial fraction implied by the speedup at x threads: 0 = perfectly parallel, 1 = serial
+    x = df.threads.clip(upper=cores)
+    df["serial_fraction"] = ((x / df.speedup - 1) / (x - 1)).where(x > 1)
+    return df
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pal-bench scaling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", choices=ALGOS, default="dqn")
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--max-threads", type=workers, default=usable_cores())
+    ap.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point")
+    ap.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point")
+    ap.add_argument("--repeats", type=positive_int, default=3,
+                    help="interleaved rounds per point, for the speedups' intervals (default 3)")
+    ap.add_argument("--env-backend", choices=["sync", "async"], default="sync",
+                    help="async: actors step their environments in subprocesses (outside the GIL)")
+    ap.add_argument("--backend", type=_backends, default=["threads"],
+                    help="threads in this process, actor processes on the shared buffer "
+                         "(results/scaling_processes.csv), the same with learner processes too "
+                         "(learner-processes: results/scaling_learner_processes.csv), or Ray processes "
+                         "(results/scaling_ray.csv); a comma list (threads,processes) measures them side by side, "
+                         "interleaved point by point")
+    ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--end-to-end", type=nonneg_int, metavar="STEPS", default=0,
+                    help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
+                         "end_to_end_ray.csv for --backend ray)")
+    add_force_flag(ap)
+    args = ap.parse_args(argv)
+    if args.end_to_end and len(args.backend) > 1:
+        ap.error("--end-to-end measures one backend at a time")
+    cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
+                        backend="processes" if b == "learner-processes" else b,
+                        learner_processes=b == "learner-processes")
+            for b in args.backend]
+    if refuse_if_busy("pal_bench.studies.scaling", args.force):
+        return 2
+    measured = Conditions("scaling")
+    if not args.end_to_end:
+        return _write_curves(args, sweep_backends(cfgs, args.max_threads, args.steps, args.updates,
+                                                  progress=lambda m: print(m, file=sys.stderr), repeats=args.repeats),
+                             measured)
+    cfg = cfgs[0]
+    suffix = "" if cfg.backend == "threads" else f"_{label(cfg).replace('-', '_')}"
+    if args.end_to_end:
+        e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
+        args.out.mkdir(parents=True, exist_ok=True)
+        e2e.to_csv(args.out / f"end_to_end{suffix}.csv", index=False, float_format="%.2f")
+        measured.write(args.out / f"end_to_end{suffix}.csv")
+        print(e2e.to_string(index=False))
+        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'end_to_end{suffix}.png')}")
+        if (fig := backends_figure(args.out)) is not None:
+            print(f"figure: {fig}")
+        return 0
+    return 0
+
+
+def _backends(text: str) -> list[str]:
+    """``--backend``: one backend or a comma list of them."""
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in ("threads", "processes", "learner-processes", "ray")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"backends are threads, processes, learner-processes and ray; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def _write_curves(args, curves: dict[str, pd.DataFrame], measured: Conditions) -> int:
+    """Each backend's curves to its CSV (with the conditions of the whole command) and figure."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    measured.finish()
+    for backend, df in curves.items():
+        suffix = "" if backend == "threads" else f"_{backend.replace('-', '_')}"
+        name = ("scaling" if args.env_backend == "sync" else "scaling_async_env") + suffix + ".csv"
+        df.to_csv(args.out / name, index=False, float_format="%.3f")
+        measured.write(args.out / name)
+        print(df.to_string(index=False))
+        print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
+    threads_csv, ray_csv = args.out / "scaling.csv", args.out / "scaling_ray.csv"
+    if args.env_backend == "sync" and threads_csv.exists() and ray_csv.exists():
+        t, r = pd.read_csv(threads_csv), pd.read_csv(ray_csv)
+        print("\nRay vs threads (overhead_us: 1/f_ray - 1/f_threads per transition or update):")
+        print(overhead_table(t, r).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"figure: {backends_figure(args.out)}")
+    return 0
+

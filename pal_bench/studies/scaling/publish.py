@@ -1,0 +1,157 @@
+"""The scaling study's publication: f_a / f_l tables (docs/scaling.md), the backends side by side and the
+whole trainer per split (docs/backends.md), and every scaling figure redrawn from the stored CSVs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.stats import fmt_ci, median_ci, ratio_ci
+from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
+
+
+def _reps(cell) -> list[float]:
+    return [float(v) for v in str(cell).split()] if isinstance(cell, str) else []
+
+
+def _curves(df: pd.DataFrame) -> pd.DataFrame:
+    """f_a / f_l rows; the speedup over 1 worker with a bootstrap interval where the repetitions are stored."""
+    speedups = []
+    for r in df.itertuples():
+        base = df[(df.curve == r.curve) & (df.threads == 1)]
+        mine, ref = _reps(getattr(r, "throughput_reps", None)), _reps(base.iloc[0].get("throughput_reps"))
+        speedups.append(fmt_ci(*ratio_ci(mine, ref)) if r.threads > 1 and mine and ref else f"{r.speedup:.2f}")
+    t = pd.DataFrame({"curve": df.curve, "workers": df.threads, "throughput": df.throughput,
+                      "speedup [95% CI]": speedups, "efficiency": df.efficiency})
+    if "cores_used" in df and df.cores_used.notna().any():
+        t["cores used"] = df.cores_used
+    t["oversubscribed"] = df.oversubscribed.map({True: "yes", False: ""})
+    if "load1" in df:
+        t["load"] = df.load1
+    return t
+
+
+def scaling_block(results: Path) -> str:
+    parts = []
+    for name, what in (("scaling.csv", "environments in the actor threads"),
+                       ("scaling_async_env.csv", "environments in subprocesses (`--env-backend async`)")):
+        # (speedup intervals: bootstrap over the interleaved rounds of `--repeats`, where stored)
+        if (results / name).exists():
+            df = pd.read_csv(results / name)
+            parts.append(f"Thread backend, {df.algo.iloc[0]} on {df.env.iloc[0]}, {what}: f_a in transitions/s, "
+                         f"f_l in updates/s.\n\n" + md(_curves(df), ".2f") + "\n\n" + source(results, name) + "\n")
+    return "\n".join(parts) if parts else missing("scaling.csv", "make scaling")
+
+
+def end_to_end_block(results: Path, name: str = "end_to_end.csv") -> str:
+    path = results / name
+    if not path.exists():
+        return missing(name, "python -m pal_bench.studies.scaling --end-to-end 5000")
+    df = pd.read_csv(path)
+    df["split"] = df.actors.astype(str) + " + " + df.learners.astype(str) + df.oversubscribed.map(
+        {True: " (oversubscribed)", False: ""})
+    df["variant"] = df.aggregation + ", env " + df.env_backend
+    t = df.pivot_table(index="split", columns="variant", values="measured_transitions_per_s", aggfunc="first",
+                       sort=False)
+    u = df.pivot_table(index="split", columns="variant", values="measured_updates_per_s", aggfunc="first", sort=False)
+    cell = t.round(0).astype("Int64").astype(str) + " / " + u.round(0).astype("Int64").astype(str)
+    backend = df.backend.iloc[0] if "backend" in df else "threads"
+    return (f"The whole trainer ({backend} backend) at each split: env steps/s / updates/s, one run per cell.\n\n"
+            + cell.reset_index().to_markdown(index=False) + "\n\n" + source(results, name) + "\n")
+
+
+def backends_block(results: Path) -> str:
+    t_path, r_path = results / "scaling.csv", results / "scaling_ray.csv"
+    if not (t_path.exists() and r_path.exists()):
+        return missing("scaling_ray.csv", "python -m pal_bench.studies.scaling --backend ray")
+    m = overhead_table(pd.read_csv(t_path), pd.read_csv(r_path))
+    unit = {"f_a": "transition", "f_l": "update"}
+    t = pd.DataFrame({"curve": m.curve, "workers": m.threads, "threads": m.throughput_threads, "Ray": m.throughput_ray,
+                      "Ray / threads": m.ray_over_threads,
+                      "Ray's extra cost": [f"{v:+.0f} µs per {unit[c]}" for c, v in zip(m.curve, m.overhead_us)]})
+    return ("DQN on CartPole-v1: f_a (transitions/s) and f_l (updates/s) on the thread backend and on Ray.\n\n"
+            + md(t, ".2f") + "\n\n" + source(results, "scaling.csv", "scaling_ray.csv") + "\n")
+
+
+def end_to_end_ray_block(results: Path) -> str:
+    return end_to_end_block(results, "end_to_end_ray.csv")
+
+
+def end_to_end_processes_block(results: Path) -> str:
+    return end_to_end_block(results, "end_to_end_processes.csv")
+
+
+def processes_block(results: Path) -> str:
+    """f_a and f_l of actor processes against threads, per worker count, with the issue's targets' ratios; and of
+    learner processes (``scaling_learner_processes.csv``) where measured."""
+    t_path, p_path = results / "scaling.csv", results / "scaling_processes.csv"
+    if not (t_path.exists() and p_path.exists()):
+        return missing("scaling_processes.csv", "python -m pal_bench.studies.scaling --backend processes")
+    t, p = pd.read_csv(t_path), pd.read_csv(p_path)
+    cols = ["curve", "threads", "throughput", "throughput_reps"]
+    m = t.reindex(columns=cols).merge(p.reindex(columns=cols + ["speedup"]), on=["curve", "threads"],
+                                      suffixes=("_threads", "_processes"))
+    out = pd.DataFrame({"curve": m.curve, "workers": m.threads, "threads": m.throughput_threads,
+                        "processes": m.throughput_processes,
+                        "processes / threads [95% CI]": _paired(m.throughput_reps_processes, m.throughput_reps_threads,
+                                                                m.throughput_processes / m.throughput_threads),
+                        "processes: speedup over 1": m.speedup})
+    sources = ["scaling.csv", "scaling_processes.csv"]
+    note = "the process backend's learners are driver threads, as the thread backend's"
+    lp_path = results / "scaling_learner_processes.csv"
+    if lp_path.exists():
+        lp = pd.read_csv(lp_path).reindex(columns=cols)
+        lp = lp[lp.curve == "f_l"].set_index("threads")
+        fl = out.curve == "f_l"
+        out["learner processes"] = out.workers.map(lp.throughput).where(fl)
+        ratio = _paired(out.workers.map(lp.throughput_reps), m.throughput_reps_threads,
+                        out["learner processes"] / out.threads)
+        out["learner processes / threads [95% CI]"] = ratio.where(fl, "")
+        sources.append("scaling_learner_processes.csv")
+        note += "; the last two columns: f_l with learner processes (`learner_processes = true`)"
+    return ("DQN on CartPole-v1: f_a (transitions/s, actors only) and f_l (updates/s, learners only) with actor "
+            f"processes on the shared buffer against actor threads ({note}). Throughputs are medians over the "
+            "rounds of `--repeats`; a ratio is the median over rounds of the two measured side by side in that "
+            "round (each round measures every backend at that point, one after the other), with a bootstrap "
+            "interval over rounds.\n\n" + md(out, ".2f") + "\n\n" + source(results, *sources) + "\n")
+
+
+def _paired(mine: pd.Series, ref: pd.Series, plain: pd.Series) -> pd.Series:
+    """Per row: the median over rounds of mine[i] / ref[i] (round i of each stored repetition list) with a
+    bootstrap interval, or ``plain`` (the ratio of medians) where the repetitions are not stored or differ in
+    number."""
+    out = []
+    for a, b, c in zip(mine, ref, plain):
+        a, b = _reps(a), _reps(b)
+        if a and len(a) == len(b):
+            out.append(fmt_ci(*median_ci([x / y for x, y in zip(a, b)])))
+        else:
+            out.append("" if pd.isna(c) else f"{c:.2f}")
+    return pd.Series(out, index=plain.index)
+
+
+def outputs(results: Path, figures: bool) -> list[Path]:
+    """Every scaling figure whose CSV is stored: the curves of each backend, the backends side by side, the
+    whole trainer per split."""
+    if not figures:
+        return []
+    out: list[Path] = []
+    for csv in sorted(results.glob("scaling*.csv")):
+        out.append(draw(pd.read_csv(csv), results / "figures" / csv.with_suffix(".png").name))
+    if (fig := backends_figure(results)) is not None:
+        out.append(fig)
+    for csv in sorted(results.glob("end_to_end*.csv")):
+        out.append(draw_end_to_end(pd.read_csv(csv), results / "figures" / csv.with_suffix(".png").name))
+    return out
+
+
+PUBLICATION = Publication("scaling", {
+    "scaling": scaling_block,
+    "end-to-end": end_to_end_block,
+    "backends": backends_block,
+    "end-to-end-ray": end_to_end_ray_block,
+    "processes": processes_block,
+    "end-to-end-processes": end_to_end_processes_block,
+}, outputs)
