@@ -35,7 +35,8 @@ def race_target_block(results: Path, track: str, task_name: str = "full") -> str
             f"run that never reached the target counts at its stop (`>=`: a lower bound). Wall to target: set-up "
             f"plus training, evaluation excluded (every contestant's training stands still while it is evaluated); "
             f"'with eval' adds the evaluations before the target. Ratios: the contestant's median over "
-            f"`{ref}`'s (PAL's best matched contestant here), the range over every pairing of seeds, and a "
+            f"`{ref}`'s (PAL's best {'matched ' if track == 'matched' else ''}contestant here), the range over every "
+            f"pairing of seeds, and a "
             f"bootstrap 95% interval where both have at least 10 seeds. Speed probes of these runs: median "
             f"{med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n" + md(t, "") + "\n\n" + source(results, name) + "\n")
 
