@@ -95,13 +95,16 @@ class Trainer(Driver):
         try:
             actor_thread(self, i, self.stop)
         finally:
-            with self._lock:
-                self._actors_left -= 1
-                if self._actors_left == 0:
-                    self.actors_finished.set()
-            self.rate.wake()
-            self._check_ended()
+            self._actor_left()
 
+    def _actor_left(self) -> None:
+        """One actor's share is done (or it failed): the last one sets ``actors_finished``."""
+        with self._lock:
+            self._actors_left -= 1
+            if self._actors_left == 0:
+                self.actors_finished.set()
+        self.rate.wake()
+        self._check_ended()
 
     def run(self) -> dict:
         """Train to ``cfg.steps`` transitions; returns the summary (also written to summary.json)."""

@@ -274,12 +274,7 @@ class ProcessTrainer(Trainer):
             self._supervise(i)
         finally:
             self._sync()
-            with self._lock:
-                self._actors_left -= 1
-                if self._actors_left == 0:
-                    self.actors_finished.set()
-            self.rate.wake()
-            self._check_ended()
+            self._actor_left()
 
     # ------------------------------------------------------------------ learner processes
 
