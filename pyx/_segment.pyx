@@ -49,6 +49,8 @@ cdef extern from "<fcntl.h>" nogil:
 SEGMENT_MAGIC = 0x3146554252534c50    # "PLSRBUF1"
 SEGMENT_VERSION = 1
 SHM_DIR = "/dev/shm"
+KIND_UNIFORM, KIND_PRIORITIZED, KIND_CONTROL = 0, 1, 2     # the header's ``kind``: two buffers, a control block
+MAX_CONTROL_WORDS = 1 << 20
 
 
 cdef bint pid_dead(int64_t pid) noexcept nogil:
@@ -207,7 +209,8 @@ def segment_info(str name):
         alive = creator_alive(fd, h.creator_pid)
     finally:
         os.close(fd)
-    return {"name": name, "bytes": st.st_size, "kind": "prioritized" if h.kind == 1 else "uniform",
+    kind = {KIND_PRIORITIZED: "prioritized", KIND_UNIFORM: "uniform", KIND_CONTROL: "control"}.get(h.kind, "unknown")
+    return {"name": name, "bytes": st.st_size, "kind": kind,
             "capacity": h.capacity, "creator_pid": h.creator_pid, "creator_alive": alive, "size": h.size}
 
 
@@ -538,3 +541,117 @@ cdef class SegmentHandle:
     cdef void _repair(self, bint holder_died) noexcept nogil:
         """(subclasses; lock held) Undo what dead writers left in the block."""
         pass
+
+
+cdef class SharedControl(SegmentHandle):
+    """A small named block of int64 words behind the segment's robust lock: the control block (counters, flags)
+    that the processes of one node share, whoever started them (``multiprocessing`` or Ray); attached by name, so
+    it travels as a string. ``words`` is a numpy view; ``lock`` a reusable context manager around the lock (a
+    holder that dies inside leaves it usable: the next taker repairs it)."""
+
+    cdef object _words
+    cdef object _held
+
+    @classmethod
+    def create(cls, str name, n_words) -> SharedControl:
+        """A new block of ``n_words`` zeroed words named ``name`` (a stale one whose creator is gone is replaced);
+        this handle owns it and removes it on ``close``."""
+        if isinstance(n_words, bool) or not isinstance(n_words, int) or not 1 <= n_words <= MAX_CONTROL_WORDS:
+            raise ValueError(f"n_words must be an int in [1, {MAX_CONTROL_WORDS}], got {n_words!r}")
+        segment_path(name)                  # validates the name
+        cdef SharedControl c = cls.__new__(cls)
+        cdef int64_t total = HEADER_BYTES + 8 * <int64_t>n_words
+        c._name = name
+        c._map(c._create_segment(name, total))
+        cdef Header* h = c._h
+        h.magic = SEGMENT_MAGIC
+        h.version = SEGMENT_VERSION
+        h.kind = KIND_CONTROL
+        h.capacity = n_words
+        h.total_bytes = total
+        h.creator_pid = getpid()
+        if mutex_init(&h.mutex, True) != 0:
+            c.close()
+            raise OSError("cannot initialise the control block's mutex")
+        c._bind_words()
+        h.ready = 1
+        return c
+
+    @classmethod
+    def attach(cls, str name) -> SharedControl:
+        """A handle on the control block ``name`` another process created; every header word it uses is checked
+        against the segment's size (ValueError otherwise). ``close`` detaches it."""
+        path = segment_path(name).encode()
+        cdef int fd = shm_open(path, O_RDWR, 0)
+        if fd < 0:
+            raise FileNotFoundError(f"no shared control block named {name!r} ({SHM_DIR}/{name})")
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench control block (too small)")
+            mm = mmap.mmap(fd, size)
+        finally:
+            c_close(fd)
+        cdef SharedControl c = cls.__new__(cls)
+        c._map(mm)
+        c._name = name
+        cdef Header* h = c._h
+        try:
+            if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION or h.kind != KIND_CONTROL:
+                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench control block of this version")
+            if not h.ready:
+                raise ValueError(f"control block {name!r} is not initialised yet")
+            if not 1 <= h.capacity <= MAX_CONTROL_WORDS or h.total_bytes != size \
+                    or size != HEADER_BYTES + 8 * h.capacity:
+                raise ValueError(f"control block {name!r} is corrupted: {h.capacity} words in {size} bytes")
+            c._bind_words()
+        except BaseException:
+            c._closed = True
+            c._release()
+            raise
+        return c
+
+    cdef _bind_words(self):
+        self._words = np.frombuffer(self._mm, dtype=np.int64, count=self._h.capacity, offset=HEADER_BYTES)
+        self._held = _Held(self)
+
+    cdef void _release(self):
+        self._words = None
+        self._held = None
+        SegmentHandle._release(self)
+
+    @property
+    def words(self):
+        """The block's words (numpy int64 view: read and write them under ``lock`` where several processes
+        write one)."""
+        self._check_open()
+        return self._words
+
+    @property
+    def lock(self):
+        """``with block.lock:`` holds the block's lock (process-shared, robust; not re-entrant: the same thread
+        taking it twice gets RuntimeError)."""
+        self._check_open()
+        return self._held
+
+
+cdef class _Held:
+    """``SharedControl.lock``: the lock held inside a ``with`` block."""
+    cdef SharedControl _c
+
+    def __cinit__(self, SharedControl c):
+        self._c = c
+
+    def __enter__(self):
+        self._c._enter()
+        try:
+            self._c._lock_gil()
+        except BaseException:
+            self._c._leave()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._c._unlock()
+        self._c._leave()
+        return False
