@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from pal_bench._segment import SharedControl
 from pal_bench.train.actor import actor_loop
 from pal_bench.train.backends.processes.shared import (
     FINISHED,
@@ -35,7 +36,7 @@ from pal_bench.train.workers import PhaseTimer, pin
 
 
 def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps: int, buffer_name: str,
-                  weights_name: str, weights_spec, counters, lock, messages, parent_pid: int,
+                  weights_name: str, weights_spec, control_name: str, messages, parent_pid: int,
                   faults: Faults = NO_FAULTS) -> None:
     """Body of one actor process (spawned; ``incarnation``: its restarts so far, ``resumed_steps``: the run's env
     steps when it resumed, for its seeds). Steps ``envs_per_actor`` environments and inserts n-step rows
@@ -49,8 +50,10 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps:
 
     torch.set_num_threads(1)
     pin(actor if cfg.pin_cores else None)               # as the thread backend pins its actor threads
-    envs = buf = weights = None
+    envs = buf = weights = control = None
     try:
+        control = SharedControl.attach(control_name)
+        counters, lock = control.words, control.lock
         ctx = RunCore(cfg)
         policy = RatePolicy.from_config(cfg, default_slack(cfg))
         timer = PhaseTimer()
@@ -85,11 +88,13 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps:
             buf.close()
         if weights is not None:
             weights.close()
+        if control is not None:
+            control.close()
 
 
 class SharedStepGrant:
     """(actor process) The shared counter block as the actor's ``StepGrant``: a vector step is reserved under the
-    process-shared lock (marked as held, so that the driver can release it when this process dies inside) with
+    block's lock (marked as held, so that the driver knows when this process died inside) with
     the rule of ``RatePolicy`` over every actor's reserved count; inserted steps go to this actor's own counter."""
 
     def __init__(self, counters, lock, actor: int, incarnation: int, n_actors: int, policy: RatePolicy,

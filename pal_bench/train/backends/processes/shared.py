@@ -82,7 +82,7 @@ def read_messages(q, timeout: float | None = None):
 
 def count_under_lock(counters, lock, actor: int, slot: int) -> None:
     """Add one to a counter several actors write (READY, FINISHED): under the reservation lock, marked as
-    held by ``actor`` so that the driver can release it if the process dies inside."""
+    held by ``actor`` (what the driver reads when the process dies inside)."""
     with lock:
         counters[HOLDER] = actor + 1
         counters[slot] += 1

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from pal_bench._segment import SharedControl
 from pal_bench.train.backends.processes.actor import actor_process
 from pal_bench.train.backends.processes.learner import L_FIELDS, L_READY, L_STOP, L_UPDATE, grads_spec, learner_process
 from pal_bench.train.backends.processes.shared import (
@@ -159,11 +160,11 @@ class ProcessTrainer(Trainer):
             self._lmessages = [self._ctx.Queue() for _ in range(cfg.learners)]
 
     def _make_rate(self) -> SharedRate:
-        """The rate counters in a shared array the actor processes write (a resumed run's steps count as actor
-        0's), and the process-shared lock they reserve under. The parameter server is the thread trainer's and the
-        buffer a shared segment (``_new_buffer``)."""
-        self.counters = self._ctx.RawArray("q", HEADER + 2 * self.cfg.actors)
-        self._lock_mp = self._ctx.Lock()
+        """The rate counters in a named control block the actor processes attach and write (a resumed run's steps
+        count as actor 0's), and its robust, process-shared lock they reserve under. The parameter server is the
+        thread trainer's and the buffer a shared segment (``_new_buffer``)."""
+        self._control = SharedControl.create(segment_name(self.cfg.run_dir(), "ctl"), HEADER + 2 * self.cfg.actors)
+        self.counters, self._counter_lock = self._control.words, self._control.lock
         return SharedRate(self.cfg, self.counters)
 
     # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
@@ -397,7 +398,7 @@ class ProcessTrainer(Trainer):
         p = self._ctx.Process(
             target=actor_process, name=f"pal-actor{i}", daemon=True,
             args=(self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid(), self.faults))
+                  self._weights.spec, self._control.shared_name, self._messages[i], os.getpid(), self.faults))
         p.start()
         return p
 
@@ -419,10 +420,9 @@ class ProcessTrainer(Trainer):
             if p.exitcode == 0:
                 return
             self._sync()
-            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: release it for the others
+            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: the next taker repairs it
                 self.counters[HOLDER] = 0
-                self._lock_mp.release()
-            with self._lock_mp:                  # give back what it reserved and never inserted
+            with self._counter_lock:             # give back what it reserved and never inserted
                 lost = int(self.counters[reserved_slot(i)] - self.counters[inserted_slot(i)])
                 self.counters[reserved_slot(i)] = self.counters[inserted_slot(i)]
             self.lost[i] += lost
@@ -471,3 +471,5 @@ class ProcessTrainer(Trainer):
         if self._weights is not None:
             self._weights.close()
         self.buffer.close()
+        if getattr(self, "_control", None) is not None:
+            self._control.close()
