@@ -24,6 +24,7 @@ from pal_bench.train.backends.processes.shared import (
     STARTED,
     STOP,
     STOP_JOIN_S,
+    ParentAlive,
     flat_state,
     inserted_slot,
     read_messages,
@@ -398,7 +399,8 @@ class ProcessTrainer(Trainer):
         p = self._ctx.Process(
             target=actor_process, name=f"pal-actor{i}", daemon=True,
             args=(self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self._control.shared_name, self._messages[i], os.getpid(), self.faults))
+                  self._weights.spec, self._control.shared_name, self._messages[i], ParentAlive(os.getpid()),
+                  self.faults))
         p.start()
         return p
 
