@@ -90,6 +90,8 @@ def test_bad_backend_configs_rejected():
         validate(make_config("dqn", "CartPole-v1", backend="mpi"))
     with pytest.raises(ConfigError, match="ray_placement"):
         validate(make_config("dqn", "CartPole-v1", backend="ray", ray_placement="everywhere"))
+    with pytest.raises(ConfigError, match="allreduce"):
+        validate(make_config("dqn", "CartPole-v1", backend="ray", ray_placement="node", aggregation="allreduce"))
     with pytest.raises(ConfigError, match="ray_chunk"):
         validate(make_config("dqn", "CartPole-v1", backend="ray", ray_chunk=0))
     with pytest.raises(ConfigError, match="learner_timeout_s"):
@@ -155,6 +157,51 @@ class TestLocalRay:
             assert (run_dir / f).exists(), f
         assert all(f.exists() for f in RunRecorder(run_dir, "").checkpoint_files())
         assert _wait_gone(_worker_pids(s)) == set()   # every Ray actor of the run was killed
+
+    def test_node_placement_runs_the_process_backend_pieces_under_ray(self, tmp_path):
+        """``ray_placement = "node"``: Ray starts the actor processes on this node; they insert straight into the
+        shared segment, which the driver's learner samples in this process (every sample takes the segment's lock
+        here: no buffer actor, no remote sample call), the sole learner applies its own gradient and the actors
+        read the published weights; the budget and the update rate hold; nothing is left in /dev/shm."""
+        before = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
+        cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=3_000, learning_starts=500,
+                      batch_size=32)
+        tr = make_trainer(cfg)
+        try:
+            assert type(tr).__name__ == "RayNodeTrainer"
+            s = tr.run()
+            samples = tr.buffer.lock_stats()["acquisitions"]
+            version = tr.ps.version
+        finally:
+            tr.close()
+        assert s["backend"] == "ray" and s["ray_placement"] == "node" and s["env_steps"] == 3_000
+        assert s["restarts"] == [] and s["transitions_lost"] == 0
+        expected = (3_000 - cfg.learning_starts) * cfg.updates_per_step
+        assert 0.95 * expected <= s["updates"] <= expected + 1
+        assert samples >= s["updates"]                 # each update sampled the segment here
+        assert version == s["updates"]                 # the sole learner applied every gradient itself
+        for actor in ("actor0", "actor1"):
+            phases = s["phase_seconds"][actor]
+            assert phases["env_step"] > 0 and "weights_pull" in phases
+            assert s["placement"][actor]["pid"] != os.getpid()
+        assert "transport" not in s["phase_seconds"]["learner0"]
+        assert _wait_gone(_worker_pids(s)) == set()
+        after = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
+        assert after <= before
+
+    def test_node_placement_actor_killed_is_restarted_with_its_loss_recorded(self, tmp_path):
+        cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=6_000, learning_starts=500,
+                      batch_size=32)
+        with make_trainer(cfg) as tr:
+            t, out = _run_in_thread(tr)
+            _kill_when(tr, "actor1", 1_500)
+            t.join(300)
+            assert not t.is_alive(), "the run stalled"
+        assert "error" not in out, out.get("error")
+        s = out["summary"]
+        assert s["env_steps"] == 6_000
+        assert len(s["restarts"]) == 1 and s["restarts"][0]["worker"] == "actor1"
+        assert 0 <= s["transitions_lost"] <= cfg.envs_per_actor
 
     def test_r2d2_trains_on_sequences(self, tmp_path):
         """R2D2 on Ray: recurrent actor processes send whole sequences, the learner writes per-sequence

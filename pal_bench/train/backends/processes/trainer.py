@@ -136,7 +136,7 @@ class ProcessTrainer(Trainer):
         self._training_errors: dict[int, tuple[str, str]] = {}    # actor -> a TrainingError it sent (name, line)
         super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
-        self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
+        self._messages = [self._new_queue() for _ in range(cfg.actors)]
         self._sync_lock = threading.Lock()
         self._published = -1
         self._published_target: dict | None = None  # the snapshot target dict whose tensors the block holds
@@ -395,14 +395,27 @@ class ProcessTrainer(Trainer):
                     self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
         self._lprocs = {}
 
-    def _start(self, i: int) -> mp.Process:
-        p = self._ctx.Process(
-            target=actor_process, name=f"pal-actor{i}", daemon=True,
-            args=(self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self._control.shared_name, self._messages[i], ParentAlive(os.getpid()),
-                  self.faults))
+    # ------------------------------------------------------------------ placement (what another launcher replaces)
+
+    def _new_queue(self):
+        """An actor's message queue (episodes, timers, errors): ``put`` / ``close`` / ``join_thread`` in the
+        actor, ``get`` / ``get_nowait`` here."""
+        return self._ctx.Queue()
+
+    def _launch(self, i: int, args: tuple) -> mp.Process:
+        """Start actor ``i``'s process running ``actor_process(*args)``; returns its handle (``join``,
+        ``is_alive``, ``exitcode``, ``kill``, ``pid``: ``mp.Process``'s)."""
+        p = self._ctx.Process(target=actor_process, name=f"pal-actor{i}", daemon=True, args=args + (ParentAlive(
+            os.getpid()), self.faults))
         p.start()
         return p
+
+    def _start(self, i: int):
+        return self._launch(i, (self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name,
+                                self._weights.name, self._weights.spec, self._control.shared_name,
+                                self._messages[i]))
+
+    # ------------------------------------------------------------------ supervision
 
     def _supervise(self, i: int) -> None:
         """Run actor ``i``'s process to the end of the budget, restarting it when it dies."""
@@ -439,7 +452,7 @@ class ProcessTrainer(Trainer):
             self.restarts[i] += 1
             with self._sync_lock:                # the dead actor's queue may hold its write lock: a new one
                 self._drain(i)
-                self._messages[i] = self._ctx.Queue()
+                self._messages[i] = self._new_queue()
             self._event(f"actor{i}", "restart", lost, f"process {p.pid} died ({cause}); "
                                                      f"{lost} reserved transitions lost; restarted")
             p = self._start(i)

@@ -1,0 +1,220 @@
+"""Ray on one node at the process backend's speed (``ray_placement = "node"``): Ray places and starts the actor
+processes; everything they exchange is the process backend's, in shared memory on the node.
+
+``RayNodeTrainer`` is ``ProcessTrainer`` with another launcher: each actor process is a Ray actor pinned to the
+driver's node (``NodeAffinitySchedulingStrategy``) running the same ``actor_process`` body, which attaches by name
+to the shared replay segment (``add_batch`` straight into it), the ``SharedWeights`` block (weights read straight
+into its networks) and the ``SharedControl`` block (the rate counters and their lock). The learners are the
+driver's threads next to the parameter server, reading the segment in this process (no remote call per batch;
+a sole learner applies its own gradient). What goes through Ray is the start-up and each actor's small messages
+(episodes, timers, errors) to an inbox actor, drained by the driver every ``DRAIN_S``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+
+from pal_bench.train.backends.processes.actor import actor_process
+from pal_bench.train.backends.processes.shared import DriverAlive
+from pal_bench.train.backends.processes.trainer import ProcessTrainer
+from pal_bench.train.config import ConfigError, TrainConfig
+
+DRAIN_S = 0.05            # the driver reads an actor's messages at most this often (a remote call each)
+START_TIMEOUT_S = 120.0   # longest wait for Ray to start an actor process
+
+
+class _Host:
+    """A Ray actor that runs one worker body (``actor_process``) in its process."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, args: tuple) -> None:
+        actor_process(*args)
+
+
+class _Inbox:
+    """An actor's messages, held for the driver (a Ray actor: one per actor process)."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def put(self, item) -> None:
+        self.items.append(item)
+
+    def drain(self) -> list:
+        out, self.items = self.items, []
+        return out
+
+
+class InboxQueue:
+    """The process backend's message queue over an ``_Inbox`` actor: ``put`` sends without waiting (Ray keeps one
+    caller's calls in order), ``join_thread`` waits for the last one; the driver's ``get_nowait`` drains the inbox
+    at most every ``DRAIN_S``."""
+
+    def __init__(self, node_id: str):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.inbox = ray.remote(_Inbox).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id, soft=False)).remote()
+        self._last = None
+        self._held: list = []
+        self._drained = 0.0
+
+    def __getstate__(self):
+        return {"inbox": self.inbox}
+
+    def __setstate__(self, state):
+        self.inbox, self._last, self._held, self._drained = state["inbox"], None, [], 0.0
+
+    # writer (the actor process)
+    def put(self, item) -> None:
+        self._last = self.inbox.put.remote(item)
+
+    def close(self) -> None:
+        pass
+
+    def join_thread(self) -> None:
+        import ray
+
+        if self._last is not None:
+            ray.get(self._last)
+
+    # reader (the driver)
+    def get_nowait(self):
+        import ray
+
+        if not self._held and time.monotonic() - self._drained >= DRAIN_S:
+            self._held = ray.get(self.inbox.drain.remote())
+            self._drained = time.monotonic()
+        if not self._held:
+            raise queue.Empty
+        return self._held.pop(0)
+
+    def get(self, timeout: float | None = None):
+        deadline = time.monotonic() + (timeout or 0.0)
+        while True:
+            try:
+                return self.get_nowait()
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(DRAIN_S)
+
+    def kill(self) -> None:
+        import ray
+
+        ray.kill(self.inbox, no_restart=True)
+
+
+class RayProcess:
+    """An actor process started by Ray on ``node_id``, with the handle ``mp.Process`` gives the supervisor
+    (``join``, ``is_alive``, ``exitcode``, ``kill``, ``pid``). ``exitcode``: None while it runs, 0 when its body
+    returned, 1 when it raised or its process died (Ray does not tell a signal from an exit)."""
+
+    def __init__(self, args: tuple, node_id: str, num_cpus: float):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.handle = ray.remote(_Host).options(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=(
+            NodeAffinitySchedulingStrategy(node_id, soft=False))).remote()
+        ready, _ = ray.wait([pid_ref := self.handle.pid.remote()], timeout=START_TIMEOUT_S)
+        if not ready:
+            ray.kill(self.handle, no_restart=True)
+            raise TimeoutError(f"Ray did not start an actor process within {START_TIMEOUT_S:.0f} s")
+        self.pid = ray.get(pid_ref)
+        self.ref = self.handle.run.remote(args)
+        self._exitcode: int | None = None
+
+    def join(self, timeout: float | None = None) -> None:
+        import ray
+
+        ray.wait([self.ref], timeout=timeout)
+
+    @property
+    def exitcode(self) -> int | None:
+        import ray
+
+        if self._exitcode is None:
+            ready, _ = ray.wait([self.ref], timeout=0)
+            if ready:
+                try:
+                    ray.get(self.ref)
+                    self._exitcode = 0
+                except Exception:   # noqa: BLE001 - RayTaskError / RayActorError: it raised or died
+                    self._exitcode = 1
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        import ray
+
+        ray.kill(self.handle, no_restart=True)
+
+
+class RayNodeTrainer(ProcessTrainer):
+    """The process backend's trainer with its actor processes placed by Ray on the driver's node
+    (``backend = "ray"``, ``ray_placement = "node"``)."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
+        if cfg.backend != "ray" or cfg.ray_placement != "node":
+            raise ConfigError("RayNodeTrainer runs backend = 'ray' with ray_placement = 'node'")
+        from pal_bench.train.backends.ray.session import connect
+
+        self._owns_ray = connect(cfg.ray_address)
+        import ray
+
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._inboxes: list[InboxQueue] = []
+        self.placement: dict[str, dict] = {}       # actor -> {pid, node_id} of its current process
+        try:
+            super().__init__(cfg, resume=resume, overwrite=overwrite)
+        except BaseException:
+            self._disconnect()
+            raise
+
+    def _new_queue(self) -> InboxQueue:
+        q = InboxQueue(self._node_id)
+        self._inboxes.append(q)
+        return q
+
+    def _launch(self, i: int, args: tuple) -> RayProcess:
+        import ray
+
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        share = min(1.0, cpus / max(1, self.cfg.actors + self.cfg.learners))
+        proc = RayProcess(args + (DriverAlive(os.getpid()), self.faults), self._node_id, share)
+        self.placement[f"actor{i}"] = {"pid": proc.pid, "node_id": self._node_id}
+        return proc
+
+    def summary(self) -> dict:
+        out = super().summary()
+        out["backend"] = "ray"
+        out["ray_placement"] = "node"
+        out["placement"] = dict(self.placement)
+        return out
+
+    def close(self) -> None:
+        was_closed = self._closed
+        try:
+            super().close()
+        finally:
+            if not was_closed:
+                for q in self._inboxes:
+                    try:
+                        q.kill()
+                    except Exception:   # noqa: BLE001 - gone with its node
+                        pass
+                self._disconnect()
+
+    def _disconnect(self) -> None:
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+            self._owns_ray = False
