@@ -172,6 +172,7 @@ class RayNodeTrainer(ProcessTrainer):
         self._node_id = ray.get_runtime_context().get_node_id()
         self._inboxes: list[InboxQueue] = []
         self.placement: dict[str, dict] = {}       # actor -> {pid, node_id} of its current process
+        self._hosts: list[RayProcess] = []          # every actor process started (killed at close)
         try:
             super().__init__(cfg, resume=resume, overwrite=overwrite)
         except BaseException:
@@ -190,6 +191,7 @@ class RayNodeTrainer(ProcessTrainer):
         share = min(1.0, cpus / max(1, self.cfg.actors + self.cfg.learners))
         proc = RayProcess(args + (DriverAlive(os.getpid()), self.faults), self._node_id, share)
         self.placement[f"actor{i}"] = {"pid": proc.pid, "node_id": self._node_id}
+        self._hosts.append(proc)
         return proc
 
     def summary(self) -> dict:
@@ -205,7 +207,7 @@ class RayNodeTrainer(ProcessTrainer):
             super().close()
         finally:
             if not was_closed:
-                for q in self._inboxes:
+                for q in [*self._hosts, *self._inboxes]:
                     try:
                         q.kill()
                     except Exception:   # noqa: BLE001 - gone with its node
