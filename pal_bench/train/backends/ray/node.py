@@ -32,7 +32,10 @@ class _Host:
         return os.getpid()
 
     def run(self, args: tuple) -> None:
-        actor_process(*args)
+        try:
+            actor_process(*args)
+        finally:
+            args[8].join_thread()           # its last messages are in the inbox before the driver sees it end
 
 
 class _Inbox:
@@ -63,12 +66,13 @@ class InboxQueue:
         self._last = None
         self._held: list = []
         self._drained = 0.0
+        self.force = False              # the next ``get_nowait`` drains whatever the period (the actor has ended)
 
     def __getstate__(self):
         return {"inbox": self.inbox}
 
     def __setstate__(self, state):
-        self.inbox, self._last, self._held, self._drained = state["inbox"], None, [], 0.0
+        self.inbox, self._last, self._held, self._drained, self.force = state["inbox"], None, [], 0.0, False
 
     # writer (the actor process)
     def put(self, item) -> None:
@@ -87,9 +91,9 @@ class InboxQueue:
     def get_nowait(self):
         import ray
 
-        if not self._held and time.monotonic() - self._drained >= DRAIN_S:
+        if not self._held and (self.force or time.monotonic() - self._drained >= DRAIN_S):
             self._held = ray.get(self.inbox.drain.remote())
-            self._drained = time.monotonic()
+            self._drained, self.force = time.monotonic(), False
         if not self._held:
             raise queue.Empty
         return self._held.pop(0)
@@ -193,6 +197,13 @@ class RayNodeTrainer(ProcessTrainer):
         self.placement[f"actor{i}"] = {"pid": proc.pid, "node_id": self._node_id}
         self._hosts.append(proc)
         return proc
+
+    def _actors(self, i: int) -> None:
+        try:
+            super()._actors(i)
+        finally:
+            self._messages[i].force = True      # what the ended process sent last (its timers) is read now
+            self._sync()
 
     def summary(self) -> dict:
         out = super().summary()
