@@ -51,6 +51,8 @@ class TrainConfig:
     ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
     ray_placement: str = "pack"                        # "pack" or "spread" Ray actors over the nodes, or "node": the
     #                                                    process backend's shared-memory pieces on the driver's node
+    ray_remote_actors: bool = False                    # ray_placement "node": the actors on the cluster's other nodes,
+    #                                                    sending chunks to an inserter on the driver's node
     ray_chunk: int = 256                               # transitions an actor sends to the buffer per call
     ray_prefetch: int = 1                              # sampled batches a learner has in flight beyond the one used
     learner_timeout_s: float = 30.0                    # sync (ray): apply a round without a learner this late (s)
@@ -406,6 +408,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.backend == "ray" and cfg.ray_placement == "node" and cfg.aggregation == "allreduce":
         raise ConfigError("aggregation: 'allreduce' needs learners in Ray actors (ray_placement 'pack' or 'spread'); "
                           "on one node ('node') the learners share the driver's parameter server")
+    if cfg.ray_remote_actors and (cfg.backend != "ray" or cfg.ray_placement != "node"):
+        raise ConfigError("ray_remote_actors: remote actors and their inserter need backend = 'ray' with "
+                          "ray_placement = 'node'")
     if cfg.backend == "ray" and cfg.ray_placement == "node" and cfg.env_backend == "async":
         raise ConfigError("env_backend: 'async' is not built for ray_placement 'node' (its actors run the process "
                           "backend's actor body; use env_backend = 'sync')")

@@ -38,6 +38,23 @@ class _Host:
             args[8].join_thread()           # its last messages are in the inbox before the driver sees it end
 
 
+class _RemoteHost:
+    """A Ray actor on another node that runs one remote actor: the Ray backend's ``ActorWorker`` (``actor_loop``
+    over ``ChunkGrants`` and ``LatestWeights``) against the inserter on the driver's node."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, args: tuple) -> None:
+        import ray
+
+        from pal_bench.train.backends.ray.workers import ActorWorker
+
+        cfg, actor, incarnation, resumed_steps, inserter = args
+        out = ActorWorker(cfg, actor, inserter, inserter).run(incarnation, resumed_steps)
+        ray.get(inserter.finish.remote(actor, out["seconds"]))
+
+
 class _Inbox:
     """An actor's messages, held for the driver (a Ray actor: one per actor process)."""
 
@@ -115,15 +132,16 @@ class InboxQueue:
 
 
 class RayProcess:
-    """An actor process started by Ray on ``node_id``, with the handle ``mp.Process`` gives the supervisor
-    (``join``, ``is_alive``, ``exitcode``, ``kill``, ``pid``). ``exitcode``: None while it runs, 0 when its body
-    returned, 1 when it raised or its process died (Ray does not tell a signal from an exit)."""
+    """An actor process started by Ray on ``node_id`` running ``host.run(args)``, with the handle ``mp.Process``
+    gives the supervisor (``join``, ``is_alive``, ``exitcode``, ``kill``, ``pid``). ``exitcode``: None while it
+    runs, 0 when its body returned, 1 when it raised or its process died (Ray does not tell a signal from an
+    exit)."""
 
-    def __init__(self, args: tuple, node_id: str, num_cpus: float):
+    def __init__(self, host: type, args: tuple, node_id: str, num_cpus: float):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self.handle = ray.remote(_Host).options(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=(
+        self.handle = ray.remote(host).options(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=(
             NodeAffinitySchedulingStrategy(node_id, soft=False))).remote()
         ready, _ = ray.wait([pid_ref := self.handle.pid.remote()], timeout=START_TIMEOUT_S)
         if not ready:
@@ -132,6 +150,7 @@ class RayProcess:
         self.pid = ray.get(pid_ref)
         self.ref = self.handle.run.remote(args)
         self._exitcode: int | None = None
+        self.error: str | None = None       # what the body raised (Ray's traceback), once it has ended
 
     def join(self, timeout: float | None = None) -> None:
         import ray
@@ -148,8 +167,8 @@ class RayProcess:
                 try:
                     ray.get(self.ref)
                     self._exitcode = 0
-                except Exception:   # noqa: BLE001 - RayTaskError / RayActorError: it raised or died
-                    self._exitcode = 1
+                except Exception as e:   # noqa: BLE001 - RayTaskError / RayActorError: it raised or died
+                    self._exitcode, self.error = 1, str(e)
         return self._exitcode
 
     def is_alive(self) -> bool:
@@ -174,6 +193,11 @@ class RayNodeTrainer(ProcessTrainer):
         import ray
 
         self._node_id = ray.get_runtime_context().get_node_id()
+        self._remote_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != self._node_id]
+        if cfg.ray_remote_actors and not self._remote_nodes:
+            self._disconnect()
+            raise ConfigError("ray_remote_actors: the Ray cluster has no node besides the driver's")
+        self._inserter = None
         self._inboxes: list[InboxQueue] = []
         self.placement: dict[str, dict] = {}       # actor -> {pid, node_id} of its current process
         self._hosts: list[RayProcess] = []          # every actor process started (killed at close)
@@ -189,14 +213,44 @@ class RayNodeTrainer(ProcessTrainer):
         return q
 
     def _launch(self, i: int, args: tuple) -> RayProcess:
+        """Actor ``i``'s process: on this node running ``actor_process(*args)``, or (``ray_remote_actors``) on
+        another node running the Ray ``ActorWorker`` against the inserter."""
         import ray
 
         cpus = ray.cluster_resources().get("CPU", 1.0)
         share = min(1.0, cpus / max(1, self.cfg.actors + self.cfg.learners))
-        proc = RayProcess(args + (DriverAlive(os.getpid()), self.faults), self._node_id, share)
-        self.placement[f"actor{i}"] = {"pid": proc.pid, "node_id": self._node_id}
+        if self.cfg.ray_remote_actors:
+            node = self._remote_nodes[i % len(self._remote_nodes)]
+            inserter = self._start_inserter()
+            ray.get(inserter.set_inbox.remote(i, self._messages[i]))
+            proc = RayProcess(_RemoteHost, (self.cfg, i, self.restarts[i], self.resumed_steps, inserter), node,
+                              share)
+        else:
+            node = self._node_id
+            proc = RayProcess(_Host, args + (DriverAlive(os.getpid()), self.faults), node, share)
+        self.placement[f"actor{i}"] = {"pid": proc.pid, "node_id": node}
         self._hosts.append(proc)
         return proc
+
+    def _start_inserter(self):
+        """(``ray_remote_actors``) The inserter on this node, started once: remote actors' only contact."""
+        if self._inserter is None:
+            import ray
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from pal_bench.train.backends.ray.inserter import Inserter
+
+            self._inserter = ray.remote(Inserter).options(
+                num_cpus=0, max_concurrency=self.cfg.actors + 4,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)).remote(
+                self.cfg, self.buffer.shared_name, self._weights.name, self._weights.spec, self._control.shared_name,
+                dict(enumerate(self._messages)))
+        return self._inserter
+
+    def _actor_cause(self, i: int, p) -> str:
+        if getattr(p, "error", None) and i not in self._last_error:
+            self._last_error[i] = p.error         # a remote actor's traceback comes with Ray's error, not a message
+        return super()._actor_cause(i, p)
 
     def _actors(self, i: int) -> None:
         try:
@@ -210,6 +264,10 @@ class RayNodeTrainer(ProcessTrainer):
         out["backend"] = "ray"
         out["ray_placement"] = "node"
         out["placement"] = dict(self.placement)
+        if self._inserter is not None:
+            import ray
+
+            out["inserter"] = ray.get(self._inserter.stats.remote())
         return out
 
     def close(self) -> None:
@@ -218,6 +276,14 @@ class RayNodeTrainer(ProcessTrainer):
             super().close()
         finally:
             if not was_closed:
+                if self._inserter is not None:
+                    try:
+                        import ray
+
+                        ray.get(self._inserter.close.remote())
+                        ray.kill(self._inserter, no_restart=True)
+                    except Exception:   # noqa: BLE001 - gone with its node
+                        pass
                 for q in [*self._hosts, *self._inboxes]:
                     try:
                         q.kill()
