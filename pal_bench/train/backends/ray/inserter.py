@@ -57,7 +57,8 @@ class Inserter:
         self.version, self.ref = -1, None
         self.finished: set[int] = set()
         self.seen: set[int] = set()   # actors whose current incarnation has asked (is set up)
-        self.rows = 0                  # rows written (for the inserter's ceiling)
+        self.rows = 0                  # rows written
+        self.bytes = 0                 # bytes of the rows (and priorities) received
         self.seconds = {"insert": 0.0, "publish": 0.0, "rate_wait": 0.0}
 
     def set_inbox(self, actor: int, inbox) -> None:
@@ -106,6 +107,7 @@ class Inserter:
         if batch:
             self.buffer.add_batch(priorities=priorities, **batch)
             self.rows += len(next(iter(batch.values())))
+            self.bytes += sum(v.nbytes for v in batch.values()) + (priorities.nbytes if priorities is not None else 0)
         self.c[inserted_slot(actor)] += n_steps
         if episodes:
             self.inboxes[actor].put(("episodes", actor, episodes))
@@ -138,7 +140,7 @@ class Inserter:
         return None if self.version == known else (self.version, [self.ref])
 
     def stats(self) -> dict:
-        return {"rows": self.rows, "seconds": dict(self.seconds)}
+        return {"rows": self.rows, "bytes": self.bytes, "seconds": dict(self.seconds)}
 
     def close(self) -> None:
         for h in (self.buffer, self.weights, self.control):
