@@ -20,9 +20,19 @@ from pal_bench.train.backends.processes.actor import actor_process
 from pal_bench.train.backends.processes.shared import DriverAlive
 from pal_bench.train.backends.processes.trainer import ProcessTrainer
 from pal_bench.train.config import ConfigError, TrainConfig
+from pal_bench.train.driver import WorkerError
+from pal_bench.train.errors import TrainingError
 
 DRAIN_S = 0.05            # the driver reads an actor's messages at most this often (a remote call each)
 START_TIMEOUT_S = 120.0   # longest wait for Ray to start an actor process
+INSERTER_PING_S = 30.0    # a remote actor is (re)started only once the inserter answers within this (s)
+
+
+class InserterLost(TrainingError, WorkerError):
+    """The inserter (remote actors' only contact on the driver's node) died: the run ends with a final checkpoint
+    (the buffer, the weights and the counters on this node are sound; the remote actors' unsent chunks are lost)."""
+
+    checkpoint = True
 
 
 class _Host:
@@ -222,6 +232,15 @@ class RayNodeTrainer(ProcessTrainer):
         if self.cfg.ray_remote_actors:
             node = self._remote_nodes[i % len(self._remote_nodes)]
             inserter = self._start_inserter()
+            ready, _ = ray.wait([inserter.stats.remote()], timeout=INSERTER_PING_S)
+            try:
+                ray.get(ready)
+            except Exception as e:   # noqa: BLE001 - RayActorError: the inserter process is gone
+                raise InserterLost(f"the inserter on the driver's node died ({type(e).__name__}); stopped with a final "
+                                   f"checkpoint in {self.run_dir}") from None
+            if not ready:
+                raise InserterLost(f"the inserter on the driver's node did not answer within {INSERTER_PING_S:.0f} "
+                                   f"s; stopped with a final checkpoint in {self.run_dir}")
             ray.get(inserter.set_inbox.remote(i, self._messages[i]))
             proc = RayProcess(_RemoteHost, (self.cfg, i, self.restarts[i], self.resumed_steps, inserter), node,
                               share)
