@@ -104,7 +104,7 @@ class SharedStepGrant:
         self.n_actors, self.policy, self.driver_alive, self.faults = n_actors, policy, driver_alive, faults
         self.spent = False
 
-    def reserve(self, n: int) -> int | None:
+    def reserve(self, n: int, flush=None) -> int | None:
         c = self.c
         while True:
             if c[STOP] or not self.driver_alive():
@@ -123,6 +123,9 @@ class SharedStepGrant:
                 return None
             if ok:
                 return reserved + n
+            if flush is not None and c[PAUSED]:   # paused: what the actor holds goes in first (once)
+                flush()
+                flush = None
             time.sleep(0.0005)
 
     def inserted(self, steps: int) -> None:

@@ -66,7 +66,8 @@ class ChunkGrants:
         self.pending = buffer.acquire.remote(actor, chunk)
 
     # ---- StepGrant
-    def reserve(self, n: int) -> int | None:
+    def reserve(self, n: int, flush=None) -> int | None:
+        """(``flush`` is not needed: a chunk is sent whole, and the Ray actors are never paused)"""
         if self.left <= 0:
             if self.steps:                              # the grant is stepped: its rows go, the answer is the next
                 self.pending = self._send(self.chunk)
