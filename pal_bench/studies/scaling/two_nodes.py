@@ -56,7 +56,7 @@ if mode == "ceiling":
     from pal_bench.studies.scaling.measure import transitions
     cfg = make_config("dqn", "CartPole-v1", ray_remote_actors=True, **kw)
     with make_trainer(cfg) as tr:
-        inserter = tr._start_inserter()
+        inserter = tr.inserter()
         chunk = cfg.ray_chunk
         batch = transitions(tr, chunk)
         nbytes = sum(v.nbytes for v in batch.values())

@@ -231,7 +231,7 @@ class RayNodeTrainer(ProcessTrainer):
         share = min(1.0, cpus / max(1, self.cfg.actors + self.cfg.learners))
         if self.cfg.ray_remote_actors:
             node = self._remote_nodes[i % len(self._remote_nodes)]
-            inserter = self._start_inserter()
+            inserter = self.inserter()
             ready, _ = ray.wait([inserter.stats.remote()], timeout=INSERTER_PING_S)
             try:
                 ray.get(ready)
@@ -251,8 +251,9 @@ class RayNodeTrainer(ProcessTrainer):
         self._hosts.append(proc)
         return proc
 
-    def _start_inserter(self):
-        """(``ray_remote_actors``) The inserter on this node, started once: remote actors' only contact."""
+    def inserter(self):
+        """The inserter on this node (started on first use): remote actors' only contact (``ray_remote_actors``; the
+        two-node study measures its ceiling through it)."""
         if self._inserter is None:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
