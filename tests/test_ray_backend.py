@@ -393,7 +393,8 @@ cfg = make_config("dqn", "CartPole-v1", backend="ray", hidden=(64, 64), eval_int
                   **placement)
 with make_trainer(cfg) as tr:
     s = tr.run()
-    driver_node = ray.get_runtime_context().get_node_id()
+    # (RayNodeTrainer is still connected here; RayTrainer disconnected at the end of run)
+    driver_node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 connected_after_run = ray.is_initialized()     # the driver must disconnect ...
 ray.init(address=address, logging_level="warning")   # ... and leave the cluster running
 alive_after = len([n for n in ray.nodes() if n["Alive"]])
