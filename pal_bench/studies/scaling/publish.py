@@ -169,7 +169,7 @@ def two_nodes_block(results: Path) -> str:
         rows.append({"placement": placement, "rounds": len(d), "env steps/s": d.env_steps_per_s.median(),
                      "range": f"{d.env_steps_per_s.min():.0f}-{d.env_steps_per_s.max():.0f}",
                      "updates/s": d.updates_per_s.median(), "MB/s into the inserter": d.mb_in_per_s.median(),
-                     "inserter busy": d.inserter_busy.median()})
+                     "inserter busy": d.inserter_busy.dropna().median() if d.inserter_busy.notna().any() else None})
     one = runs[runs.placement == "one node"].set_index("round").env_steps_per_s
     two = runs[runs.placement == "two nodes"].set_index("round").env_steps_per_s
     paired = sorted((two / one).dropna())
