@@ -15,7 +15,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ["_sumtree", "_segment", "_replay", "_measure", "_dropin"]
+MODULES = ["_sumtree", "_segment", "_rows", "_replay", "_measure", "_dropin"]
 
 compile_args = [] if sys.platform == "win32" else ["-O3"]
 if os.environ.get("PAL_BENCH_NATIVE") == "1":

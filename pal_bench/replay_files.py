@@ -1,7 +1,10 @@
-"""Reading a replay buffer file (``save``'s zip of stored .npy members) as data, never as code: the source is
+"""A replay buffer's file (``save``'s zip of stored .npy members): writing one (``save_buffer``, streamed field by
+field with the buffer's lock held), and reading one as data, never as code (``load_buffer``): the source is
 checked to be a regular file or a seekable binary object before anything is read, the metadata and every
 member's size are checked against each other and the file, and the arrays are read in bounded chunks into the
-buffer's own memory. The Cython core (``pal_bench._replay``) calls these from ``load``."""
+buffer's own memory. ``check_invariants`` is the tests' check of a buffer's tree and slot table. The Cython core
+(``pal_bench._replay``) calls these from ``save``, ``load`` and ``_check_invariants``, and gives them its state
+through ``_quiescent()``, ``_fields_to_fill()`` and ``_set_state()``."""
 
 from __future__ import annotations
 
@@ -15,11 +18,116 @@ import zipfile
 
 import numpy as np
 
+from pal_bench.atomic import atomic_open
 from pal_bench.replay_layout import normalise_fields
 
 FILE_FORMAT = "pal_bench.replay"
 FILE_VERSION = 1
 DBL_MAX = sys.float_info.max
+SLOT_EMPTY = -1          # the slot table's word for an empty slot (pyx/_common.pxd)
+
+
+def save_buffer(buf, target) -> None:
+    """Write ``buf`` to ``target`` (a path: atomically, beside it and renamed over it; or a writable binary file
+    object) with its lock held at a quiescent moment, so the file is one consistent state."""
+    if isinstance(target, (str, os.PathLike)):
+        with atomic_open(target, "wb") as fh:
+            _write(buf, fh)
+    else:
+        _write(buf, target)
+
+
+def _write(buf, fh) -> None:
+    with buf._quiescent() as state:
+        meta = json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION, **state["meta"]}).encode()
+        arrays = {"__meta__": np.frombuffer(meta, dtype=np.uint8), "slot_ids": state["slot_ids"],
+                  "rng_state": state["rng_state"]}
+        if state["priorities"] is not None:
+            arrays["priorities"] = state["priorities"]
+        for name, arr in state["fields"].items():
+            arrays[f"field.{name}"] = arr
+        np.savez(fh, **arrays)
+
+
+def load_buffer(source, want_prioritized: bool, kinds: dict, shared: bool, name):
+    """A buffer rebuilt from the file ``source`` (a path or a readable binary file object): ``kinds`` maps the
+    file's kind (``"prioritized"``/``"uniform"``) to the class that makes it. ValueError naming the file for any
+    file that is not one ``save`` wrote; the buffer made for it is closed again."""
+    label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<file>"
+    fh = open_source(source, label)
+    try:
+        with zipfile.ZipFile(fh) as zf:
+            meta = validated_meta(zf, want_prioritized, file_size(fh, zf))
+            fields = {n: (tuple(s), np.dtype(d)) for n, s, d in meta["fields"]}
+            if meta["kind"] == "prioritized":
+                buf = kinds["prioritized"](meta["capacity"], fields, alpha=meta["alpha"], fanout=meta["fanout"],
+                                           eps=meta["eps"], seed=0, shared=shared, name=name)
+            else:
+                buf = kinds["uniform"](meta["capacity"], fields, seed=0, shared=shared, name=name)
+            try:
+                _restore(buf, zf, meta)
+            except BaseException:
+                buf.close()
+                raise
+            return buf
+    except (zipfile.BadZipFile, EOFError, KeyError, TypeError, OverflowError, json.JSONDecodeError,
+            UnicodeDecodeError, NotImplementedError, RuntimeError) as e:
+        raise ValueError(f"{label}: not a PAL-Bench replay buffer file, or truncated ({e!r})") from e
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from e
+    finally:
+        if fh is not source:
+            fh.close()
+
+
+def _restore(buf, zf, meta: dict) -> None:
+    """Read the validated file's members into ``buf`` (just made with the file's capacity and fields), checking
+    the slot table, RNG state and priorities against each other before ``_set_state`` puts them in place."""
+    cap, next_id = buf.capacity, int(meta["next_id"])
+    slot_ids = read_member(zf, "slot_ids", np.empty(cap, dtype=np.int64))
+    # the only consistent slot table of a quiescent buffer: the last min(next_id, cap) ids, each in its slot
+    expected = np.full(cap, SLOT_EMPTY, dtype=np.int64)
+    live_ids = np.arange(max(0, next_id - cap), next_id, dtype=np.int64)
+    expected[live_ids % cap] = live_ids
+    if not np.array_equal(slot_ids, expected):
+        raise ValueError("inconsistent slot table (it must hold exactly the last capacity ids)")
+    rng_state = read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
+    if not rng_state.any():
+        raise ValueError("invalid RNG state (all zero)")
+    leaves = None
+    if meta["kind"] == "prioritized":
+        live = slot_ids >= 0
+        leaves = read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
+        if not (np.isfinite(leaves).all() and (leaves >= 0).all() and (leaves[~live] == 0).all()):
+            raise ValueError("invalid priorities")
+        if (leaves > DBL_MAX / (2.0 * cap)).any():
+            raise ValueError("priorities too large: their sum could overflow")
+        if meta["eps"] > 0 and (leaves[live] <= 0).any():
+            raise ValueError("a stored transition has priority 0 although eps > 0")
+    for name, arr in buf._fields_to_fill().items():
+        read_member(zf, f"field.{name}", arr)
+    buf._set_state(slot_ids, leaves, next_id, float(meta["max_priority"]), rng_state)
+
+
+def check_invariants(buf) -> None:
+    """The tests' check of a buffer at a quiescent moment: the slot table holds exactly live ids in their slots,
+    the size counts them, and (prioritized) every tree level agrees with its children, empty slots have no
+    priority, live ones have some (eps > 0) and the total matches an exact sum. AssertionError otherwise."""
+    with buf._quiescent() as state:
+        ids, meta = state["slot_ids"].copy(), state["meta"]
+        live = ids >= 0
+        assert int(live.sum()) == state["size"], f"size {state['size']} != live slots {int(live.sum())}"
+        assert (ids[live] % meta["capacity"] == np.nonzero(live)[0]).all(), "slot table holds foreign ids"
+        assert (ids[live] < meta["next_id"]).all(), "slot table holds future ids"
+        assert (ids >= SLOT_EMPTY).all(), "slot table holds in-flight slots while quiescent"
+        leaves = state["priorities"]
+        if leaves is not None:
+            assert state["tree_bad_level"] == -1, f"tree level {state['tree_bad_level']} disagrees with its children"
+            assert (leaves[~live] == 0).all(), "an empty slot has a priority"
+            assert (leaves[live] > 0).all() or meta["eps"] == 0, "a live slot has zero priority"
+            exact = math.fsum(leaves)
+            assert math.isfinite(exact), "the total overflowed"
+            assert abs(state["total"] - exact) <= 1e-9 * max(exact, 1e-300), "total drifted"
 
 
 def open_source(source, label: str):

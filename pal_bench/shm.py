@@ -28,7 +28,9 @@ def segments(directory: str = _segment.SHM_DIR) -> list[dict]:
     out = []
     for name in names:
         info = _segment.segment_info(name)
-        if info is not None:
+        if info is not None and info["kind"] == "control":
+            kind = f"control block, {info['capacity']} words"
+        elif info is not None:
             kind = f"{info['kind']} buffer, {info['size']}/{info['capacity']} transitions"
         else:
             info = shared_weights.segment_info(name)

@@ -36,90 +36,52 @@ from its leaves and the counters from the slot table. After ``os.fork()`` a *pri
 child is a copy: its mutex is re-initialised (a thread of the parent may have held it) and slots a
 parent thread was writing become empty; a *shared* buffer stays shared. Either way the child draws
 from a new random stream.
+
+Code
+----
+One module per concept, each building on the one before: ``_segment`` (the block as a mapping, its
+life and its robust lock: ``SegmentHandle``), ``_rows`` (the fields' layout, the slot table, the tree's
+arrays, making, attaching, checking and repairing a block, the row copy kernels: ``RowStore``), this
+module (the hot paths: insert, sample, get, update), ``replay_files`` (save, load and the invariant
+check, in Python) and the tree itself in ``_tree_core.pxd`` / ``_sumtree``.
 """
 
-import atexit
 import io
-import json
 import math
-import mmap
-import fcntl
-import os
-import stat
-import weakref
-import zipfile
 
 import numpy as np
 
-from pal_bench.replay_files import (FILE_FORMAT, FILE_VERSION, file_size, open_source, read_member,
-                                   validated_meta)
-from pal_bench.replay_layout import normalise_fields, record_layout, segment_path, spec_json
-from pal_bench._segment import (CREATOR_PID_OFFSET, SEGMENT_MAGIC, SEGMENT_VERSION, SHM_DIR, creator_alive,
-                                header_offsets, remove_if_dead, segment_info)
+from pal_bench.replay_files import check_invariants, load_buffer, save_buffer
 
 cimport numpy as cnp
-from libc.errno cimport EEXIST, ENOENT, ESRCH, errno
-from libc.math cimport INFINITY, NAN
-from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset
-from posix.fcntl cimport O_CREAT, O_EXCL, O_RDONLY, O_RDWR
-from posix.mman cimport shm_open, shm_unlink
-from posix.signal cimport kill
-from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.exc cimport PyErr_CheckSignals
-from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
-from posix.unistd cimport close as c_close
-from posix.unistd cimport ftruncate, getpid
+from libc.math cimport INFINITY, NAN
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from _common cimport DEFAULT_FANOUT_C, MAX_FAST_FIELDS, SCALAR_SCRATCH, SLOT_EMPTY, SLOT_INFLIGHT
-from _lock cimport (
-    EDEADLK,
-    EOWNERDEAD,
-    ETIMEDOUT,
-    mutex_init,
-    mutex_lock_gil,
-    pthread_atfork,
-    pthread_mutex_consistent,
-    pthread_mutex_lock,
-    pthread_mutex_t,
-    pthread_mutex_timedlock,
-    pthread_mutex_trylock,
-    pthread_mutex_unlock,
-)
-from _rng cimport Rng, rng_seed, rng_uniform
-from _vmath cimport vpow, vpow1
-from pal_bench._segment cimport (
-    HEADER_BYTES,
-    MAX_RESERVATIONS,
-    Header,
-    ReadOnlyBlock,
-    Reservation,
-    block_layout,
-    pid_dead,
-    shm_create,
-)
+from _rng cimport rng_uniform
 from _tree_core cimport (
-    TreeLayout,
     __builtin_prefetch,
     leaf_pos,
     tree_check,
     tree_find_sorted,
     tree_get,
-    tree_layout,
     tree_min_nonzero,
     tree_rebuild,
     tree_set,
     tree_set_batch,
     tree_total,
 )
+from _vmath cimport vpow, vpow1
+from pal_bench._rows cimport MAX_DIMS, RowStore, gather_rows, scatter_rows
+from pal_bench._segment cimport MAX_RESERVATIONS, Header
 
 cnp.import_array()
 
 _INT64 = np.dtype(np.int64)
 _FLOAT64 = np.dtype(np.float64)
-
-from _ndarray cimport new_array
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -127,39 +89,13 @@ cdef extern from "<sched.h>" nogil:
 cdef extern from "<unistd.h>" nogil:
     int usleep(unsigned int usec)
 
-cdef extern from "<float.h>":
-    double DBL_MAX
-
-cdef extern from "<errno.h>" nogil:
-    enum:
-        EBUSY
-
 DEF_FANOUT = DEFAULT_FANOUT_C
 cdef int64_t MAX_NEXT_ID = 1 << 62     # transition ids stay below this (no int64 overflow in id arithmetic)
-ATTACH_LOCK_TIMEOUT_S = 10.0           # attach waits at most this long for the segment's lock (s)
 _CORRUPT_NEXT_ID = "the shared segment's header word next_id was overwritten with an impossible value (corrupted)"
 
 cdef enum:
     SPIN_BEFORE_REAP = 64     # waits on an in-flight slot before checking for dead writers
     SPIN_BEFORE_SIGNALS = 1024    # waits on an in-flight slot before letting Python's signal handlers run
-    MAX_DIMS = 16             # dimensions of a field's shape
-    MAX_SPEC_BYTES = 1 << 20  # the fields' JSON description in a block
-
-
-# fork generation: incremented in every child right after fork (pthread_atfork), so a handle notices
-cdef int64_t _fork_generation = 0
-
-cdef void _after_fork_child() noexcept nogil:
-    global _fork_generation
-    _fork_generation += 1
-
-pthread_atfork(NULL, NULL, _after_fork_child)
-
-
-cdef inline int64_t _now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 cdef inline void _prefetch_record(const char* rec, int64_t nbytes) noexcept nogil:
@@ -184,330 +120,9 @@ cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
         memcpy(dst, src, n)
 
 
-cdef inline void _gather(char* dst, const char* records, int64_t record_bytes, int64_t off, int64_t n,
-                         const int64_t* pending, int64_t n_pending, const int64_t* slots) noexcept nogil:
-    """Copy field rows of ``n`` bytes at offset ``off`` of the records in ``slots[pending[q]]`` into row
-    ``pending[q]`` of ``dst``: one loop per field, the row size a constant inside it (plain moves)."""
-    cdef int64_t q, k
-    if n == 4:
-        for q in range(n_pending):
-            k = pending[q]
-            memcpy(dst + 4 * k, records + slots[k] * record_bytes + off, 4)
-    elif n == 8:
-        for q in range(n_pending):
-            k = pending[q]
-            memcpy(dst + 8 * k, records + slots[k] * record_bytes + off, 8)
-    elif n == 1:
-        for q in range(n_pending):
-            k = pending[q]
-            dst[k] = records[slots[k] * record_bytes + off]
-    elif n == 32:
-        for q in range(n_pending):
-            k = pending[q]
-            memcpy(dst + 32 * k, records + slots[k] * record_bytes + off, 32)
-    else:
-        for q in range(n_pending):
-            k = pending[q]
-            memcpy(dst + n * k, records + slots[k] * record_bytes + off, n)
-
-
-cdef inline void _scatter(char* records, int64_t record_bytes, int64_t off, int64_t n, const char* src,
-                          int64_t first, int64_t count) noexcept nogil:
-    """Copy ``count`` consecutive field rows of ``n`` bytes from ``src`` into the records of slots
-    ``first .. first + count - 1``, at offset ``off``: the inverse of ``_gather`` for a run of slots, one
-    loop per field with the row size a constant inside it (plain moves)."""
-    cdef int64_t r
-    cdef char* dst = records + first * record_bytes + off
-    if n == 4:
-        for r in range(count):
-            memcpy(dst + r * record_bytes, src + 4 * r, 4)
-    elif n == 8:
-        for r in range(count):
-            memcpy(dst + r * record_bytes, src + 8 * r, 8)
-    elif n == 1:
-        for r in range(count):
-            dst[r * record_bytes] = src[r]
-    elif n == 32:
-        for r in range(count):
-            memcpy(dst + r * record_bytes, src + 32 * r, 32)
-    else:
-        for r in range(count):
-            memcpy(dst + r * record_bytes, src + n * r, n)
-
-
-_created = weakref.WeakSet()      # creators of live shared segments, closed (and unlinked) at exit
-
-
-@atexit.register
-def _close_created_segments():
-    for buf in list(_created):
-        try:
-            buf.close()
-        except Exception:
-            pass
-
-
-cdef class _ReplayCore:
-    """Shared machinery of both buffers; use ``ReplayBuffer`` or ``PrioritizedReplayBuffer``."""
-
-    cdef object __weakref__
-    cdef object _mm               # the mapping (mmap.mmap): owns the block; field views hold it too
-    cdef unsigned char[::1] _mv   # exported view of the mapping, for the C pointer
-    cdef char* _base
-    cdef Header* _h
-    cdef int64_t* _slot_ids
-    cdef char* _records
-    cdef readonly int64_t capacity
-    cdef int64_t _rb_total        # record bytes
-    cdef int _n_fields
-    cdef int64_t* _off            # per field: offset in the record, row bytes, type number, ndim
-    cdef int64_t* _row_bytes
-    cdef int* _typenum
-    cdef int* _ndim
-    cdef int64_t* _dims           # per field: its shape, MAX_DIMS entries each
-    cdef int* _native             # per field: native byte order (add's scalar fast path)
-    cdef Rng _rng
-    cdef uint64_t _seed
-    cdef bint _prioritized
-    cdef TreeLayout _tree
-    cdef double _alpha
-    cdef double _eps
-    cdef double _prio_limit       # largest stored priority: capacity of them still sum to a finite total
-    cdef double _max_raw          # the header's max_priority when ``_max_stored`` was computed (NaN: never)
-    cdef double _max_stored       # its stored value (max_priority + eps)^alpha: one pow per change, not per add
-    cdef tuple _names
-    cdef dict _specs
-    cdef dict _storage
-    cdef dict _ro_storage         # the same views on a read-only export of the mapping (``storage``)
-    cdef object _slot_ids_arr
-    cdef tuple _dtypes            # per field: the numpy dtype (for add's fast path)
-    cdef tuple _scalar_types      # per field: the numpy scalar type whose values are exactly that dtype, or None
-    cdef str _name                # shared segment name ('' for a private buffer)
-    cdef bint _creator
-    cdef int64_t _creator_pid     # the process that created the segment: only it unlinks (not a forked child)
-    cdef int _lock_fd             # creator: the segment's fd, holding a shared flock while the segment lives
-    cdef bint _closed
-    cdef int _users               # calls in flight on this handle: close() unmaps only when the last one returns
-    cdef int64_t _users_gen       # the fork generation ``_users`` counts in (a forked child starts from none)
-    cdef int64_t _pid             # the process this handle last ran in
-    cdef int64_t _gen             # fork generation it last ran in
-    cdef public double _debug_copy_pause_s    # tests: sleep this long in add_batch between reserve and copy
-
-    def __cinit__(self, *args, **kwargs):
-        self._off = NULL
-        self._row_bytes = NULL
-        self._typenum = NULL
-        self._ndim = NULL
-        self._dims = NULL
-        self._native = NULL
-        self._h = NULL
-        self._name = ""
-        self._closed = True
-        self._max_raw = NAN
-        self._lock_fd = -1
-
-    def __dealloc__(self):
-        if self._owns_segment() and not self._closed:
-            shm_unlink(segment_path(self._name).encode())
-        if self._lock_fd >= 0:
-            c_close(self._lock_fd)
-        free(self._off)
-        free(self._row_bytes)
-        free(self._typenum)
-        free(self._ndim)
-        free(self._dims)
-        free(self._native)
-
-    # ------------------------------------------------------------------ creation and attachment
-
-    cdef _setup(self, capacity, fields, seed, bint prioritized, double alpha, double eps, fanout,
-                bint shared, name):
-        if self._off != NULL or self._mm is not None:
-            raise RuntimeError("this buffer is already initialised (__init__ called twice); make a new one")
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise TypeError(f"capacity must be an int, got {capacity!r}")
-        if capacity < 1 or capacity > 2**40:
-            raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
-        specs = normalise_fields(fields)
-        seed = self._check_seed(seed)
-        if prioritized and not vpow1(1.0 + eps, alpha) <= DBL_MAX / (2.0 * capacity):
-            raise ValueError(f"eps {eps!r} too large: (1 + eps) ** alpha must stay below {DBL_MAX / (2.0 * capacity):.3g} "
-                             f"so that {capacity} priorities sum to a finite total")
-        if name is not None and not shared:
-            raise ValueError("name is only for shared=True buffers")
-        if name is not None:
-            segment_path(name)         # validates it
-        offsets, record_bytes = record_layout(specs)
-        cdef bytes spec = spec_json(specs, offsets)
-        if len(spec) > MAX_SPEC_BYTES:
-            raise ValueError(f"fields: their description takes {len(spec)} bytes, more than {MAX_SPEC_BYTES}")
-        layout = block_layout(capacity, len(spec), record_bytes, prioritized, fanout if prioritized else 0)
-        cdef int64_t spec_offset = layout["spec_offset"], slots_offset = layout["slots_offset"]
-        cdef int64_t records_offset = layout["records_offset"], sums_offset = layout["sums_offset"]
-        cdef int64_t mins_offset = layout["mins_offset"], stamps_offset = layout["stamps_offset"]
-        cdef int64_t total = layout["total_bytes"]
-        cdef TreeLayout t
-        n_mins = 0
-        if prioritized:
-            _, n_mins, _ = tree_layout(&t, capacity, fanout)
-        if shared:
-            self._name = name if name is not None else f"pal-{os.getpid()}-{os.urandom(4).hex()}"
-            mm = self._create_segment(self._name, total)
-        else:
-            mm = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE)
-            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE") and total >= 4 << 20:
-                mm.madvise(mmap.MADV_HUGEPAGE)
-        self._map(mm)
-        cdef Header* h = self._h
-        h.magic = SEGMENT_MAGIC
-        h.version = SEGMENT_VERSION
-        h.kind = 1 if prioritized else 0
-        h.capacity = capacity
-        h.fanout = fanout if prioritized else 0
-        h.alpha = alpha
-        h.eps = eps
-        h.record_bytes = record_bytes
-        h.n_fields = len(specs)
-        h.spec_offset = spec_offset
-        h.spec_bytes = len(spec)
-        h.slots_offset = slots_offset
-        h.records_offset = records_offset
-        h.sums_offset = sums_offset
-        h.mins_offset = mins_offset
-        h.stamps_offset = stamps_offset
-        h.total_bytes = total
-        h.creator_pid = os.getpid()
-        h.handles = 1
-        h.next_id = 0
-        h.size = 0
-        h.inflight = 0
-        h.max_priority = 1.0
-        h.stamp = 0
-        memcpy(self._base + spec_offset, <const char*>spec, len(spec))
-        if mutex_init(&h.mutex, True) != 0:
-            raise OSError("cannot initialise the buffer's mutex")
-        slot_view = np.frombuffer(mm, dtype=np.int64, count=capacity, offset=slots_offset)
-        slot_view[:] = SLOT_EMPTY
-        if prioritized:
-            np.frombuffer(mm, dtype=np.float64, count=n_mins, offset=mins_offset)[:] = INFINITY
-        self._bind(seed, 0)
-        h.ready = 1
-
-    cdef object _create_segment(self, str name, int64_t total):
-        """Create the named segment, replacing a stale one whose creator is gone; map it."""
-        path = segment_path(name).encode()
-        cdef int fd = shm_create(path, total)
-        if fd == -1:
-            found = remove_if_dead(name, SEGMENT_MAGIC, 0, CREATOR_PID_OFFSET)
-            if found == "alive":
-                raise FileExistsError(f"a shared buffer named {name!r} exists and its creator is alive; "
-                                      f"attach to it with attach({name!r}) or choose another name")
-            if found == "foreign":
-                raise FileExistsError(f"{SHM_DIR}/{name} exists and is not a PAL-Bench buffer; choose another name")
-            fd = shm_create(path, total)
-            if fd == -1:
-                raise FileExistsError(f"a shared buffer named {name!r} was created meanwhile")
-        try:
-            mm = mmap.mmap(fd, total)
-        except BaseException:
-            c_close(fd)
-            shm_unlink(path)
-            raise
-        self._lock_fd = fd          # kept open: its flock says the creator is alive
-        self._creator = True
-        self._creator_pid = getpid()
-        _created.add(self)
-        return mm
-
-    cdef _map(self, mm):
-        self._mm = mm
-        self._mv = mm
-        self._base = <char*>&self._mv[0]
-        self._h = <Header*>self._base
-        self._closed = False
-
-    cdef _bind(self, seed, int64_t handle_index):
-        """Per-handle view of a mapped, initialised block: field and tree pointers, numpy views, RNG."""
-        cdef Header* h = self._h
-        spec = json.loads(bytes(self._mv[h.spec_offset:h.spec_offset + h.spec_bytes]))
-        self.capacity = h.capacity
-        self._prioritized = h.kind == 1
-        self._alpha = h.alpha
-        self._eps = h.eps
-        self._rb_total = h.record_bytes
-        self._specs = {n: (tuple(s), np.dtype(d)) for n, s, d, _ in spec}
-        self._names = tuple(self._specs)
-        self._dtypes = tuple(d for _, (_, d) in self._specs.items())
-        # a numpy scalar of type ``d.type`` has dtype ``d`` exactly when ``d`` is native, of fixed size and
-        # not flexible (no string length, datetime unit or struct to tell apart): add copies its bytes
-        self._scalar_types = tuple(d.type if d.isnative and d.kind not in "SUVOMm" and d.itemsize <= SCALAR_SCRATCH
-                                   else None for d in self._dtypes)
-        self._n_fields = len(spec)
-        self._off = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
-        self._row_bytes = <int64_t*>malloc(self._n_fields * sizeof(int64_t))
-        self._typenum = <int*>malloc(self._n_fields * sizeof(int))
-        self._ndim = <int*>malloc(self._n_fields * sizeof(int))
-        self._dims = <int64_t*>malloc(self._n_fields * MAX_DIMS * sizeof(int64_t))
-        self._native = <int*>malloc(self._n_fields * sizeof(int))
-        if (self._off == NULL or self._row_bytes == NULL or self._typenum == NULL or self._ndim == NULL
-                or self._dims == NULL or self._native == NULL):
-            raise MemoryError()
-        self._slot_ids = <int64_t*>(self._base + h.slots_offset)
-        self._records = self._base + h.records_offset
-        self._slot_ids_arr = np.frombuffer(self._mm, dtype=np.int64, count=h.capacity, offset=h.slots_offset)
-        self._storage = {}
-        self._ro_storage = {}
-        readonly = ReadOnlyBlock(self._mm)
-        cdef int f = 0
-        for name, shape, dstr, off in spec:
-            dtype = np.dtype(dstr)
-            shape = tuple(shape)
-            self._off[f] = off
-            self._row_bytes[f] = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            self._typenum[f] = dtype.num
-            self._ndim[f] = len(shape)
-            self._native[f] = dtype.isnative
-            for d, size in enumerate(shape):
-                self._dims[f * MAX_DIMS + d] = size
-            inner = tuple(dtype.itemsize * math.prod(shape[d + 1:]) for d in range(len(shape)))   # C order
-            self._storage[name] = np.ndarray((h.capacity,) + shape, dtype=dtype, buffer=self._mm,
-                                             offset=h.records_offset + off, strides=(h.record_bytes,) + inner)
-            # what ``storage`` hands out: views of a read-only export, which no one can make writable
-            self._ro_storage[name] = np.ndarray((h.capacity,) + shape, dtype=dtype, buffer=readonly,
-                                                offset=h.records_offset + off, strides=(h.record_bytes,) + inner)
-            f += 1
-        if self._prioritized:
-            tree_layout(&self._tree, h.capacity, h.fanout)
-            self._tree.sums = <double*>(self._base + h.sums_offset)
-            self._tree.mins = <double*>(self._base + h.mins_offset)
-            self._tree.stamps = <uint64_t*>(self._base + h.stamps_offset)
-            self._prio_limit = DBL_MAX / (2.0 * h.capacity)
-        self._seed = <uint64_t>int(seed)
-        self._seed_stream(handle_index)
-        self._pid = getpid()
-        self._gen = _fork_generation
-        self._debug_copy_pause_s = 0.0
-
-    cdef void _seed_stream(self, int64_t index) noexcept nogil:
-        """The handle's random stream: splitmix64 of the seed, then ``index`` jumps of the state by
-        mixing in a distinct constant (handle 0: exactly ``rng_seed(seed)``, as a private buffer)."""
-        rng_seed(&self._rng, self._seed)
-        cdef int64_t i
-        cdef Rng other
-        if index:
-            rng_seed(&other, self._seed ^ (<uint64_t>0xD1B54A32D192ED03 * <uint64_t>index))
-            for i in range(4):
-                self._rng.s[i] ^= other.s[i]
-            if self._rng.s[0] == 0 and self._rng.s[1] == 0 and self._rng.s[2] == 0 and self._rng.s[3] == 0:
-                self._rng.s[0] = 1
-
-    @staticmethod
-    def _check_seed(seed):
-        if seed is None:
-            return int(np.random.SeedSequence().entropy) & 0xFFFFFFFFFFFFFFFF
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        return int(seed) & 0xFFFFFFFFFFFFFFFF
+cdef class _ReplayCore(RowStore):
+    """The hot paths of both buffers (insert, sample, get, update) and their files; use ``ReplayBuffer`` or
+    ``PrioritizedReplayBuffer``."""
 
     @classmethod
     def attach(cls, name, seed=None):
@@ -522,455 +137,11 @@ cdef class _ReplayCore:
         naming the header word otherwise). If its lock stays held for ``ATTACH_LOCK_TIMEOUT_S`` (a hung
         or stopped process), ``TimeoutError``.
         """
-        path = segment_path(name).encode()
-        seed = cls._check_seed(seed)
-        cdef int fd = shm_open(path, O_RDWR, 0)
-        if fd < 0:
-            raise FileNotFoundError(f"no shared buffer named {name!r} ({SHM_DIR}/{name})")
-        try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_BYTES:
-                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench buffer (too small)")
-            mm = mmap.mmap(fd, size)
-        finally:
-            c_close(fd)
         cdef _ReplayCore buf = cls.__new__(cls)
-        buf._map(mm)
-        buf._name = name
-        try:
-            buf._check_layout(size, cls is PrioritizedReplayBuffer)
-            buf._bind(seed, 0)
-            buf._seed_stream(buf._join_segment())
-        except BaseException:
-            buf._closed = True
-            buf._release()
-            raise
+        buf._open_shared(name, seed, cls is PrioritizedReplayBuffer)
         return buf
 
-    cdef _check_layout(self, int64_t size, bint want_prioritized):
-        """(attach) The header's fixed words against the segment's size and the layout that its capacity,
-        fan-out and field spec imply: the very words ``_setup`` writes, or ValueError naming the first that is not."""
-        cdef Header* h = self._h
-        name = self._name
-        if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION:
-            raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench buffer of this version")
-        if not h.ready:
-            raise ValueError(f"shared buffer {name!r} is not initialised yet")
-
-        def bad(word, value, expected):
-            return ValueError(f"shared buffer {name!r} is corrupted: header word {word} = {value!r}, expected "
-                              f"{expected}")
-
-        if h.kind != 0 and h.kind != 1:
-            raise bad("kind", h.kind, "0 or 1")
-        if (h.kind == 1) != want_prioritized:
-            kind = "PrioritizedReplayBuffer" if h.kind == 1 else "ReplayBuffer"
-            raise ValueError(f"shared buffer {name!r} is a {kind}; use {kind}.attach")
-        if not 1 <= h.capacity <= 2**40:
-            raise bad("capacity", h.capacity, "in [1, 2**40]")
-        if h.kind == 1:
-            if not 2 <= h.fanout <= 4096:
-                raise bad("fanout", h.fanout, "in [2, 4096]")
-            if not 0.0 <= h.alpha <= 1.0:
-                raise bad("alpha", h.alpha, "in [0, 1]")
-            if not (0.0 <= h.eps < INFINITY):
-                raise bad("eps", h.eps, "finite and >= 0")
-        if h.spec_offset != HEADER_BYTES:
-            raise bad("spec_offset", h.spec_offset, HEADER_BYTES)
-        if not 2 <= h.spec_bytes <= min(MAX_SPEC_BYTES, size - HEADER_BYTES):
-            raise bad("spec_bytes", h.spec_bytes, f"in [2, {min(MAX_SPEC_BYTES, size - HEADER_BYTES)}]")
-        raw = bytes(self._mv[h.spec_offset:h.spec_offset + h.spec_bytes])
-        try:
-            spec = json.loads(raw)
-            specs = normalise_fields({n: (tuple(s), d) for n, s, d, _ in spec})
-            if len(specs) != len(spec):
-                raise ValueError("duplicate field names")
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"shared buffer {name!r} is corrupted: its field spec is unreadable ({e})") from None
-        offsets, record_bytes = record_layout(specs)
-        if spec_json(specs, offsets) != raw:
-            raise ValueError(f"shared buffer {name!r} is corrupted: its field spec is not one this version writes")
-        if h.n_fields != len(specs):
-            raise bad("n_fields", h.n_fields, len(specs))
-        if h.record_bytes != record_bytes:
-            raise bad("record_bytes", h.record_bytes, record_bytes)
-        layout = block_layout(h.capacity, h.spec_bytes, record_bytes, h.kind == 1, h.fanout if h.kind == 1 else 0)
-        words = {"slots_offset": h.slots_offset, "records_offset": h.records_offset, "sums_offset": h.sums_offset,
-                 "mins_offset": h.mins_offset, "stamps_offset": h.stamps_offset, "total_bytes": h.total_bytes}
-        for word, value in words.items():
-            if value != layout[word]:
-                raise bad(word, value, layout[word])
-        if h.total_bytes != size:
-            raise bad("total_bytes", h.total_bytes, f"the segment's size, {size}")
-
-    cdef int64_t _join_segment(self) except? -1:
-        """(attach) Take the lock (waiting at most ``ATTACH_LOCK_TIMEOUT_S``), check the words it guards and the
-        slot table, count this handle; returns its index (for its random stream)."""
-        cdef Header* h = self._h
-        cdef timespec ts
-        cdef int rc
-        cdef double timeout = ATTACH_LOCK_TIMEOUT_S
-        clock_gettime(CLOCK_REALTIME, &ts)
-        ts.tv_sec += <long>timeout
-        ts.tv_nsec += <long>((timeout - <long>timeout) * 1e9)
-        if ts.tv_nsec >= 1000000000:
-            ts.tv_sec += 1
-            ts.tv_nsec -= 1000000000
-        with nogil:
-            rc = pthread_mutex_timedlock(&h.mutex, &ts)
-        if rc == ETIMEDOUT:
-            raise TimeoutError(f"shared buffer {self._name!r}: its lock has been held for {timeout:g} s (a hung or "
-                               f"stopped process? `pal-bench shm` lists the segments and their creators)")
-        if rc != 0 and rc != EOWNERDEAD:
-            raise ValueError(f"shared buffer {self._name!r} is corrupted: its lock is unusable ({os.strerror(rc)})")
-        if rc == EOWNERDEAD:        # a holder died: repair first (as every lock does), so that the lock stays usable
-            self._repair(True)      # (it only writes slots inside the table; impossible reservations are dropped)
-            pthread_mutex_consistent(&h.mutex)
-        try:
-            self._check_guarded()
-        except BaseException:
-            pthread_mutex_unlock(&h.mutex)
-            raise
-        index = h.handles
-        h.handles += 1
-        h.lock_t0 = 0
-        pthread_mutex_unlock(&h.mutex)
-        return index
-
-    cdef _check_guarded(self):
-        """(attach, lock held) The counters, reservations and slot table are ones this code can leave: every slot
-        empty, in flight for a live reservation, or holding the one id of the last ``capacity`` that maps to it;
-        ValueError naming the word otherwise. O(capacity)."""
-        cdef Header* h = self._h
-        cdef int64_t cap = h.capacity, r, i, s, v, live = 0, active = 0, covered = 0
-        cdef int64_t* ids = <int64_t*>(self._base + h.slots_offset)
-        cdef double leaf
-        name = self._name
-
-        def bad(word, value, expected):
-            return ValueError(f"shared buffer {name!r} is corrupted: header word {word} = {value!r}, expected "
-                              f"{expected}")
-
-        if not 0 <= h.next_id <= 2**62:
-            raise bad("next_id", h.next_id, "in [0, 2**62]")
-        if not 0 <= h.size <= min(cap, h.next_id):
-            raise bad("size", h.size, f"in [0, {min(cap, h.next_id)}]")
-        if not (0.0 <= h.max_priority < INFINITY):
-            raise bad("max_priority", h.max_priority, "finite and >= 0")
-        if h.kind == 1 and not vpow1(h.max_priority + h.eps, h.alpha) <= DBL_MAX / (2.0 * cap):
-            raise bad("max_priority", h.max_priority, "small enough that capacity of them sum to a finite total")
-        for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid == 0:
-                continue
-            active += 1
-            if not 0 < h.res[r].pid < 2**31:
-                raise bad(f"res[{r}].pid", h.res[r].pid, "a process id")
-            if not 1 <= h.res[r].count <= cap:
-                raise bad(f"res[{r}].count", h.res[r].count, f"in [1, {cap}]")
-            if not 0 <= h.res[r].first <= h.next_id - h.res[r].count:
-                raise bad(f"res[{r}].first", h.res[r].first, f"in [0, next_id - count]")
-            for i in range(h.res[r].count):
-                if ids[(h.res[r].first + i) % cap] != SLOT_INFLIGHT:
-                    raise bad(f"res[{r}]", (h.res[r].first, h.res[r].count), "a run of slots in flight")
-            covered += h.res[r].count
-        if h.inflight != active:
-            raise bad("inflight", h.inflight, f"{active} (the reservations in use)")
-        if h.kind == 1 and tree_check(&self._tree) != -1:
-            raise ValueError(f"shared buffer {name!r} is corrupted: its sum tree disagrees with its leaves")
-        for s in range(cap):
-            v = ids[s]
-            if h.kind == 1:
-                leaf = tree_get(&self._tree, s)
-                if not (0.0 <= leaf < INFINITY) or (v == SLOT_EMPTY and leaf != 0.0):
-                    raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} ({'empty' if v == SLOT_EMPTY else v}) "
-                                     f"has priority {leaf!r}")
-            if v >= 0:
-                if v % cap != s or v >= h.next_id or v < h.next_id - cap:
-                    raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} holds transition id {v}")
-                live += 1
-            elif v == SLOT_INFLIGHT:
-                if not self._reserved_by_live(s):
-                    raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} is in flight for no writer")
-            elif v != SLOT_EMPTY:
-                raise ValueError(f"shared buffer {name!r} is corrupted: slot {s} holds {v}")
-        if not live <= h.size <= live + covered:
-            raise bad("size", h.size, f"in [{live}, {live + covered}] (live slots, plus those in flight)")
-
-    @staticmethod
-    def cleanup(name) -> bool:
-        """Remove the shared segment ``name`` (after its creator was killed); True if one was removed.
-        Handles still mapping it keep working until they close."""
-        return shm_unlink(segment_path(name).encode()) == 0
-
-    cdef inline bint _owns_segment(self) noexcept:
-        """This handle created its shared segment in this very process (a forked child's copy does not own it)."""
-        return self._creator and bool(self._name) and self._creator_pid == getpid()
-
-    def close(self) -> None:
-        """Detach; the creator of a shared buffer (the process that made it, not a forked child) also removes
-        its segment from /dev/shm. Idempotent. Every later call raises ValueError; a call already in flight in
-        another thread finishes (the mapping is released when the last one returns). Numpy views taken from
-        the buffer stay valid."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_segment():
-            shm_unlink(segment_path(self._name).encode())
-        if self._lock_fd >= 0:
-            c_close(self._lock_fd)
-            self._lock_fd = -1
-        _created.discard(self)
-        if self._users == 0 or self._users_gen != _fork_generation:
-            self._release()
-
-    cdef void _release(self):
-        """Drop this handle's references to the mapping: it is unmapped once no numpy view holds it."""
-        self._h = NULL
-        self._storage = {}
-        self._ro_storage = {}
-        self._slot_ids_arr = None
-        self._mv = None
-        self._mm = None
-
-    cdef inline int _enter(self) except -1:
-        """Start a call that uses the mapping (GIL held): refused once closed; counted, so that a close() from
-        another thread meanwhile leaves the mapping in place until ``_leave``."""
-        if self._closed:
-            raise ValueError("the buffer is closed")
-        if self._users_gen != _fork_generation:     # calls in flight in the parent's threads are not ours
-            self._users = 0
-            self._users_gen = _fork_generation
-        self._users += 1
-        return 0
-
-    cdef inline void _leave(self):
-        self._users -= 1
-        if self._users == 0 and self._closed and self._mm is not None:
-            self._release()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def shared_name(self):
-        """The shared segment's name (for ``attach``), or None for a private buffer."""
-        return self._name or None
-
-    @property
-    def is_creator(self) -> bool:
-        return self._creator or not self._name
-
-    cdef inline int _check_open(self) except -1:
-        if self._closed:
-            raise ValueError("the buffer is closed")
-        return 0
-
-    # ------------------------------------------------------------------ the lock
-
-    cdef int _lock(self) except -1 nogil:
-        """Take the mutex (GIL not held); time the wait only when contended; repair after a dead holder
-        or a fork. Raises (taking the GIL) when it cannot be taken: this thread holds it already, or it is
-        unusable."""
-        cdef Header* h = self._h
-        cdef int64_t t0 = 0
-        cdef int rc
-        if self._gen != _fork_generation:
-            self._after_fork()
-        rc = pthread_mutex_trylock(&h.mutex)
-        if rc == EBUSY:
-            t0 = _now_ns()
-            rc = pthread_mutex_lock(&h.mutex)
-        return self._locked(rc, t0)
-
-    cdef int _lock_gil(self) except -1:
-        """Take the mutex while holding the GIL (wait with the GIL released only if it is busy)."""
-        cdef int64_t t0 = 0
-        cdef int rc
-        if self._gen != _fork_generation:
-            self._after_fork()
-        rc = pthread_mutex_trylock(&self._h.mutex)
-        if rc == EBUSY:
-            with nogil:
-                t0 = _now_ns()
-                rc = pthread_mutex_lock(&self._h.mutex)
-        return self._locked(rc, t0)
-
-    cdef inline int _locked(self, int rc, int64_t t0) except -1 nogil:
-        cdef Header* h = self._h
-        if rc == EOWNERDEAD:
-            self._repair(True)
-            pthread_mutex_consistent(&h.mutex)
-        elif rc != 0:
-            self._lock_failed(rc)
-        if t0:
-            h.lock_wait_ns += _now_ns() - t0
-            h.lock_contended += 1
-        # the hold time is timed on one section in 16 (a clock read costs ~50-100 ns) and scaled
-        h.lock_count += 1
-        h.lock_t0 = _now_ns() if (h.lock_count & 15) == 0 else 0
-        return 0
-
-    cdef int _lock_failed(self, int rc) except -1 with gil:
-        if rc == EDEADLK:
-            raise RuntimeError("this thread already holds the buffer's lock: a signal handler or a callback (a file "
-                               "object's write() during save) called into the buffer while it was in use")
-        raise OSError(rc, f"the buffer's lock is unusable ({os.strerror(rc)}): the shared segment is corrupted")
-
-    cdef inline void _unlock(self) noexcept nogil:
-        cdef Header* h = self._h
-        if h.lock_t0:
-            h.lock_hold_ns += _now_ns() - h.lock_t0
-            h.lock_hold_sampled += 1
-            h.lock_t0 = 0
-        pthread_mutex_unlock(&h.mutex)
-
-    def lock_stats(self) -> dict:
-        """Contention on the buffer's mutex since creation (all processes of a shared buffer):
-        ``acquisitions``, ``contended`` (had to wait), ``wait_s`` (total time spent waiting),
-        ``hold_s`` (total time held, estimated from one section in 16, timed, and scaled) and
-        ``repairs`` (dead holders or writers cleaned up). A snapshot read without the lock."""
-        self._enter()
-        try:
-            return self._lock_stats_impl()
-        finally:
-            self._leave()
-
-    cdef object _lock_stats_impl(self):
-        cdef Header* h = self._h
-        cdef double hold = h.lock_hold_ns * (<double>h.lock_count / h.lock_hold_sampled) \
-            if h.lock_hold_sampled else 0.0
-        return {"acquisitions": h.lock_count, "contended": h.lock_contended,
-                "wait_s": h.lock_wait_ns * 1e-9, "hold_s": max(hold, 0.0) * 1e-9, "repairs": h.repairs}
-
-    cdef void _after_fork(self) noexcept nogil:
-        """First use in a forked child: a private block is a copy whose mutex may have been held by a
-        parent thread, and whose in-flight slots have no writer here; both get reset. Shared blocks
-        stay as they are. The child gets its own random stream either way."""
-        cdef int64_t pid = getpid()
-        cdef int r
-        self._gen = _fork_generation
-        if pid == self._pid:
-            return
-        if not self._name:
-            mutex_init(&self._h.mutex, True)
-            for r in range(MAX_RESERVATIONS):
-                self._h.res[r].pid = 0
-            self._repair(True)
-        self._seed ^= <uint64_t>pid * <uint64_t>0x9E3779B97F4A7C15
-        self._seed_stream(0)
-        self._pid = pid
-
-    cdef void _repair(self, bint holder_died) noexcept nogil:
-        """(lock held) Undo what dead writers left: reservations of dead processes are dropped and their
-        in-flight slots emptied. When a holder died mid-section (``holder_died``), in-flight slots that no
-        live writer owns are emptied too, live slots whose leaf is zero get the max priority, and the tree
-        and size are rebuilt."""
-        cdef Header* h = self._h
-        cdef int64_t r, i, s, cap = self.capacity, size = 0, live_res = 0
-        cdef bint any_dead = False
-        for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid and (pid_dead(h.res[r].pid) or h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
-                any_dead = True
-        if not any_dead and not holder_died:
-            return
-        for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid and (h.res[r].first < 0 or not 0 <= h.res[r].count <= cap):
-                h.res[r].pid = 0                # impossible (scribbled on): dropped, its slots found below
-                h.inflight -= 1
-            elif h.res[r].pid and pid_dead(h.res[r].pid):
-                for i in range(h.res[r].count):
-                    s = (h.res[r].first + i) % cap
-                    if self._slot_ids[s] == SLOT_INFLIGHT:
-                        self._slot_ids[s] = SLOT_EMPTY
-                h.res[r].pid = 0
-                h.inflight -= 1
-        if holder_died:
-            # in-flight slots covered by a live reservation stay; any other in-flight slot is orphaned
-            for s in range(cap):
-                if self._slot_ids[s] == SLOT_INFLIGHT and not self._reserved_by_live(s):
-                    self._slot_ids[s] = SLOT_EMPTY
-            for r in range(MAX_RESERVATIONS):
-                if h.res[r].pid:
-                    live_res += 1
-            h.inflight = live_res
-        for s in range(cap):
-            if self._slot_ids[s] >= 0:
-                size += 1
-            if self._prioritized:
-                if self._slot_ids[s] == SLOT_EMPTY:
-                    self._tree.sums[leaf_pos(&self._tree, s)] = 0.0
-                elif self._slot_ids[s] >= 0 and self._tree.sums[leaf_pos(&self._tree, s)] <= 0 and self._eps > 0:
-                    self._tree.sums[leaf_pos(&self._tree, s)] = self._new_priority()
-        if self._prioritized:
-            tree_rebuild(&self._tree)
-        h.size = size
-        h.repairs += 1
-
-    cdef bint _reserved_by_live(self, int64_t s) noexcept nogil:
-        cdef Header* h = self._h
-        cdef int64_t r, cap = self.capacity, k
-        for r in range(MAX_RESERVATIONS):
-            if h.res[r].pid:
-                k = (s - h.res[r].first % cap + cap) % cap
-                if k < h.res[r].count:
-                    return True
-        return False
-
-    # ------------------------------------------------------------------ properties
-
-    def __len__(self) -> int:
-        self._check_open()
-        return self._h.size
-
-    @property
-    def fields(self) -> dict:
-        """``{name: (shape, dtype)}`` as stored."""
-        return dict(self._specs)
-
-    @property
-    def storage(self) -> dict:
-        """``{name: array[capacity, *shape]}``: read-only views of each field's slots (row-major records
-        underneath, so the views are strided). Rows of empty or in-flight slots are meaningless."""
-        self._check_open()
-        return {name: arr.view() for name, arr in self._ro_storage.items()}
-
-    @property
-    def total_added(self) -> int:
-        """Transitions inserted so far (the next transition id)."""
-        self._check_open()
-        return self._h.next_id
-
-    @property
-    def max_priority(self) -> float:
-        """Largest raw priority applied so far (1.0 before any update); new transitions get it."""
-        self._check_open()
-        return self._h.max_priority
-
     # ------------------------------------------------------------------ validation helpers
-
-    cdef _field_error(self, dict kw):
-        missing = [n for n in self._names if n not in kw]
-        unknown = [n for n in kw if n not in self._specs]
-        if unknown:
-            return ValueError(f"unknown field(s) {unknown}; this buffer stores {list(self._names)}")
-        return ValueError(f"missing field(s) {missing}; this buffer stores {list(self._names)}")
-
-    cdef object _convert(self, str name, value, bint batch):
-        """``value`` as a C-contiguous array of the field's dtype, shape ``[B, *shape]`` when ``batch``."""
-        shape, dtype = self._specs[name]
-        arr = np.asarray(value)
-        if arr.dtype.hasobject or not np.can_cast(arr.dtype, dtype, casting="same_kind"):
-            raise TypeError(f"field {name!r}: cannot cast {arr.dtype} to {dtype} (same_kind rule)")
-        if batch:
-            if arr.ndim != len(shape) + 1 or arr.shape[1:] != shape:
-                raise ValueError(f"field {name!r}: expected shape (B, {', '.join(map(str, shape))})"
-                                 f" with a leading batch dimension, got {arr.shape}")
-        elif arr.shape != shape:
-            raise ValueError(f"field {name!r}: expected shape {shape}, got {arr.shape}")
-        return np.ascontiguousarray(arr, dtype=dtype)
 
     cdef int _check_priorities(self, raw) except -1:
         """Raw priorities (float64[B]) finite, >= 0 and small enough that ``capacity`` stored priorities
@@ -1295,9 +466,9 @@ cdef class _ReplayCore:
                     run = m if s + m <= self.capacity else self.capacity - s
                     for f in range(self._n_fields):
                         src[f] += skip * self._row_bytes[f]
-                        _scatter(self._records, RB, self._off[f], self._row_bytes[f], src[f], s, run)
+                        scatter_rows(self._records, RB, self._off[f], self._row_bytes[f], src[f], s, run)
                         if run < m:
-                            _scatter(self._records, RB, self._off[f], self._row_bytes[f],
+                            scatter_rows(self._records, RB, self._off[f], self._row_bytes[f],
                                      src[f] + run * self._row_bytes[f], 0, m - run)
                     for r in range(m):
                         slots[r] = s
@@ -1382,67 +553,6 @@ cdef class _ReplayCore:
                 ids[k] = self._slot_ids[s]
         return 0
 
-    cdef object _new_rows(self, int f, int64_t B):
-        """An uninitialised array [B, *shape] of field ``f``'s dtype (C-level: no argument parsing)."""
-        cdef cnp.npy_intp dims[MAX_DIMS + 1]
-        cdef int d
-        dims[0] = B
-        for d in range(self._ndim[f]):
-            dims[d + 1] = self._dims[f * MAX_DIMS + d]
-        return new_array(self._dtypes[f], self._ndim[f] + 1, dims)
-
-    cdef object _out_array(self, arr, str name, object dtype, int ndim, const int64_t* dims, int64_t B):
-        """``arr`` (``out[name]``) if it is a writable C-contiguous ndarray of ``dtype`` and shape [B, *dims], else
-        ValueError naming what differs."""
-        if not cnp.PyArray_Check(arr):
-            raise ValueError(f"out[{name!r}] must be a numpy array (pass a dict an earlier sample() returned), "
-                             f"got {type(arr).__name__}")
-        cdef cnp.ndarray a = <cnp.ndarray>arr
-        cdef int d
-        bad = cnp.PyArray_NDIM(a) != ndim + 1 or cnp.PyArray_DIMS(a)[0] != B
-        if not bad:
-            for d in range(ndim):
-                if cnp.PyArray_DIMS(a)[d + 1] != dims[d]:
-                    bad = True
-        if bad or a.dtype != dtype:
-            shape = [B]
-            for d in range(ndim):
-                shape.append(dims[d])
-            raise ValueError(f"out[{name!r}] must have shape {tuple(shape)} and dtype {dtype}, "
-                             f"got {arr.shape} {arr.dtype}")
-        if not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISWRITEABLE(a):
-            raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
-        return a
-
-    cdef int _check_disjoint(self, list arrays) except -1:
-        """The ``out`` arrays (each C-contiguous, checked before) occupy disjoint bytes, none of them the buffer's
-        own: rows written through one array must not change another (``weights`` aliasing ``indices`` made the
-        seqlock check fail for ever)."""
-        cdef int n = self._n_fields + 2, i, j, bad_i = -1, bad_j = -1
-        cdef size_t* span = <size_t*>malloc(2 * n * sizeof(size_t))
-        cdef size_t lo_buf = <size_t>self._base, hi_buf = <size_t>self._base + <size_t>self._h.total_bytes
-        cdef cnp.ndarray a
-        if span == NULL:
-            raise MemoryError()
-        for i in range(n):
-            a = <cnp.ndarray>arrays[i]
-            span[2 * i] = <size_t>cnp.PyArray_DATA(a)
-            span[2 * i + 1] = span[2 * i] + <size_t>cnp.PyArray_NBYTES(a)
-            if bad_i < 0 and span[2 * i] < hi_buf and lo_buf < span[2 * i + 1]:
-                bad_i = i
-        if bad_i < 0:
-            for i in range(n):
-                for j in range(i + 1, n):
-                    if bad_j < 0 and span[2 * i] < span[2 * j + 1] and span[2 * j] < span[2 * i + 1]:
-                        bad_i, bad_j = i, j
-        free(span)
-        if bad_i < 0:
-            return 0
-        names = list(self._names) + ["indices", "weights"]
-        if bad_j < 0:
-            raise ValueError(f"out[{names[bad_i]!r}] overlaps the buffer's own memory; pass arrays of your own")
-        raise ValueError(f"out[{names[bad_i]!r}] and out[{names[bad_j]!r}] share memory (overlap); each needs an "
-                         f"array of its own")
 
     def sample(self, batch_size, beta=0.4, out=None) -> dict:
         """Draw ``batch_size`` transitions, proportionally to priority^alpha (uniformly for
@@ -1534,7 +644,7 @@ cdef class _ReplayCore:
                         for q in range(n_pending):
                             w[pending[q]] = 1.0
                     for f in range(nf):
-                        _gather(dst[f], self._records, RB, self._off[f], self._row_bytes[f], pending, n_pending,
+                        gather_rows(dst[f], self._records, RB, self._off[f], self._row_bytes[f], pending, n_pending,
                                 slots)
                     # seqlock check: keep rows whose slot still holds the id it had when drawn
                     self._lock()
@@ -1716,7 +826,7 @@ cdef class _ReplayCore:
             self._unlock()
         return out
 
-    # ------------------------------------------------------------------ persistence
+    # ------------------------------------------------------------------ files (``pal_bench.replay_files``)
 
     cdef _lock_quiescent(self):
         """Take the lock at a moment when no ``add_batch`` is between reserve and commit."""
@@ -1728,56 +838,13 @@ cdef class _ReplayCore:
                 self._wait_for_writers(&spins)
             self._lock_gil()
 
-    cdef dict _meta(self):
-        return {
-            "format": FILE_FORMAT, "version": FILE_VERSION,
-            "kind": "prioritized" if self._prioritized else "uniform",
-            "capacity": self.capacity,
-            "fields": [[n, list(s), d.str] for n, (s, d) in self._specs.items()],
-            "alpha": self._alpha, "eps": self._eps,
-            "fanout": self._tree.fanout if self._prioritized else None,
-            "next_id": self._h.next_id, "max_priority": self._h.max_priority,
-        }
-
     def save(self, target) -> None:
         """Write contents, priorities, ring position, max priority and RNG state to ``target`` (a path
         or a writable binary file object): an uncompressed ``.npz``-format zip, streamed field by field
         (no full copy in memory). Saving to a path is atomic: the file is written beside it, flushed to
         disk and renamed over it, so a save that fails or is killed leaves the previous file intact.
         Other threads' calls wait while the file is written."""
-        self._enter()
-        try:
-            return self._save_impl(target)
-        finally:
-            self._leave()
-
-    cdef object _save_impl(self, target):
-        if isinstance(target, (str, os.PathLike)):
-            from pal_bench.atomic import atomic_open
-
-            with atomic_open(target, "wb") as fh:
-                self._save_to(fh)
-        else:
-            self._save_to(target)
-
-    cdef _save_to(self, fh):
-        cdef int64_t i
-        self._lock_quiescent()
-        try:
-            meta = json.dumps(self._meta()).encode()
-            arrays = {"__meta__": np.frombuffer(meta, dtype=np.uint8),
-                      "slot_ids": self._slot_ids_arr,
-                      "rng_state": np.array([self._rng.s[i] for i in range(4)], dtype=np.uint64)}
-            if self._prioritized:
-                leaves = np.empty(self.capacity, dtype=np.float64)
-                for i in range(self.capacity):
-                    leaves[i] = tree_get(&self._tree, i)
-                arrays["priorities"] = leaves
-            for name, arr in self._storage.items():
-                arrays[f"field.{name}"] = arr
-            np.savez(fh, **arrays)
-        finally:
-            self._unlock()
+        save_buffer(self, target)
 
     @classmethod
     def load(cls, source, shared=False, name=None):
@@ -1786,71 +853,54 @@ cdef class _ReplayCore:
         checked against the others, and every member's size against the declared capacity and against
         the file, before anything is allocated: a file either restores a buffer whose invariants hold
         or raises ``ValueError``, using at most the memory a valid file of its capacity needs."""
-        label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<file>"
-        fh = open_source(source, label)
-        try:
-            return cls._load_from(fh, label, shared, name)
-        finally:
-            if fh is not source:
-                fh.close()
+        return load_buffer(source, cls is PrioritizedReplayBuffer, _KINDS, shared, name)
 
-    @classmethod
-    def _load_from(cls, fh, str label, shared, name):
-        try:
-            with zipfile.ZipFile(fh) as zf:
-                meta = validated_meta(zf, cls is PrioritizedReplayBuffer, file_size(fh, zf))
-                fields = {n: (tuple(s), np.dtype(d)) for n, s, d in meta["fields"]}
-                if meta["kind"] == "prioritized":
-                    buf = PrioritizedReplayBuffer(meta["capacity"], fields, alpha=meta["alpha"],
-                                                  fanout=meta["fanout"], eps=meta["eps"], seed=0,
-                                                  shared=shared, name=name)
-                else:
-                    buf = ReplayBuffer(meta["capacity"], fields, seed=0, shared=shared, name=name)
-                try:
-                    (<_ReplayCore>buf)._restore(zf, meta)
-                except BaseException:
-                    buf.close()
-                    raise
-                return buf
-        except (zipfile.BadZipFile, EOFError, KeyError, TypeError, OverflowError, json.JSONDecodeError,
-                UnicodeDecodeError, NotImplementedError, RuntimeError) as e:
-            raise ValueError(f"{label}: not a PAL-Bench replay buffer file, or truncated ({e!r})") from e
-        except ValueError as e:
-            raise ValueError(f"{label}: {e}") from e
+    def _quiescent(self):
+        """(``replay_files``) A context manager: the lock held at a moment when no ``add_batch`` is between reserve
+        and commit, yielding ``_state()`` (views into the block: read them inside the block only)."""
+        return _Quiescent(self)
 
-    cdef _restore(self, zf, dict meta):
-        cdef int64_t i, cap = self.capacity, next_id = int(meta["next_id"])
-        slot_ids = read_member(zf, "slot_ids", np.empty(cap, dtype=np.int64))
-        # the only consistent slot table of a quiescent buffer: the last min(next_id, cap) ids, each in its slot
-        expected = np.full(cap, SLOT_EMPTY, dtype=np.int64)
-        live_ids = np.arange(max(0, next_id - cap), next_id, dtype=np.int64)
-        expected[live_ids % cap] = live_ids
-        if not np.array_equal(slot_ids, expected):
-            raise ValueError("inconsistent slot table (it must hold exactly the last capacity ids)")
-        rng_state = read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
-        if not rng_state.any():
-            raise ValueError("invalid RNG state (all zero)")
-        live = slot_ids >= 0
+    cdef dict _state(self):
+        """(lock held) What a file holds and what the checks read: metadata, the slot table (a view), the RNG
+        state, the leaves' priorities (a copy; None when uniform), the fields (views), the tree's checks."""
+        cdef int64_t i
+        leaves = None
         if self._prioritized:
-            leaves = read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
-            if not (np.isfinite(leaves).all() and (leaves >= 0).all() and (leaves[~live] == 0).all()):
-                raise ValueError("invalid priorities")
-            if (leaves > self._prio_limit).any():
-                raise ValueError("priorities too large: their sum could overflow")
-            if self._eps > 0 and (leaves[live] <= 0).any():
-                raise ValueError("a stored transition has priority 0 although eps > 0")
-            if not self._stored_priority(float(meta["max_priority"])) <= self._prio_limit:
-                raise ValueError("max_priority too large: new transitions' priorities could overflow the sum")
-        for name, arr in self._storage.items():
-            read_member(zf, f"field.{name}", arr)
+            leaves = np.empty(self.capacity, dtype=np.float64)
+            for i in range(self.capacity):
+                leaves[i] = tree_get(&self._tree, i)
+        meta = {"kind": "prioritized" if self._prioritized else "uniform", "capacity": self.capacity,
+                "fields": [[n, list(s), d.str] for n, (s, d) in self._specs.items()],
+                "alpha": self._alpha, "eps": self._eps, "fanout": self._tree.fanout if self._prioritized else None,
+                "next_id": self._h.next_id, "max_priority": self._h.max_priority}
+        return {"meta": meta, "size": self._h.size, "slot_ids": self._slot_ids_arr,
+                "rng_state": np.array([self._rng.s[i] for i in range(4)], dtype=np.uint64),
+                "priorities": leaves, "fields": dict(self._storage),
+                "tree_bad_level": tree_check(&self._tree) if self._prioritized else -1,
+                "total": tree_total(&self._tree) if self._prioritized else 0.0}
+
+    def _fields_to_fill(self) -> dict:
+        """(``load``, on the buffer it has just made) Writable views of every field."""
+        self._check_open()
+        return dict(self._storage)
+
+    def _set_state(self, slot_ids, leaves, int64_t next_id, double max_priority, rng_state) -> None:
+        """(``load``, on the buffer it has just made, checked by ``replay_files``) Put the slot table, the leaves'
+        priorities (float64[capacity], rebuilding the tree; None when uniform), the ring position, the max
+        priority and the RNG state in place. ValueError, changing nothing, when the max priority could overflow
+        the tree's sum."""
+        cdef int64_t i, cap = self.capacity
+        self._check_open()
+        if self._prioritized and not self._stored_priority(max_priority) <= self._prio_limit:
+            raise ValueError("max_priority too large: new transitions' priorities could overflow the sum")
         if self._prioritized:
             for i in range(cap):
                 self._tree.sums[leaf_pos(&self._tree, i)] = leaves[i]
             tree_rebuild(&self._tree)
         self._slot_ids_arr[:] = slot_ids
         self._h.next_id = next_id
-        self._h.size = int(live.sum())
-        self._h.max_priority = float(meta["max_priority"])
+        self._h.size = int((slot_ids >= 0).sum())
+        self._h.max_priority = max_priority
         for i in range(4):
             self._rng.s[i] = int(rng_state[i])
 
@@ -1876,34 +926,7 @@ cdef class _ReplayCore:
 
     def _check_invariants(self) -> None:
         """Verify the tree and the slot table (for tests). Raises AssertionError. O(N)."""
-        self._enter()
-        try:
-            return self._check_invariants_impl()
-        finally:
-            self._leave()
-
-    cdef object _check_invariants_impl(self):
-        cdef int64_t i
-        cdef int bad
-        self._lock_quiescent()
-        try:
-            ids = self._slot_ids_arr.copy()
-            live = ids >= 0
-            assert int(live.sum()) == self._h.size, f"size {self._h.size} != live slots {int(live.sum())}"
-            assert (ids[live] % self.capacity == np.nonzero(live)[0]).all(), "slot table holds foreign ids"
-            assert (ids[live] < self._h.next_id).all(), "slot table holds future ids"
-            assert (ids >= SLOT_EMPTY).all(), "slot table holds in-flight slots while quiescent"
-            if self._prioritized:
-                bad = tree_check(&self._tree)
-                assert bad == -1, f"tree level {bad} disagrees with its children"
-                leaves = np.array([tree_get(&self._tree, i) for i in range(self.capacity)])
-                assert (leaves[~live] == 0).all(), "an empty slot has a priority"
-                assert (leaves[live] > 0).all() or self._eps == 0, "a live slot has zero priority"
-                exact = math.fsum(leaves)
-                assert math.isfinite(exact), "the total overflowed"
-                assert abs(tree_total(&self._tree) - exact) <= 1e-9 * max(exact, 1e-300), "total drifted"
-        finally:
-            self._unlock()
+        check_invariants(self)
 
     def _debug_hold_lock(self, double seconds) -> None:
         """Tests: hold the buffer's lock for ``seconds`` (to be killed while holding it)."""
@@ -1922,6 +945,33 @@ cdef class _ReplayCore:
 
 def _load_bytes(cls, bytes data):
     return cls.load(io.BytesIO(data))
+
+
+cdef class _Quiescent:
+    """``buf._quiescent()``: the buffer's lock held while no writer is between reserve and commit."""
+    cdef _ReplayCore _buf
+
+    def __cinit__(self, _ReplayCore buf):
+        self._buf = buf
+
+    def __enter__(self):
+        self._buf._enter()
+        try:
+            self._buf._lock_quiescent()
+        except BaseException:
+            self._buf._leave()
+            raise
+        try:
+            return self._buf._state()
+        except BaseException:
+            self._buf._unlock()
+            self._buf._leave()
+            raise
+
+    def __exit__(self, *exc):
+        self._buf._unlock()
+        self._buf._leave()
+        return False
 
 
 cdef object _as_index_array(indices):
@@ -2030,3 +1080,6 @@ cdef class PrioritizedReplayBuffer(_ReplayCore):
         size = "closed" if self._closed else f"size={len(self)}"
         return (f"PrioritizedReplayBuffer(capacity={self.capacity}, {size}, "
                 f"alpha={self._alpha}, fanout={self._tree.fanout}, fields={list(self._names)}{where})")
+
+
+_KINDS = {"prioritized": PrioritizedReplayBuffer, "uniform": ReplayBuffer}

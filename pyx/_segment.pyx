@@ -1,14 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """A buffer's block as a named POSIX shared-memory segment (``/dev/shm/<name>``): making one with every page
 reserved, where each part of a block starts, reading a segment's header without mapping it
-(``segment_info``), and removing segments whose creator is gone (``remove_if_dead``, for ``pal-bench shm
---clean``). The buffer itself (``pal_bench._replay``) maps, locks and repairs the segment."""
+(``segment_info``), removing segments whose creator is gone (``remove_if_dead``, for ``pal-bench shm
+--clean``), and ``SegmentHandle``: one process's mapping of a block, closing it while calls are in flight,
+noticing a fork, and the block's robust lock (repair of what a dead holder left is the buffer's, ``_repair``)."""
 
+import atexit
 import fcntl
+import mmap
 import os
 import stat
+import weakref
 
 import numpy as np
+
+from pal_bench.replay_layout import segment_path
 
 from cpython.buffer cimport PyBUF_WRITABLE
 from libc.errno cimport EEXIST, ESRCH, errno
@@ -17,9 +23,23 @@ from libc.string cimport memcpy, memset
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
 from posix.mman cimport shm_open, shm_unlink
 from posix.signal cimport kill
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from posix.unistd cimport close as c_close
 from posix.unistd cimport ftruncate, getpid
 
+from _lock cimport (
+    EBUSY,
+    EDEADLK,
+    EOWNERDEAD,
+    ETIMEDOUT,
+    mutex_init,
+    pthread_atfork,
+    pthread_mutex_consistent,
+    pthread_mutex_lock,
+    pthread_mutex_timedlock,
+    pthread_mutex_trylock,
+    pthread_mutex_unlock,
+)
 from _tree_core cimport TreeLayout, tree_layout
 
 
@@ -29,6 +49,8 @@ cdef extern from "<fcntl.h>" nogil:
 SEGMENT_MAGIC = 0x3146554252534c50    # "PLSRBUF1"
 SEGMENT_VERSION = 1
 SHM_DIR = "/dev/shm"
+KIND_UNIFORM, KIND_PRIORITIZED, KIND_CONTROL = 0, 1, 2     # the header's ``kind``: two buffers, a control block
+MAX_CONTROL_WORDS = 1 << 20
 
 
 cdef bint pid_dead(int64_t pid) noexcept nogil:
@@ -187,7 +209,8 @@ def segment_info(str name):
         alive = creator_alive(fd, h.creator_pid)
     finally:
         os.close(fd)
-    return {"name": name, "bytes": st.st_size, "kind": "prioritized" if h.kind == 1 else "uniform",
+    kind = {KIND_PRIORITIZED: "prioritized", KIND_UNIFORM: "uniform", KIND_CONTROL: "control"}.get(h.kind, "unknown")
+    return {"name": name, "bytes": st.st_size, "kind": kind,
             "capacity": h.capacity, "creator_pid": h.creator_pid, "creator_alive": alive, "size": h.size}
 
 
@@ -232,3 +255,403 @@ def remove_if_dead(str name, int64_t magic, int magic_offset, int pid_offset) ->
         return "removed"
     finally:
         os.close(fd)
+
+
+ATTACH_LOCK_TIMEOUT_S = 10.0           # attach waits at most this long for the segment's lock (s)
+
+# fork generation: incremented in every child right after fork (pthread_atfork), so a handle notices
+cdef int64_t _fork_generation = 0
+
+cdef void _after_fork_child() noexcept nogil:
+    global _fork_generation
+    _fork_generation += 1
+
+pthread_atfork(NULL, NULL, _after_fork_child)
+
+
+cdef int64_t fork_generation() noexcept nogil:
+    """How many forks led to this process (since the module was loaded): a handle whose recorded generation
+    differs runs in a forked child."""
+    return _fork_generation
+
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+_created = weakref.WeakSet()      # creators of live shared segments, closed (and unlinked) at exit
+
+
+@atexit.register
+def _close_created_segments():
+    for handle in list(_created):
+        try:
+            handle.close()
+        except Exception:
+            pass
+
+
+cdef class SegmentHandle:
+    """One mapping of a block with its life and its lock. Subclasses bind the block's contents
+    (``_repair``: undo what a dead holder left; ``_forked``: what a forked child's handle resets)."""
+
+    def __cinit__(self, *args, **kwargs):
+        self._h = NULL
+        self._name = ""
+        self._closed = True
+        self._lock_fd = -1
+
+    def __dealloc__(self):
+        if self._owns_segment() and not self._closed:
+            shm_unlink(segment_path(self._name).encode())
+        if self._lock_fd >= 0:
+            c_close(self._lock_fd)
+
+    # ------------------------------------------------------------------ mapping
+
+    cdef object _create_segment(self, str name, int64_t total):
+        """Create the named segment, replacing a stale one whose creator is gone; map it."""
+        path = segment_path(name).encode()
+        cdef int fd = shm_create(path, total)
+        if fd == -1:
+            found = remove_if_dead(name, SEGMENT_MAGIC, 0, CREATOR_PID_OFFSET)
+            if found == "alive":
+                raise FileExistsError(f"a shared buffer named {name!r} exists and its creator is alive; "
+                                      f"attach to it with attach({name!r}) or choose another name")
+            if found == "foreign":
+                raise FileExistsError(f"{SHM_DIR}/{name} exists and is not a PAL-Bench buffer; choose another name")
+            fd = shm_create(path, total)
+            if fd == -1:
+                raise FileExistsError(f"a shared buffer named {name!r} was created meanwhile")
+        try:
+            mm = mmap.mmap(fd, total)
+        except BaseException:
+            c_close(fd)
+            shm_unlink(path)
+            raise
+        self._lock_fd = fd          # kept open: its flock says the creator is alive
+        self._creator = True
+        self._creator_pid = getpid()
+        _created.add(self)
+        return mm
+
+    cdef _map(self, mm):
+        self._mm = mm
+        self._mv = mm
+        self._base = <char*>&self._mv[0]
+        self._h = <Header*>self._base
+        self._closed = False
+        self._pid = getpid()
+        self._gen = _fork_generation
+
+    cdef int _join_lock(self) except -1:
+        """(attach) Take the lock, waiting at most ``ATTACH_LOCK_TIMEOUT_S`` (TimeoutError), repairing first if its
+        holder died (``_repair`` only writes slots inside the table and drops impossible reservations)."""
+        cdef Header* h = self._h
+        cdef timespec ts
+        cdef int rc
+        cdef double timeout = ATTACH_LOCK_TIMEOUT_S
+        clock_gettime(CLOCK_REALTIME, &ts)
+        ts.tv_sec += <long>timeout
+        ts.tv_nsec += <long>((timeout - <long>timeout) * 1e9)
+        if ts.tv_nsec >= 1000000000:
+            ts.tv_sec += 1
+            ts.tv_nsec -= 1000000000
+        with nogil:
+            rc = pthread_mutex_timedlock(&h.mutex, &ts)
+        if rc == ETIMEDOUT:
+            raise TimeoutError(f"shared buffer {self._name!r}: its lock has been held for {timeout:g} s (a hung or "
+                               f"stopped process? `pal-bench shm` lists the segments and their creators)")
+        if rc != 0 and rc != EOWNERDEAD:
+            raise ValueError(f"shared buffer {self._name!r} is corrupted: its lock is unusable ({os.strerror(rc)})")
+        if rc == EOWNERDEAD:
+            self._repair(True)
+            pthread_mutex_consistent(&h.mutex)
+        return 0
+
+    @staticmethod
+    def cleanup(name) -> bool:
+        """Remove the shared segment ``name`` (after its creator was killed); True if one was removed.
+        Handles still mapping it keep working until they close."""
+        return shm_unlink(segment_path(name).encode()) == 0
+
+    cdef bint _owns_segment(self) noexcept:
+        """This handle created its shared segment in this very process (a forked child's copy does not own it)."""
+        return self._creator and bool(self._name) and self._creator_pid == getpid()
+
+    def close(self) -> None:
+        """Detach; the creator of a shared buffer (the process that made it, not a forked child) also removes
+        its segment from /dev/shm. Idempotent. Every later call raises ValueError; a call already in flight in
+        another thread finishes (the mapping is released when the last one returns). Numpy views taken from
+        the buffer stay valid."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_segment():
+            shm_unlink(segment_path(self._name).encode())
+        if self._lock_fd >= 0:
+            c_close(self._lock_fd)
+            self._lock_fd = -1
+        _created.discard(self)
+        if self._users == 0 or self._users_gen != _fork_generation:
+            self._release()
+
+    cdef void _release(self):
+        """Drop this handle's references to the mapping: it is unmapped once no numpy view holds it."""
+        self._h = NULL
+        self._mv = None
+        self._mm = None
+
+    cdef int _enter(self) except -1:
+        """Start a call that uses the mapping (GIL held): refused once closed; counted, so that a close() from
+        another thread meanwhile leaves the mapping in place until ``_leave``."""
+        if self._closed:
+            raise ValueError("the buffer is closed")
+        if self._users_gen != _fork_generation:     # calls in flight in the parent's threads are not ours
+            self._users = 0
+            self._users_gen = _fork_generation
+        self._users += 1
+        return 0
+
+    cdef void _leave(self):
+        self._users -= 1
+        if self._users == 0 and self._closed and self._mm is not None:
+            self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def shared_name(self):
+        """The shared segment's name (for ``attach``), or None for a private buffer."""
+        return self._name or None
+
+    @property
+    def is_creator(self) -> bool:
+        return self._creator or not self._name
+
+    cdef int _check_open(self) except -1:
+        if self._closed:
+            raise ValueError("the buffer is closed")
+        return 0
+
+    # ------------------------------------------------------------------ the lock
+
+    cdef int _lock(self) except -1 nogil:
+        """Take the mutex (GIL not held); time the wait only when contended; repair after a dead holder
+        or a fork. Raises (taking the GIL) when it cannot be taken: this thread holds it already, or it is
+        unusable."""
+        cdef Header* h = self._h
+        cdef int64_t t0 = 0
+        cdef int rc
+        if self._gen != _fork_generation:
+            self._after_fork()
+        rc = pthread_mutex_trylock(&h.mutex)
+        if rc == EBUSY:
+            t0 = _now_ns()
+            rc = pthread_mutex_lock(&h.mutex)
+        return self._locked(rc, t0)
+
+    cdef int _lock_gil(self) except -1:
+        """Take the mutex while holding the GIL (wait with the GIL released only if it is busy)."""
+        cdef int64_t t0 = 0
+        cdef int rc
+        if self._gen != _fork_generation:
+            self._after_fork()
+        rc = pthread_mutex_trylock(&self._h.mutex)
+        if rc == EBUSY:
+            with nogil:
+                t0 = _now_ns()
+                rc = pthread_mutex_lock(&self._h.mutex)
+        return self._locked(rc, t0)
+
+    cdef int _locked(self, int rc, int64_t t0) except -1 nogil:
+        cdef Header* h = self._h
+        if rc == EOWNERDEAD:
+            self._repair(True)
+            pthread_mutex_consistent(&h.mutex)
+        elif rc != 0:
+            self._lock_failed(rc)
+        if t0:
+            h.lock_wait_ns += _now_ns() - t0
+            h.lock_contended += 1
+        # the hold time is timed on one section in 16 (a clock read costs ~50-100 ns) and scaled
+        h.lock_count += 1
+        h.lock_t0 = _now_ns() if (h.lock_count & 15) == 0 else 0
+        return 0
+
+    cdef int _lock_failed(self, int rc) except -1 with gil:
+        if rc == EDEADLK:
+            raise RuntimeError("this thread already holds the buffer's lock: a signal handler or a callback (a file "
+                               "object's write() during save) called into the buffer while it was in use")
+        raise OSError(rc, f"the buffer's lock is unusable ({os.strerror(rc)}): the shared segment is corrupted")
+
+    cdef void _unlock(self) noexcept nogil:
+        cdef Header* h = self._h
+        if h.lock_t0:
+            h.lock_hold_ns += _now_ns() - h.lock_t0
+            h.lock_hold_sampled += 1
+            h.lock_t0 = 0
+        pthread_mutex_unlock(&h.mutex)
+
+    def lock_stats(self) -> dict:
+        """Contention on the buffer's mutex since creation (all processes of a shared buffer):
+        ``acquisitions``, ``contended`` (had to wait), ``wait_s`` (total time spent waiting),
+        ``hold_s`` (total time held, estimated from one section in 16, timed, and scaled) and
+        ``repairs`` (dead holders or writers cleaned up). A snapshot read without the lock."""
+        self._enter()
+        try:
+            return self._lock_stats_impl()
+        finally:
+            self._leave()
+
+    cdef object _lock_stats_impl(self):
+        cdef Header* h = self._h
+        cdef double hold = h.lock_hold_ns * (<double>h.lock_count / h.lock_hold_sampled) \
+            if h.lock_hold_sampled else 0.0
+        return {"acquisitions": h.lock_count, "contended": h.lock_contended,
+                "wait_s": h.lock_wait_ns * 1e-9, "hold_s": max(hold, 0.0) * 1e-9, "repairs": h.repairs}
+
+    cdef void _after_fork(self) noexcept nogil:
+        """First use in a forked child: a private block is a copy whose mutex may have been held by a
+        parent thread, and whose in-flight slots have no writer here; both get reset. Shared blocks
+        stay as they are. ``_forked`` runs either way (the buffer gives the child its own random stream)."""
+        cdef int64_t pid = getpid()
+        cdef int r
+        self._gen = _fork_generation
+        if pid == self._pid:
+            return
+        if not self._name:
+            mutex_init(&self._h.mutex, True)
+            for r in range(MAX_RESERVATIONS):
+                self._h.res[r].pid = 0
+            self._repair(True)
+        self._forked(pid)
+        self._pid = pid
+
+    cdef void _forked(self, int64_t pid) noexcept nogil:
+        """(subclasses) What a handle resets in a forked child, after the block's own reset."""
+        pass
+
+    cdef void _repair(self, bint holder_died) noexcept nogil:
+        """(subclasses; lock held) Undo what dead writers left in the block."""
+        pass
+
+
+cdef class SharedControl(SegmentHandle):
+    """A small named block of int64 words behind the segment's robust lock: the control block (counters, flags)
+    that the processes of one node share, whoever started them (``multiprocessing`` or Ray); attached by name, so
+    it travels as a string. ``words`` is a numpy view; ``lock`` a reusable context manager around the lock (a
+    holder that dies inside leaves it usable: the next taker repairs it)."""
+
+    cdef object _words
+    cdef object _held
+
+    @classmethod
+    def create(cls, str name, n_words) -> SharedControl:
+        """A new block of ``n_words`` zeroed words named ``name`` (a stale one whose creator is gone is replaced);
+        this handle owns it and removes it on ``close``."""
+        if isinstance(n_words, bool) or not isinstance(n_words, int) or not 1 <= n_words <= MAX_CONTROL_WORDS:
+            raise ValueError(f"n_words must be an int in [1, {MAX_CONTROL_WORDS}], got {n_words!r}")
+        segment_path(name)                  # validates the name
+        cdef SharedControl c = cls.__new__(cls)
+        cdef int64_t total = HEADER_BYTES + 8 * <int64_t>n_words
+        c._name = name
+        c._map(c._create_segment(name, total))
+        cdef Header* h = c._h
+        h.magic = SEGMENT_MAGIC
+        h.version = SEGMENT_VERSION
+        h.kind = KIND_CONTROL
+        h.capacity = n_words
+        h.total_bytes = total
+        h.creator_pid = getpid()
+        if mutex_init(&h.mutex, True) != 0:
+            c.close()
+            raise OSError("cannot initialise the control block's mutex")
+        c._bind_words()
+        h.ready = 1
+        return c
+
+    @classmethod
+    def attach(cls, str name) -> SharedControl:
+        """A handle on the control block ``name`` another process created; every header word it uses is checked
+        against the segment's size (ValueError otherwise). ``close`` detaches it."""
+        path = segment_path(name).encode()
+        cdef int fd = shm_open(path, O_RDWR, 0)
+        if fd < 0:
+            raise FileNotFoundError(f"no shared control block named {name!r} ({SHM_DIR}/{name})")
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench control block (too small)")
+            mm = mmap.mmap(fd, size)
+        finally:
+            c_close(fd)
+        cdef SharedControl c = cls.__new__(cls)
+        c._map(mm)
+        c._name = name
+        cdef Header* h = c._h
+        try:
+            if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION or h.kind != KIND_CONTROL:
+                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench control block of this version")
+            if not h.ready:
+                raise ValueError(f"control block {name!r} is not initialised yet")
+            if not 1 <= h.capacity <= MAX_CONTROL_WORDS or h.total_bytes != size \
+                    or size != HEADER_BYTES + 8 * h.capacity:
+                raise ValueError(f"control block {name!r} is corrupted: {h.capacity} words in {size} bytes")
+            c._bind_words()
+        except BaseException:
+            c._closed = True
+            c._release()
+            raise
+        return c
+
+    cdef _bind_words(self):
+        self._words = np.frombuffer(self._mm, dtype=np.int64, count=self._h.capacity, offset=HEADER_BYTES)
+        self._held = _Held(self)
+
+    cdef void _release(self):
+        self._words = None
+        self._held = None
+        SegmentHandle._release(self)
+
+    @property
+    def words(self):
+        """The block's words (numpy int64 view: read and write them under ``lock`` where several processes
+        write one)."""
+        self._check_open()
+        return self._words
+
+    @property
+    def lock(self):
+        """``with block.lock:`` holds the block's lock (process-shared, robust; not re-entrant: the same thread
+        taking it twice gets RuntimeError)."""
+        self._check_open()
+        return self._held
+
+
+cdef class _Held:
+    """``SharedControl.lock``: the lock held inside a ``with`` block."""
+    cdef SharedControl _c
+
+    def __cinit__(self, SharedControl c):
+        self._c = c
+
+    def __enter__(self):
+        self._c._enter()
+        try:
+            self._c._lock_gil()
+        except BaseException:
+            self._c._leave()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._c._unlock()
+        self._c._leave()
+        return False

@@ -284,7 +284,7 @@ def test_fuzz_every_header_word_with_hostile_values():
         import numpy as np
         from conftest import LUNAR_FIELDS, lunar_batch
         from pal_bench import PrioritizedReplayBuffer, ReplayBuffer, _replay, _segment
-        _replay.ATTACH_LOCK_TIMEOUT_S = 0.2
+        _segment.ATTACH_LOCK_TIMEOUT_S = 0.2
         offsets = _segment.header_offsets()
         words = sorted(set(offsets.values()))
         res0, step = offsets["res"], 24

@@ -7,7 +7,7 @@ import pytest
 
 from pal_bench.bench import publishing
 from pal_bench.studies import registry
-from pal_bench.studies.scaling.publish import processes_block
+from pal_bench.studies.scaling.publish import processes_block, ray_node_block, two_nodes_block
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = publishing.doc_files(ROOT)
@@ -85,3 +85,27 @@ def test_backend_ratios_pair_the_rounds_measured_side_by_side(tmp_path):
     (tmp_path / "scaling_processes.csv").write_text(head + "f_a,1,80,,1\n")      # no rounds stored: plain ratio
     row = next(line for line in processes_block(tmp_path).splitlines() if line.startswith("| f_a"))
     assert re.search(r"\|\s*0\.80\s*\|", row), row
+
+
+def test_ray_node_ratios_are_paired_by_round_with_their_range(tmp_path):
+    """Ray's one-node block pairs each round with the same round of threads and processes (median and range of
+    the paired ratios), and gives the speedup over one worker the same way."""
+    head = "curve,threads,throughput,throughput_reps,speedup\n"
+    (tmp_path / "scaling.csv").write_text(head + 'f_l,1,100,"100 50 80",1\n')
+    (tmp_path / "scaling_processes.csv").write_text(head + 'f_l,1,100,"100 50 80",1\n')
+    (tmp_path / "scaling_ray_node.csv").write_text(head + 'f_l,1,90,"90 50 40",1\n')
+    row = next(line for line in ray_node_block(tmp_path).splitlines() if line.startswith("| f_l"))
+    assert "0.90 (0.50-1.00)" in row, row          # ratios 0.9, 1.0, 0.5: median 0.9, range 0.5-1.0
+    (tmp_path / "scaling_ray_node.csv").unlink()
+    assert "Not measured yet" in ray_node_block(tmp_path)
+
+
+def test_two_nodes_block_pairs_the_placements_by_round(tmp_path):
+    rows = ["round,placement,actors,learners,env_steps_per_s,updates_per_s,mb_in_per_s,inserter_busy,rows_per_s",
+            "1,one node,1,1,1000,200,0,,", "1,two nodes,1,1,800,160,0.5,0.1,",
+            "2,two nodes,1,1,450,90,0.3,0.1,", "2,one node,1,1,500,100,0,,",
+            "1,\"ceiling, 1 in flight\",1,0,,,20.0,,50000", "2,\"ceiling, 1 in flight\",1,0,,,22.0,,60000"]
+    (tmp_path / "end_to_end_ray_two_nodes.csv").write_text("\n".join(rows) + "\n")
+    block = two_nodes_block(tmp_path)
+    assert "0.85 (0.80-0.90, 2 rounds)" in block, block     # 800/1000 and 450/500, paired by round
+    assert "55,000 rows/s" in block, block

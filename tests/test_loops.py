@@ -29,7 +29,7 @@ class Grant:
         self.budget, self.stop_after, self.alive = budget, stop_after, alive
         self.reserved, self.calls, self.spent, self.counted = 0, 0, False, []
 
-    def reserve(self, n):
+    def reserve(self, n, flush=None):
         self.calls += 1
         if self.stop_after is not None and self.calls > self.stop_after:
             return None
@@ -203,3 +203,42 @@ def test_seeds_differ_by_actor_incarnation_and_resume_and_the_first_incarnation_
                for r in (0, 1000)}
     assert len(streams) == 8
     assert env_seeds(1, 0, 2) != env_seeds(1, 0, 2, incarnation=1) != env_seeds(1, 0, 2, resumed_steps=5)
+
+
+def test_a_pause_takes_in_what_an_actors_local_buffer_holds():
+    """An evaluation or checkpoint pause waits until every reserved step is inserted; an actor with a local buffer
+    (Ape-X's) holds reserved steps it only sends every 50, and cannot step while paused: its grant must hand them
+    over (``flush``) instead of the pause waiting out its timeout (the stall of the race's pal-apex run)."""
+    import threading
+    import time
+
+    from pal_bench.train.rate import RateController
+    from pal_bench.train.workers import ThreadStepGrant
+
+    rate = RateController(0.25, 100_000, 1_000_000, 64, lockstep=False)
+    stop = threading.Event()
+    grant = ThreadStepGrant(rate, stop)
+    held = [0]
+
+    def flush():
+        grant.inserted(held[0])
+        held[0] = 0
+
+    def actor():
+        while grant.reserve(1, flush) is not None:
+            held[0] += 1
+            if held[0] >= 50:
+                flush()
+
+    t = threading.Thread(target=actor, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while (rate.reserved < 120 or rate.reserved % 50 in (0, 49)) and time.monotonic() < deadline:
+        time.sleep(0.0001)
+    try:
+        assert rate.pause(stop, timeout=5.0), "the pause waited out its timeout"
+        assert rate.reserved == rate.steps
+    finally:
+        rate.resume()
+        stop.set()
+        t.join(5)

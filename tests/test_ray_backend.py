@@ -90,6 +90,8 @@ def test_bad_backend_configs_rejected():
         validate(make_config("dqn", "CartPole-v1", backend="mpi"))
     with pytest.raises(ConfigError, match="ray_placement"):
         validate(make_config("dqn", "CartPole-v1", backend="ray", ray_placement="everywhere"))
+    with pytest.raises(ConfigError, match="allreduce"):
+        validate(make_config("dqn", "CartPole-v1", backend="ray", ray_placement="node", aggregation="allreduce"))
     with pytest.raises(ConfigError, match="ray_chunk"):
         validate(make_config("dqn", "CartPole-v1", backend="ray", ray_chunk=0))
     with pytest.raises(ConfigError, match="learner_timeout_s"):
@@ -155,6 +157,51 @@ class TestLocalRay:
             assert (run_dir / f).exists(), f
         assert all(f.exists() for f in RunRecorder(run_dir, "").checkpoint_files())
         assert _wait_gone(_worker_pids(s)) == set()   # every Ray actor of the run was killed
+
+    def test_node_placement_runs_the_process_backend_pieces_under_ray(self, tmp_path):
+        """``ray_placement = "node"``: Ray starts the actor processes on this node; they insert straight into the
+        shared segment, which the driver's learner samples in this process (every sample takes the segment's lock
+        here: no buffer actor, no remote sample call), the sole learner applies its own gradient and the actors
+        read the published weights; the budget and the update rate hold; nothing is left in /dev/shm."""
+        before = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
+        cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=3_000, learning_starts=500,
+                      batch_size=32)
+        tr = make_trainer(cfg)
+        try:
+            assert type(tr).__name__ == "RayNodeTrainer"
+            s = tr.run()
+            samples = tr.buffer.lock_stats()["acquisitions"]
+            version = tr.ps.version
+        finally:
+            tr.close()
+        assert s["backend"] == "ray" and s["ray_placement"] == "node" and s["env_steps"] == 3_000
+        assert s["restarts"] == [] and s["transitions_lost"] == 0
+        expected = (3_000 - cfg.learning_starts) * cfg.updates_per_step
+        assert 0.95 * expected <= s["updates"] <= expected + 1
+        assert samples >= s["updates"]                 # each update sampled the segment here
+        assert version == s["updates"]                 # the sole learner applied every gradient itself
+        for actor in ("actor0", "actor1"):
+            phases = s["phase_seconds"][actor]
+            assert phases["env_step"] > 0 and "weights_pull" in phases
+            assert s["placement"][actor]["pid"] != os.getpid()
+        assert "transport" not in s["phase_seconds"]["learner0"]
+        assert _wait_gone(_worker_pids(s)) == set()
+        after = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
+        assert after <= before
+
+    def test_node_placement_actor_killed_is_restarted_with_its_loss_recorded(self, tmp_path):
+        cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=6_000, learning_starts=500,
+                      batch_size=32)
+        with make_trainer(cfg) as tr:
+            t, out = _run_in_thread(tr)
+            _kill_when(tr, "actor1", 1_500)
+            t.join(300)
+            assert not t.is_alive(), "the run stalled"
+        assert "error" not in out, out.get("error")
+        s = out["summary"]
+        assert s["env_steps"] == 6_000
+        assert len(s["restarts"]) == 1 and s["restarts"][0]["worker"] == "actor1"
+        assert 0 <= s["transitions_lost"] <= cfg.envs_per_actor
 
     def test_r2d2_trains_on_sequences(self, tmp_path):
         """R2D2 on Ray: recurrent actor processes send whole sequences, the learner writes per-sequence
@@ -326,7 +373,7 @@ import json, sys, time
 import ray
 from pal_bench.train import make_config, make_trainer
 
-address, out_dir = sys.argv[1], sys.argv[2]
+address, out_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 # wait until both nodes are alive with their resources, so that the placement sees 4 CPUs on 2 nodes
 ray.init(address=address, logging_level="warning")
 deadline, seen = time.monotonic() + 120, None
@@ -339,22 +386,28 @@ while time.monotonic() < deadline:
 else:
     sys.exit(f"the two nodes never showed up: {ray.nodes()}")
 ray.shutdown()
+placement = (dict(ray_placement="spread") if mode == "spread" else
+             dict(ray_placement="node", ray_remote_actors=True, learning_starts=500, batch_size=32))
 cfg = make_config("dqn", "CartPole-v1", backend="ray", hidden=(64, 64), eval_interval=0, eval_episodes=2,
                   progress=False, out_dir=out_dir, actors=2, learners=1, steps=3_000, ray_address=address,
-                  ray_placement="spread")
+                  **placement)
 with make_trainer(cfg) as tr:
     s = tr.run()
+    # (RayNodeTrainer is still connected here; RayTrainer disconnected at the end of run)
+    driver_node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 connected_after_run = ray.is_initialized()     # the driver must disconnect ...
 ray.init(address=address, logging_level="warning")   # ... and leave the cluster running
 alive_after = len([n for n in ray.nodes() if n["Alive"]])
 ray.shutdown()
-print("RESULT " + json.dumps({"env_steps": s["env_steps"], "placement": s["placement"],
+print("RESULT " + json.dumps({"env_steps": s["env_steps"], "placement": s["placement"], "updates": s["updates"],
+                              "inserter": s.get("inserter"), "driver_node": driver_node,
                               "connected_after_run": connected_after_run, "alive_after": alive_after}))
 """
 
 
-@pytest.mark.ray_multinode
-def test_two_ray_nodes_spread_placement(tmp_path):
+def _run_on_two_nodes(tmp_path, mode: str) -> dict:
+    """Start two Ray nodes on this machine (2 CPUs each), run ``MULTINODE_DRIVER`` in ``mode`` against them from a
+    fresh interpreter, stop the nodes; returns the driver's RESULT."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # a throwaway cluster on this machine: no token authentication between its nodes and the driver
@@ -368,15 +421,34 @@ def test_two_ray_nodes_spread_placement(tmp_path):
             r = subprocess.run(start + args + ["--dashboard-agent-listen-port", str(_free_port())], env=env,
                                capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, f"ray start {args[0]} failed:\n{r.stdout}\n{r.stderr}"
-        r = subprocess.run([sys.executable, "-c", MULTINODE_DRIVER, address, str(tmp_path)], env=env,
+        r = subprocess.run([sys.executable, "-c", MULTINODE_DRIVER, address, str(tmp_path), mode], env=env,
                            cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
         result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
         assert r.returncode == 0 and result, f"driver failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-        s = json.loads(result[0][len("RESULT "):])
-        assert s["env_steps"] == 3_000
-        nodes = {w: p["node_id"] for w, p in s["placement"].items() if "node_id" in p}
-        assert len(set(nodes.values())) == 2, nodes
-        assert not s["connected_after_run"]
-        assert s["alive_after"] == 2
+        return json.loads(result[0][len("RESULT "):])
     finally:
         _kill_cluster(port)
+
+
+@pytest.mark.ray_multinode
+def test_two_ray_nodes_spread_placement(tmp_path):
+    s = _run_on_two_nodes(tmp_path, "spread")
+    assert s["env_steps"] == 3_000
+    nodes = {w: p["node_id"] for w, p in s["placement"].items() if "node_id" in p}
+    assert len(set(nodes.values())) == 2, nodes
+    assert not s["connected_after_run"]
+    assert s["alive_after"] == 2
+
+
+@pytest.mark.ray_multinode
+def test_two_ray_nodes_remote_actors_insert_through_the_inserter(tmp_path):
+    """``ray_placement = "node"`` with ``ray_remote_actors``: the buffer, the learner and the inserter on the
+    driver's node, both actors on the other node; every transition crosses the object store to the inserter,
+    which writes it into the segment; the run ends with its budget and its updates."""
+    s = _run_on_two_nodes(tmp_path, "node-remote")
+    assert s["env_steps"] == 3_000
+    actor_nodes = {p["node_id"] for w, p in s["placement"].items() if w.startswith("actor")}
+    assert actor_nodes and s["driver_node"] not in actor_nodes
+    assert s["inserter"]["rows"] >= 3_000 - 2 * 3      # every actor's rows but its last n-step windows
+    assert s["updates"] >= 0.95 * (3_000 - 500) * 0.25
+    assert not s["connected_after_run"] and s["alive_after"] == 2

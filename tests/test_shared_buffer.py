@@ -266,3 +266,81 @@ def test_the_process_throughput_benchmark_runs(impl):
 
     r = shared_bench.measure(impl, 1, 1, 0.3)
     assert r["inserts_per_s"] > 0 and r["sample_updates_per_s"] > 0
+
+
+# ------------------------------------------------------------------ the control block (counters and a lock by name)
+
+def _add_under_lock(name: str, n: int) -> None:
+    from pal_bench._segment import SharedControl
+
+    c = SharedControl.attach(name)
+    for _ in range(n):
+        with c.lock:
+            c.words[0] += 1
+    c.close()
+
+
+def test_control_block_counts_exactly_across_processes_and_is_removed_by_its_creator():
+    from pal_bench import shm
+    from pal_bench._segment import SharedControl
+
+    name = f"pal-test-ctl-{os.getpid()}"
+    c = SharedControl.create(name, 4)
+    assert list(c.words) == [0, 0, 0, 0]
+    assert any(s["name"] == name and s["kind"] == "control block, 4 words" for s in shm.segments())
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_add_under_lock, args=(name, 2000)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    _add_under_lock(name, 2000)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert c.words[0] == 6000
+    c.close()
+    assert not os.path.exists(f"/dev/shm/{name}")
+    with pytest.raises(ValueError, match="closed"):
+        _ = c.words
+
+
+def test_control_block_lock_survives_a_holder_killed_inside():
+    from pal_bench._segment import SharedControl
+
+    name = f"pal-test-ctl-dead-{os.getpid()}"
+    c = SharedControl.create(name, 1)
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=_hold_control_lock, args=(name,))
+    p.start()
+    deadline = time.monotonic() + 30
+    while c.words[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.kill()
+    p.join()
+    with c.lock:                  # the dead holder's lock is repaired, not left held
+        c.words[0] += 1
+    assert c.words[0] == 2
+    c.close()
+
+
+def _hold_control_lock(name: str) -> None:
+    from pal_bench._segment import SharedControl
+
+    c = SharedControl.attach(name)
+    with c.lock:
+        c.words[0] = 1
+        time.sleep(60)
+
+
+def test_control_block_refuses_bad_input_and_foreign_segments():
+    from pal_bench import PrioritizedReplayBuffer
+    from pal_bench._segment import SharedControl
+
+    for bad in (0, -1, True, 1.5, 1 << 21):
+        with pytest.raises(ValueError, match="n_words"):
+            SharedControl.create(f"pal-test-ctl-bad-{os.getpid()}", bad)
+    with pytest.raises(FileNotFoundError):
+        SharedControl.attach(f"pal-test-ctl-none-{os.getpid()}")
+    buf = PrioritizedReplayBuffer(10, LUNAR_FIELDS, shared=True)
+    with pytest.raises(ValueError, match="not a PAL-Bench control block"):
+        SharedControl.attach(buf.shared_name)
+    buf.close()

@@ -37,7 +37,8 @@ from pal_bench.studies.race.run import run_one
 
 # (area, substrings of a code path that put a function in it), first match wins
 AREAS = (
-    ("replay buffer", ("pal_bench/integrations/", "pal_bench/_replay", "replay_buffers/", "tianshou/data/buffer")),
+    ("replay buffer", ("pal_bench/integrations/", "pal_bench/_replay", "pal_bench/_rows", "pal_bench/_segment",
+                       "replay_buffers/", "tianshou/data/buffer")),
     ("race evaluation loop", ("pal_bench/studies/race",)),
     ("environment (gymnasium, Box2D)", ("gymnasium/", "Box2D")),
     ("torch (forward, backward, optimizer)", ("torch/",)),

@@ -23,10 +23,12 @@ class StepGrant(Protocol):
 
     spent: bool        # set when ``reserve`` returned None because the budget is spent (not a stop)
 
-    def reserve(self, n: int) -> int | None:
+    def reserve(self, n: int, flush: Callable[[], None] | None = None) -> int | None:
         """Reserve ``n`` env steps (waiting while the rule holds the actors back); returns the env steps
         reserved by all actors after this reservation, or None when this actor must stop: the budget is spent
-        (``spent``) or the run is stopping."""
+        (``spent``) or the run is stopping. While the driver pauses the workers (an evaluation or a checkpoint
+        waits for every reserved step to be inserted), ``flush()`` is called once first: it inserts what the
+        actor holds back (its local buffer), which would otherwise never arrive."""
 
     def inserted(self, steps: int) -> None:
         """Count ``steps`` env steps whose transitions are now in the replay buffer."""
@@ -49,7 +51,11 @@ def actor_loop(stepper, local, nets, grant: StepGrant, weights: WeightSource,
     ``on_episodes`` gets each batch of finished episodes as (return, length) pairs. When another actor took the
     last steps, the windows still open bootstrap from their last observation and go in too."""
     version = -1
-    while (reserved := grant.reserve(n)) is not None:
+
+    def flush() -> None:                          # a pause waits for what the local buffer holds
+        grant.inserted(local.send())
+
+    while (reserved := grant.reserve(n, flush)) is not None:
         timer.lap("rate_wait")
         version = weights.pull(version)
         timer.lap("weights_pull")

@@ -49,7 +49,10 @@ class TrainConfig:
     learner_processes: bool = False                    # backend "processes": learners as processes on the shared
                                                        # buffer (default: threads beside the parameter server)
     ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
-    ray_placement: str = "pack"                        # "pack" or "spread" the workers over the nodes
+    ray_placement: str = "pack"                        # "pack" or "spread" Ray actors over the nodes, or "node": the
+    #                                                    process backend's shared-memory pieces on the driver's node
+    ray_remote_actors: bool = False                    # ray_placement "node": the actors on the cluster's other nodes,
+    #                                                    sending chunks to an inserter on the driver's node
     ray_chunk: int = 256                               # transitions an actor sends to the buffer per call
     ray_prefetch: int = 1                              # sampled batches a learner has in flight beyond the one used
     learner_timeout_s: float = 30.0                    # sync (ray): apply a round without a learner this late (s)
@@ -400,13 +403,22 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"aggregation must be 'sync', 'async' or 'allreduce', got {cfg.aggregation!r}")
     if cfg.aggregation == "allreduce" and cfg.backend != "ray":
         raise ConfigError("aggregation: 'allreduce' needs backend = 'ray' (threads share one parameter server)")
-    if cfg.ray_placement not in ("pack", "spread"):
-        raise ConfigError(f"ray_placement must be 'pack' or 'spread', got {cfg.ray_placement!r}")
+    if cfg.ray_placement not in ("node", "pack", "spread"):
+        raise ConfigError(f"ray_placement must be 'node', 'pack' or 'spread', got {cfg.ray_placement!r}")
+    if cfg.backend == "ray" and cfg.ray_placement == "node" and cfg.aggregation == "allreduce":
+        raise ConfigError("aggregation: 'allreduce' needs learners in Ray actors (ray_placement 'pack' or 'spread'); "
+                          "on one node ('node') the learners share the driver's parameter server")
+    if cfg.ray_remote_actors and (cfg.backend != "ray" or cfg.ray_placement != "node"):
+        raise ConfigError("ray_remote_actors: remote actors and their inserter need backend = 'ray' with "
+                          "ray_placement = 'node'")
+    if cfg.backend == "ray" and cfg.ray_placement == "node" and cfg.env_backend == "async":
+        raise ConfigError("env_backend: 'async' is not built for ray_placement 'node' (its actors run the process "
+                          "backend's actor body; use env_backend = 'sync')")
     if cfg.env_backend not in ("sync", "async"):
         raise ConfigError(f"env_backend must be 'sync' or 'async', got {cfg.env_backend!r}")
-    if cfg.eval_pauses_training and cfg.backend == "ray":
+    if cfg.eval_pauses_training and cfg.backend == "ray" and cfg.ray_placement != "node":
         raise ConfigError("eval_pauses_training: the Ray backend's workers cannot be paused for an evaluation "
-                          "(backend threads or processes)")
+                          "(backend threads or processes, or ray_placement 'node')")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):
         raise ConfigError("stop_return needs evaluations (eval_interval > 0 and eval_episodes > 0)")
     if cfg.exploration not in ("decay", "apex"):

@@ -46,8 +46,10 @@ class RateController:
             return self.done >= self.required_updates(self.steps) and self.reserved == self.steps
         return self.policy.actor_may_step(self.reserved, self.started)
 
-    def acquire_steps(self, n: int, stop: threading.Event) -> bool:
-        """Reserve ``n`` transitions for one vector step; False when the budget is spent or on stop."""
+    def acquire_steps(self, n: int, stop: threading.Event, held: bool = False) -> bool | None:
+        """Reserve ``n`` transitions for one vector step; False when the budget is spent or on stop; None when
+        the workers are paused and the caller holds reserved steps it has not inserted (``held``): it inserts
+        them (a pause waits for them) and asks again."""
         with self.cond:
             while True:
                 if stop.is_set() or self.policy.budget_spent(self.reserved):
@@ -55,6 +57,8 @@ class RateController:
                 if not self.paused and self._actor_may_step():
                     self.reserved += n
                     return True
+                if self.paused and held:
+                    return None
                 self._wait("actor")
 
     def steps_done(self, n: int) -> None:

@@ -195,8 +195,12 @@ class ThreadStepGrant:
     def __init__(self, rate, stop: threading.Event):
         self.rate, self.stop, self.spent = rate, stop, False
 
-    def reserve(self, n: int) -> int | None:
-        if self.rate.acquire_steps(n, self.stop):
+    def reserve(self, n: int, flush=None) -> int | None:
+        held = flush is not None
+        while (got := self.rate.acquire_steps(n, self.stop, held=held)) is None:
+            flush()                              # paused: what the actor holds goes in first
+            held = False
+        if got:
             return self.rate.reserved
         self.spent = not self.stop.is_set()
         return None

@@ -71,9 +71,14 @@ def transitions(tr, n: int, seed: int = 0) -> dict:
 
 
 def label(cfg) -> str:
-    """The name a configuration's curves go by: its backend, or "learner-processes" for the process backend with
-    learners as processes (``learner_processes``)."""
-    return "learner-processes" if cfg.backend == "processes" and cfg.learner_processes else cfg.backend
+    """The name a configuration's curves go by: its backend, "learner-processes" for the process backend with
+    learners as processes (``learner_processes``), or "ray-node" for Ray's one-node placement (``ray_placement =
+    "node"``: the process backend's pieces, its actor processes started by Ray)."""
+    if cfg.backend == "processes" and cfg.learner_processes:
+        return "learner-processes"
+    if cfg.backend == "ray" and cfg.ray_placement == "node":
+        return "ray-node"
+    return cfg.backend
 
 
 def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
@@ -83,8 +88,11 @@ def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
     placed exactly as the thread backend's, so "processes" measures them the same way."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
         c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
-        if cfg.backend == "ray":
+        if label(cfg) == "ray":
             return _measure_fl_ray(c, updates, filled)
+        if label(cfg) == "ray-node":        # the driver's learner threads on the shared segment, Ray connected
+            with ray_session(c):
+                return _measure_fl(c, updates, filled, processes=True)
         return _measure_fl(c, updates, filled, processes=label(cfg) == "learner-processes")
 
 
@@ -164,12 +172,12 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     backend sync and async (the process backend: sync only)."""
     cores = usable_cores()
     splits = [(a, b) for a in range(1, max_threads) for b in range(1, max_threads) if a + b <= max_threads]
-    aggregations = ("sync", "async", "allreduce") if cfg.backend == "ray" else ("sync", "async")
+    aggregations = ("sync", "async", "allreduce") if label(cfg) == "ray" else ("sync", "async")
     frames = []
     with ray_session(cfg):
         for aggregation in aggregations:
             # actor processes step their environments in-process (they cannot start env subprocesses)
-            for backend in ("sync",) if cfg.backend == "processes" else ("sync", "async"):
+            for backend in ("sync",) if label(cfg) in ("processes", "ray-node") else ("sync", "async"):
                 c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
                 df = measure_splits(c, splits, steps,
                               progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))
@@ -177,7 +185,7 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     out = pd.concat(frames, ignore_index=True)
     out["threads"] = out.actors + out.learners
     out["oversubscribed"] = out.threads > cores
-    out["backend"] = cfg.backend
+    out["backend"] = label(cfg)
     return out
 
 
@@ -265,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.end_to_end and len(args.backend) > 1:
         ap.error("--end-to-end measures one backend at a time")
     cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
-                        backend="processes" if b == "learner-processes" else b,
-                        learner_processes=b == "learner-processes")
+                        backend={"learner-processes": "processes", "ray-node": "ray"}.get(b, b),
+                        learner_processes=b == "learner-processes", ray_placement="node" if b == "ray-node" else "pack")
             for b in args.backend]
     if refuse_if_busy("pal_bench.studies.scaling", args.force):
         return 2
@@ -293,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 def _backends(text: str) -> list[str]:
     """``--backend``: one backend or a comma list of them."""
     names = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in names if b not in ("threads", "processes", "learner-processes", "ray")]
+    bad = [b for b in names if b not in ("threads", "processes", "learner-processes", "ray", "ray-node")]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"backends are threads, processes, learner-processes and ray; got {text!r}")
+        raise argparse.ArgumentTypeError(f"backends are threads, processes, learner-processes, ray and ray-node; "
+                                         f"got {text!r}")
     return list(dict.fromkeys(names))
 
 

@@ -118,6 +118,73 @@ def processes_block(results: Path) -> str:
             "interval over rounds.\n\n" + md(out, ".2f") + "\n\n" + source(results, *sources) + "\n")
 
 
+def _paired_range(mine, ref) -> str:
+    """The median over rounds of mine[i] / ref[i] with the range over rounds (``1.02 (0.95-1.08)``): fewer than
+    10 rounds make no interval."""
+    a, b = _reps(mine), _reps(ref)
+    if not a or len(a) != len(b):
+        return ""
+    r = sorted(x / y for x, y in zip(a, b))
+    return f"{pd.Series(r).median():.2f} ({r[0]:.2f}-{r[-1]:.2f})"
+
+
+def ray_node_block(results: Path) -> str:
+    """Ray's one-node placement (``--backend ray-node``) against the thread and process backends measured in the
+    same sweep (``--backend threads,processes,ray-node``): per point the median over rounds, and each ratio as the
+    median of the rounds' paired ratios with their range."""
+    paths = {b: results / f for b, f in (("threads", "scaling.csv"), ("processes", "scaling_processes.csv"),
+                                         ("ray-node", "scaling_ray_node.csv"))}
+    if not all(p.exists() for p in paths.values()):
+        return missing("scaling_ray_node.csv",
+                       "python -m pal_bench.studies.scaling --backend threads,processes,ray-node")
+    cols = ["curve", "threads", "throughput", "throughput_reps"]
+    t, p, r = (pd.read_csv(paths[b]).reindex(columns=cols) for b in ("threads", "processes", "ray-node"))
+    m = t.merge(p, on=["curve", "threads"], suffixes=("_t", "_p")).merge(r, on=["curve", "threads"])
+    one = {c: m[(m.curve == c) & (m.threads == 1)] for c in ("f_a", "f_l")}
+    out = pd.DataFrame({
+        "curve": m.curve, "workers": m.threads, "threads": m.throughput_t, "processes": m.throughput_p,
+        "Ray, one node": m.throughput,
+        "Ray / threads (range)": [_paired_range(a, b) for a, b in zip(m.throughput_reps, m.throughput_reps_t)],
+        "Ray / processes (range)": [_paired_range(a, b) for a, b in zip(m.throughput_reps, m.throughput_reps_p)],
+        "Ray: speedup over 1 (range)": [_paired_range(a, one[c].throughput_reps.iloc[0]) if len(one[c]) else ""
+                                        for a, c in zip(m.throughput_reps, m.curve)]})
+    return ("DQN on CartPole-v1: f_a (transitions/s, actors only) and f_l (updates/s, learners only) with Ray's "
+            "one-node placement (`ray_placement = \"node\"`: actor processes Ray starts on the driver's node, "
+            "writing the shared segment; learners are the driver's threads) against the thread and process backends, "
+            "measured point by point in one sweep. Throughputs are medians over rounds; a ratio is the median of the "
+            "rounds' paired ratios with their range (too few rounds for an interval).\n\n" + md(out, ".2f") + "\n\n"
+            + source(results, "scaling.csv", "scaling_processes.csv", "scaling_ray_node.csv") + "\n")
+
+
+def two_nodes_block(results: Path) -> str:
+    """``python -m pal_bench.studies.scaling.two_nodes``: one node against two, and the inserter's ceiling."""
+    name = "end_to_end_ray_two_nodes.csv"
+    path = results / name
+    if not path.exists():
+        return missing(name, "python -m pal_bench.studies.scaling.two_nodes")
+    df = pd.read_csv(path)
+    runs = df[df.placement.isin(["one node", "two nodes"])]
+    rows = []
+    for placement, d in runs.groupby("placement", sort=False):
+        rows.append({"placement": placement, "rounds": len(d), "env steps/s": d.env_steps_per_s.median(),
+                     "range": f"{d.env_steps_per_s.min():.0f}-{d.env_steps_per_s.max():.0f}",
+                     "updates/s": d.updates_per_s.median(), "MB/s into the inserter": d.mb_in_per_s.median(),
+                     "inserter busy": d.inserter_busy.dropna().median() if d.inserter_busy.notna().any() else None})
+    one = runs[runs.placement == "one node"].set_index("round").env_steps_per_s
+    two = runs[runs.placement == "two nodes"].set_index("round").env_steps_per_s
+    paired = sorted((two / one).dropna())
+    ratio = (f"two nodes / one node, paired by round: {pd.Series(paired).median():.2f} "
+             f"({paired[0]:.2f}-{paired[-1]:.2f}, {len(paired)} rounds)" if paired else "")
+    ceil = df[df.placement.str.startswith("ceiling")].groupby("placement").agg(
+        rows_per_s=("rows_per_s", "median"), mb_per_s=("mb_in_per_s", "median"), rounds=("round", "count"))
+    ceiling = "; ".join(f"{k}: {v.rows_per_s:,.0f} rows/s ({v.mb_per_s:.1f} MB/s, median of {v.rounds})"
+                        for k, v in ceil.iterrows())
+    return ("Two Ray nodes on this machine (1 CPU each): DQN on CartPole-v1 with 1 actor and 1 learner, the actor on "
+            "the driver's node (one node) or on the other node sending chunks through the inserter (two nodes), "
+            "alternating rounds.\n\n" + md(pd.DataFrame(rows), ".2f") + "\n\n" + ratio + ". Inserter ceiling (a task "
+            "on the other node sending nothing but chunks): " + ceiling + ".\n\n" + source(results, name) + "\n")
+
+
 def _paired(mine: pd.Series, ref: pd.Series, plain: pd.Series) -> pd.Series:
     """Per row: the median over rounds of mine[i] / ref[i] (round i of each stored repetition list) with a
     bootstrap interval, or ``plain`` (the ratio of medians) where the repetitions are not stored or differ in
@@ -154,4 +221,6 @@ PUBLICATION = Publication("scaling", {
     "end-to-end-ray": end_to_end_ray_block,
     "processes": processes_block,
     "end-to-end-processes": end_to_end_processes_block,
+    "ray-node": ray_node_block,
+    "ray-two-nodes": two_nodes_block,
 }, outputs)

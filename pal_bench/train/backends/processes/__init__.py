@@ -8,9 +8,10 @@ its kernels). What crosses a process boundary, and how:
   segment (attached by name): no pipe, no pickling;
 - weights: the driver publishes every new parameter-server version into a ``SharedWeights`` block
   (seqlock); an actor copies it when its version counter moved;
-- counters: one shared int64 array: per actor, transitions reserved and inserted (one writer each),
-  plus the learners' started updates, a pause flag and a stop flag written by the driver. An actor asks
-  for its next vector step under one process-shared lock, with the rule of ``rate_policy.RatePolicy``;
+- counters: one named control block (``pal_bench._segment.SharedControl``, attached by name): per actor,
+  transitions reserved and inserted (one writer each), plus the learners' started updates, a pause flag and a
+  stop flag written by the driver. An actor asks for its next vector step under the block's robust,
+  process-shared lock (a holder that dies inside leaves it usable), with the rule of ``rate_policy.RatePolicy``;
 - episodes, errors and per-phase timers: small messages on a queue.
 
 Everything else (config, algorithms, learners, evaluation, checkpoints, logs, ``summary.json``) is the

@@ -3,9 +3,9 @@ shared weights."""
 
 from __future__ import annotations
 
-import os
 import time
 
+from pal_bench._segment import SharedControl
 from pal_bench.train.actor import actor_loop
 from pal_bench.train.backends.processes.shared import (
     FINISHED,
@@ -35,11 +35,13 @@ from pal_bench.train.workers import PhaseTimer, pin
 
 
 def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps: int, buffer_name: str,
-                  weights_name: str, weights_spec, counters, lock, messages, parent_pid: int,
+                  weights_name: str, weights_spec, control_name: str, messages, driver_alive,
                   faults: Faults = NO_FAULTS) -> None:
-    """Body of one actor process (spawned; ``incarnation``: its restarts so far, ``resumed_steps``: the run's env
-    steps when it resumed, for its seeds). Steps ``envs_per_actor`` environments and inserts n-step rows
-    with ``add_batch`` into the shared buffer until the budget is spent or the driver says stop."""
+    """Body of one actor process (spawned, or a Ray actor on the driver's node; ``incarnation``: its restarts so
+    far, ``resumed_steps``: the run's env steps when it resumed, for its seeds; ``driver_alive()``: whether the
+    driver still runs, ``shared.ParentAlive`` or ``shared.DriverAlive``). Steps ``envs_per_actor`` environments
+    and inserts n-step rows with ``add_batch`` into the shared buffer until the budget is spent or the driver says
+    stop."""
     die_with_parent()
     ignore_stop_signals()                              # the driver handles Ctrl-C, SIGTERM, SIGHUP and stops us
     import torch
@@ -49,8 +51,10 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps:
 
     torch.set_num_threads(1)
     pin(actor if cfg.pin_cores else None)               # as the thread backend pins its actor threads
-    envs = buf = weights = None
+    envs = buf = weights = control = None
     try:
+        control = SharedControl.attach(control_name)
+        counters, lock = control.words, control.lock
         ctx = RunCore(cfg)
         policy = RatePolicy.from_config(cfg, default_slack(cfg))
         timer = PhaseTimer()
@@ -65,10 +69,10 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps:
         local = LocalBuffer(ctx, buf, stepper, nets, targets, timer)
         count_under_lock(counters, lock, actor, READY)
         messages.put(("ready", actor, incarnation))
-        while not counters[GO] and not counters[STOP] and os.getppid() == parent_pid:
+        while not counters[GO] and not counters[STOP] and driver_alive():
             time.sleep(0.001)                            # every actor set up before the driver's clock starts
         timer.lap("setup")
-        grant = SharedStepGrant(counters, lock, actor, incarnation, cfg.actors, policy, parent_pid, faults)
+        grant = SharedStepGrant(counters, lock, actor, incarnation, cfg.actors, policy, driver_alive, faults)
         actor_loop(stepper, local, nets, grant, SharedWeightsSource(weights, into), lambda episodes: messages.put(
             ("episodes", actor, episodes)), actor_rng(cfg.seed, actor, incarnation, resumed_steps), timer, E, cfg.steps)
         if grant.spent:
@@ -85,23 +89,25 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps:
             buf.close()
         if weights is not None:
             weights.close()
+        if control is not None:
+            control.close()
 
 
 class SharedStepGrant:
     """(actor process) The shared counter block as the actor's ``StepGrant``: a vector step is reserved under the
-    process-shared lock (marked as held, so that the driver can release it when this process dies inside) with
+    block's lock (marked as held, so that the driver knows when this process died inside) with
     the rule of ``RatePolicy`` over every actor's reserved count; inserted steps go to this actor's own counter."""
 
     def __init__(self, counters, lock, actor: int, incarnation: int, n_actors: int, policy: RatePolicy,
-                 parent_pid: int, faults: Faults):
+                 driver_alive, faults: Faults):
         self.c, self.lock, self.actor, self.incarnation = counters, lock, actor, incarnation
-        self.n_actors, self.policy, self.parent_pid, self.faults = n_actors, policy, parent_pid, faults
+        self.n_actors, self.policy, self.driver_alive, self.faults = n_actors, policy, driver_alive, faults
         self.spent = False
 
-    def reserve(self, n: int) -> int | None:
+    def reserve(self, n: int, flush=None) -> int | None:
         c = self.c
         while True:
-            if c[STOP] or os.getppid() != self.parent_pid:
+            if c[STOP] or not self.driver_alive():
                 return None
             with self.lock:
                 c[HOLDER] = self.actor + 1
@@ -117,13 +123,16 @@ class SharedStepGrant:
                 return None
             if ok:
                 return reserved + n
+            if flush is not None and c[PAUSED]:   # paused: what the actor holds goes in first (once)
+                flush()
+                flush = None
             time.sleep(0.0005)
 
     def inserted(self, steps: int) -> None:
         self.c[inserted_slot(self.actor)] += steps
 
     def may_insert(self) -> bool:
-        return os.getppid() == self.parent_pid
+        return self.driver_alive()
 
 
 class SharedWeightsSource:

@@ -44,6 +44,33 @@ def segment_name(run_dir: Path, kind: str) -> str:
     return f"pal_{kind}_{digest}"
 
 
+class ParentAlive:
+    """(worker process) Whether the driver that spawned this process still runs: it is still our parent."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def __call__(self) -> bool:
+        return os.getppid() == self.pid
+
+
+class DriverAlive:
+    """(a worker another launcher started on the driver's node: Ray) Whether the driver process ``pid`` still
+    exists."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def __call__(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         try:
@@ -82,7 +109,7 @@ def read_messages(q, timeout: float | None = None):
 
 def count_under_lock(counters, lock, actor: int, slot: int) -> None:
     """Add one to a counter several actors write (READY, FINISHED): under the reservation lock, marked as
-    held by ``actor`` so that the driver can release it if the process dies inside."""
+    held by ``actor`` (what the driver reads when the process dies inside)."""
     with lock:
         counters[HOLDER] = actor + 1
         counters[slot] += 1

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from pal_bench._segment import SharedControl
 from pal_bench.train.backends.processes.actor import actor_process
 from pal_bench.train.backends.processes.learner import L_FIELDS, L_READY, L_STOP, L_UPDATE, grads_spec, learner_process
 from pal_bench.train.backends.processes.shared import (
@@ -23,6 +24,7 @@ from pal_bench.train.backends.processes.shared import (
     STARTED,
     STOP,
     STOP_JOIN_S,
+    ParentAlive,
     flat_state,
     inserted_slot,
     read_messages,
@@ -134,7 +136,7 @@ class ProcessTrainer(Trainer):
         self._training_errors: dict[int, tuple[str, str]] = {}    # actor -> a TrainingError it sent (name, line)
         super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
-        self._messages = [self._ctx.Queue() for _ in range(cfg.actors)]
+        self._messages = [self._new_queue() for _ in range(cfg.actors)]
         self._sync_lock = threading.Lock()
         self._published = -1
         self._published_target: dict | None = None  # the snapshot target dict whose tensors the block holds
@@ -159,11 +161,11 @@ class ProcessTrainer(Trainer):
             self._lmessages = [self._ctx.Queue() for _ in range(cfg.learners)]
 
     def _make_rate(self) -> SharedRate:
-        """The rate counters in a shared array the actor processes write (a resumed run's steps count as actor
-        0's), and the process-shared lock they reserve under. The parameter server is the thread trainer's and the
-        buffer a shared segment (``_new_buffer``)."""
-        self.counters = self._ctx.RawArray("q", HEADER + 2 * self.cfg.actors)
-        self._lock_mp = self._ctx.Lock()
+        """The rate counters in a named control block the actor processes attach and write (a resumed run's steps
+        count as actor 0's), and its robust, process-shared lock they reserve under. The parameter server is the
+        thread trainer's and the buffer a shared segment (``_new_buffer``)."""
+        self._control = SharedControl.create(segment_name(self.cfg.run_dir(), "ctl"), HEADER + 2 * self.cfg.actors)
+        self.counters, self._counter_lock = self._control.words, self._control.lock
         return SharedRate(self.cfg, self.counters)
 
     # buffer: one shared segment per run directory (a killed driver's segment is replaced on creation)
@@ -393,13 +395,27 @@ class ProcessTrainer(Trainer):
                     self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
         self._lprocs = {}
 
-    def _start(self, i: int) -> mp.Process:
-        p = self._ctx.Process(
-            target=actor_process, name=f"pal-actor{i}", daemon=True,
-            args=(self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name, self._weights.name,
-                  self._weights.spec, self.counters, self._lock_mp, self._messages[i], os.getpid(), self.faults))
+    # ------------------------------------------------------------------ placement (what another launcher replaces)
+
+    def _new_queue(self):
+        """An actor's message queue (episodes, timers, errors): ``put`` / ``close`` / ``join_thread`` in the
+        actor, ``get`` / ``get_nowait`` here."""
+        return self._ctx.Queue()
+
+    def _launch(self, i: int, args: tuple) -> mp.Process:
+        """Start actor ``i``'s process running ``actor_process(*args)``; returns its handle (``join``,
+        ``is_alive``, ``exitcode``, ``kill``, ``pid``: ``mp.Process``'s)."""
+        p = self._ctx.Process(target=actor_process, name=f"pal-actor{i}", daemon=True, args=args + (ParentAlive(
+            os.getpid()), self.faults))
         p.start()
         return p
+
+    def _start(self, i: int):
+        return self._launch(i, (self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name,
+                                self._weights.name, self._weights.spec, self._control.shared_name,
+                                self._messages[i]))
+
+    # ------------------------------------------------------------------ supervision
 
     def _supervise(self, i: int) -> None:
         """Run actor ``i``'s process to the end of the budget, restarting it when it dies."""
@@ -419,10 +435,9 @@ class ProcessTrainer(Trainer):
             if p.exitcode == 0:
                 return
             self._sync()
-            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: release it for the others
+            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: the next taker repairs it
                 self.counters[HOLDER] = 0
-                self._lock_mp.release()
-            with self._lock_mp:                  # give back what it reserved and never inserted
+            with self._counter_lock:             # give back what it reserved and never inserted
                 lost = int(self.counters[reserved_slot(i)] - self.counters[inserted_slot(i)])
                 self.counters[reserved_slot(i)] = self.counters[inserted_slot(i)]
             self.lost[i] += lost
@@ -437,7 +452,7 @@ class ProcessTrainer(Trainer):
             self.restarts[i] += 1
             with self._sync_lock:                # the dead actor's queue may hold its write lock: a new one
                 self._drain(i)
-                self._messages[i] = self._ctx.Queue()
+                self._messages[i] = self._new_queue()
             self._event(f"actor{i}", "restart", lost, f"process {p.pid} died ({cause}); "
                                                      f"{lost} reserved transitions lost; restarted")
             p = self._start(i)
@@ -471,3 +486,5 @@ class ProcessTrainer(Trainer):
         if self._weights is not None:
             self._weights.close()
         self.buffer.close()
+        if getattr(self, "_control", None) is not None:
+            self._control.close()
