@@ -55,7 +55,7 @@ kw = dict(backend="ray", ray_placement="node", ray_address=address, progress=Fal
 if mode == "ceiling":
     from pal_bench.studies.scaling.measure import transitions
     cfg = make_config("dqn", "CartPole-v1", ray_remote_actors=True, **kw)
-    with make_trainer(cfg) as tr:
+    with make_trainer(cfg, overwrite=True) as tr:
         inserter = tr.inserter()
         chunk = cfg.ray_chunk
         batch = transitions(tr, chunk)
@@ -79,7 +79,7 @@ if mode == "ceiling":
     print("RESULT " + json.dumps(out))
 else:
     cfg = make_config("dqn", "CartPole-v1", ray_remote_actors=mode == "two nodes", learning_starts=1000, **kw)
-    with make_trainer(cfg) as tr:
+    with make_trainer(cfg, overwrite=True) as tr:
         s = tr.run()
     print("RESULT " + json.dumps({k: s.get(k) for k in ("env_steps", "updates", "wall_s", "inserter")}))
 """
