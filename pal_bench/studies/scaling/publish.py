@@ -177,7 +177,7 @@ def two_nodes_block(results: Path) -> str:
              f"({paired[0]:.2f}-{paired[-1]:.2f}, {len(paired)} rounds)" if paired else "")
     ceil = df[df.placement.str.startswith("ceiling")].groupby("placement").agg(
         rows_per_s=("rows_per_s", "median"), mb_per_s=("mb_in_per_s", "median"), rounds=("round", "count"))
-    ceiling = "; ".join(f"{k}: {v.rows_per_s:,.0f} rows/s ({v.mb_per_s:.1f} MB/s, median of {v.rounds})"
+    ceiling = "; ".join(f"{k}: {v.rows_per_s:,.0f} rows/s ({v.mb_per_s:.1f} MB/s, median of {int(v.rounds)})"
                         for k, v in ceil.iterrows())
     return ("Two Ray nodes on this machine (1 CPU each): DQN on CartPole-v1 with 1 actor and 1 learner, the actor on "
             "the driver's node (one node) or on the other node sending chunks through the inserter (two nodes), "
