@@ -120,19 +120,31 @@ def local_cluster() -> Iterator[str]:
 
 
 def _stop_cluster(port: int) -> None:
+    """SIGKILL every process whose command line names the head's port, and their descendants (the nodes' agents
+    are renamed ``ray::...`` and outlive their raylet otherwise)."""
     own = re.compile(rf"(:|port=){port}(?!\d)")
+    procs = {}
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == os.getpid():
             continue
         try:
             cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if own.search(cmd) or "raylet" in cmd and str(port) in cmd:
-            try:
-                os.kill(int(d), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        procs[int(d)] = (ppid, cmd)
+    doomed = {pid for pid, (_, cmd) in procs.items() if own.search(cmd)}
+    todo = list(doomed)
+    while todo:
+        parent = todo.pop()
+        kids = [pid for pid, (ppid, _) in procs.items() if ppid == parent and pid not in doomed]
+        doomed.update(kids)
+        todo += kids
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _drive(address: str, mode: str, out_dir: str, actors: int, steps: int, seconds: float = 0.0) -> dict:
