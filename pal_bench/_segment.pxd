@@ -89,6 +89,7 @@ cdef class SegmentHandle:
 
     cdef object _create_segment(self, str name, int64_t total)
     cdef _map(self, mm)
+    cdef int64_t _open_named(self, str name, str what) except -1
     cdef int _join_lock(self) except -1
     cdef bint _owns_segment(self) noexcept
     cdef void _release(self)

@@ -281,20 +281,9 @@ cdef class RowStore(SegmentHandle):
     cdef _open_shared(self, name, seed, bint want_prioritized):
         """(``attach``) Map the shared segment ``name``, check its header and guarded words, bind this handle;
         nothing in the segment is trusted (ValueError naming the first header word that is wrong)."""
-        path = segment_path(name).encode()
+        segment_path(name)                  # validates it before anything else
         seed = self._check_seed(seed)
-        cdef int fd = shm_open(path, O_RDWR, 0)
-        if fd < 0:
-            raise FileNotFoundError(f"no shared buffer named {name!r} ({SHM_DIR}/{name})")
-        try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_BYTES:
-                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench buffer (too small)")
-            mm = mmap.mmap(fd, size)
-        finally:
-            c_close(fd)
-        self._map(mm)
-        self._name = name
+        size = self._open_named(name, "buffer")
         try:
             self._check_layout(size, want_prioritized)
             self._bind(seed, 0)

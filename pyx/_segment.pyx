@@ -346,6 +346,25 @@ cdef class SegmentHandle:
         self._pid = getpid()
         self._gen = _fork_generation
 
+    cdef int64_t _open_named(self, str name, str what) except -1:
+        """(attach) Map the existing named segment ``name`` (a ``what``: "buffer", "control block") into this handle;
+        returns its size in bytes. FileNotFoundError when there is none, ValueError when it cannot hold a header;
+        the caller checks every header word it uses."""
+        path = segment_path(name).encode()
+        cdef int fd = shm_open(path, O_RDWR, 0)
+        if fd < 0:
+            raise FileNotFoundError(f"no shared {what} named {name!r} ({SHM_DIR}/{name})")
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench {what} (too small)")
+            mm = mmap.mmap(fd, size)
+        finally:
+            c_close(fd)
+        self._map(mm)
+        self._name = name
+        return size
+
     cdef int _join_lock(self) except -1:
         """(attach) Take the lock, waiting at most ``ATTACH_LOCK_TIMEOUT_S`` (TimeoutError), repairing first if its
         holder died (``_repair`` only writes slots inside the table and drops impossible reservations)."""
@@ -581,20 +600,8 @@ cdef class SharedControl(SegmentHandle):
     def attach(cls, str name) -> SharedControl:
         """A handle on the control block ``name`` another process created; every header word it uses is checked
         against the segment's size (ValueError otherwise). ``close`` detaches it."""
-        path = segment_path(name).encode()
-        cdef int fd = shm_open(path, O_RDWR, 0)
-        if fd < 0:
-            raise FileNotFoundError(f"no shared control block named {name!r} ({SHM_DIR}/{name})")
-        try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_BYTES:
-                raise ValueError(f"{SHM_DIR}/{name} is not a PAL-Bench control block (too small)")
-            mm = mmap.mmap(fd, size)
-        finally:
-            c_close(fd)
         cdef SharedControl c = cls.__new__(cls)
-        c._map(mm)
-        c._name = name
+        size = c._open_named(name, "control block")
         cdef Header* h = c._h
         try:
             if h.magic != SEGMENT_MAGIC or h.version != SEGMENT_VERSION or h.kind != KIND_CONTROL:
