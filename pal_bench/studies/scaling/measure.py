@@ -76,7 +76,7 @@ def label(cfg) -> str:
     "node"``: the process backend's pieces, its actor processes started by Ray)."""
     if cfg.backend == "processes" and cfg.learner_processes:
         return "learner-processes"
-    if cfg.backend == "ray" and cfg.ray_placement == "node":
+    if cfg.backend == "ray" and cfg.placement == "node":
         return "ray-node"
     return cfg.backend
 
