@@ -541,7 +541,8 @@ def test_two_ray_nodes_remote_actors_insert_through_the_inserter(tmp_path):
     actor_nodes = {p["node_id"] for w, p in s["placement"].items() if w.startswith("actor")}
     assert actor_nodes and s["driver_node"] not in actor_nodes
     assert s["inserter"]["rows"] >= 3_000 - 2 * 3      # every actor's rows but its last n-step windows
-    assert s["updates"] >= 0.95 * (3_000 - 500) * 0.25
+    # the rate rule held across the nodes: the updates the inserted steps allow, no more
+    assert 0.95 * (3_000 - 500) * 0.25 <= s["updates"] <= (3_000 - 500) * 0.25 + 1
     assert not s["connected_after_run"] and s["alive_after"] == 2
 
 
