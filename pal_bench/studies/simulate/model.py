@@ -1,0 +1,312 @@
+"""A discrete-event model of the trainer (SimPy): actors, learners, the parameter server or direct apply, the
+shared buffer's lock, the rate rule, weight publication and the machine's cores, memory bandwidth and (threads)
+the GIL, for each backend.
+
+Every worker is a SimPy process that alternates phases; a phase costs its measured service time (``Inputs``, µs)
+on one of ``cores`` (a FIFO ``Resource``: a phase holds a core for at most ``quantum_us`` at a time, so
+oversubscribed workers take turns as the OS time-slices them). What a backend changes is which resources a phase
+also holds:
+
+- **threads**: every worker is a thread of one process. A phase's GIL share (``Inputs.gil``) runs holding the GIL
+  (a ``Resource`` of one), in ``gil_segments`` pieces with the GIL released between them (torch releases it around
+  each operator); a GIL that changes hands costs ``gil_handoff_us`` (the waiting thread's wake-up);
+- **processes** (and Ray's one-node placement): actors are processes (no GIL among them); learners and the
+  parameter server are threads of the driver and share its GIL, as on the thread backend;
+- **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
+  every insert (per chunk), sample and gradient is a remote call costing ``ray_call_us`` of the caller's and the
+  callee's time, and the buffer actor serves one call at a time.
+
+The buffer's mutex is a ``Resource`` of one held for the measured lock hold of each insert, sample and priority
+update. Weight copies (a learner publishing, an actor pulling a newer version) move ``weight_bytes`` at the
+memory bandwidth left to them: ``mem_bw_core`` per copy while the copies in flight fit under ``mem_bw_total``.
+The rate rule is ``train.rate_policy.RatePolicy`` itself.
+
+``simulate(inputs, Workload(...))`` returns env steps/s and updates/s in simulated time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import simpy
+
+from pal_bench.train.rate_policy import RatePolicy
+
+BACKENDS = ("threads", "processes", "ray-node", "ray")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What one worker's work costs on this machine (µs), measured (``inputs.measure``), and the named
+    assumptions beyond the measurements (defaults documented in docs/simulation.md)."""
+
+    # actor, per env step
+    act_us: float                    # policy forward (inference)
+    env_us: float                    # the environment's step
+    insert_us: float                 # local buffer and its share of one add_batch (per row)
+    insert_lock_us: float            # of which the buffer's lock is held (per row)
+    # learner, per update
+    sample_us: float                 # buffer.sample of one batch
+    sample_lock_us: float            # of which under the lock
+    grad_us: float                   # losses, backward
+    prio_us: float                   # update_priorities of one batch
+    prio_lock_us: float              # of which under the lock
+    apply_us: float                  # one optimizer step (the parameter server's or the sole learner's)
+    # weights
+    weight_bytes: int                # online + target networks, float32
+    mem_bw_core: float               # bytes/s one core copies (STREAM-like copy, one core)
+    mem_bw_total: float              # bytes/s all cores together (the same copy on every core)
+    # transports
+    ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
+    # the GIL (threads; learners and the parameter server on the process backend)
+    gil: dict = field(default_factory=lambda: {"act": 0.6, "env": 1.0, "insert": 1.0, "sample": 0.5,
+                                               "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2})
+    gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12})
+    gil_handoff_us: float = 5.0      # a GIL changing hands: the waiting thread's wake-up (µs)
+    background_cores: float = 0.0    # cores other processes keep busy (Ray's raylet and GCS, the driver)
+
+    def scaled(self, **factors: float) -> Inputs:
+        """A copy with some inputs multiplied (sensitivity analysis): ``scaled(env_us=1.1)``."""
+        return replace(self, **{k: getattr(self, k) * v for k, v in factors.items()})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is simulated: ``mode`` "f_a" (actors only, no learning), "f_l" (learners only on a filled buffer) or
+    "end_to_end" (both, under the rate rule)."""
+
+    backend: str
+    cores: int
+    actors: int = 1
+    learners: int = 1
+    mode: str = "end_to_end"
+    aggregation: str = "sync"        # "sync": one parameter-server round per update of every learner; "async":
+    #                                  the parameter server applies each learner's gradient as it comes
+    updates_per_step: float = 0.25
+    learning_starts: int = 1_000
+    steps: int = 6_000               # env steps (f_a, end_to_end)
+    updates: int = 600               # updates (f_l)
+    chunk: int = 1                   # rows per add_batch (processes: the local buffer; ray: ray_chunk)
+    slack: int = 64                  # rate rule: steps actors may run ahead
+    quantum_us: float = 2_000.0      # longest a phase holds a core before yielding it (OS time slice)
+
+
+class _Machine:
+    def __init__(self, env: simpy.Environment, inp: Inputs, w: Workload):
+        self.env, self.inp, self.w = env, inp, w
+        free = max(0.05, w.cores - inp.background_cores)
+        self.cores = simpy.Resource(env, capacity=max(1, math.floor(free)))
+        self.core_speed = free / max(1, math.floor(free))     # a fractional core left: every core a bit slower
+        self.gil = simpy.Resource(env, capacity=1)
+        self.gil_owner = None
+        self.lock = simpy.Resource(env, capacity=1)
+        self.buffer_actor = simpy.Resource(env, capacity=1)
+        self.ps = simpy.Resource(env, capacity=1)          # the parameter server applies one gradient at a time
+        self.copies = 0
+        self.busy = {"lock": 0.0, "gil": 0.0, "ps": 0.0, "buffer_actor": 0.0, "copy": 0.0}   # µs held
+
+    def cpu(self, us: float):
+        """``us`` of one core's time, in slices of at most the quantum."""
+        left = us / self.core_speed
+        while left > 1e-9:
+            piece = min(left, self.w.quantum_us)
+            with self.cores.request() as req:
+                yield req
+                yield self.env.timeout(piece)
+            left -= piece
+
+    def work(self, who, us: float, phase: str, in_gil_process: bool):
+        """A phase of ``us``: its GIL share holding the GIL (in ``gil_segments`` pieces) where the worker shares a
+        process's GIL, the rest on a core alone."""
+        g = self.inp.gil.get(phase, 1.0) if in_gil_process else 0.0
+        if g <= 0:
+            yield from self.cpu(us)
+            return
+        n = max(1, self.inp.gil_segments.get(phase, 1))
+        held, free = g * us / n, (1 - g) * us / n
+        for _ in range(n):
+            with self.gil.request() as req:
+                yield req
+                t0 = self.env.now
+                if self.gil_owner != who:
+                    if self.gil_owner is not None:
+                        yield self.env.timeout(self.inp.gil_handoff_us)
+                    self.gil_owner = who
+                yield from self.cpu(held)
+                self.busy["gil"] += self.env.now - t0
+            if free > 0:
+                yield from self.cpu(free)
+
+    def locked(self, us: float):
+        with self.lock.request() as req:
+            yield req
+            t0 = self.env.now
+            yield from self.cpu(us)
+            self.busy["lock"] += self.env.now - t0
+
+    def copy(self, nbytes: int):
+        """Copy ``nbytes`` (weights) at the bandwidth left: one core's, or an equal share of the machine's."""
+        self.copies += 1
+        try:
+            bw = min(self.inp.mem_bw_core, self.inp.mem_bw_total / self.copies)
+            yield from self.cpu(nbytes / bw * 1e6)
+        finally:
+            self.copies -= 1
+            self.busy["copy"] += nbytes / self.inp.mem_bw_total * 1e6    # µs of the whole machine's bandwidth
+
+
+class _Run:
+    """The shared state of one simulated run: counters of the rate rule, the weights' version."""
+
+    def __init__(self, w: Workload):
+        self.policy = RatePolicy(w.updates_per_step, w.learning_starts if w.mode == "end_to_end" else 0,
+                                 w.steps, w.slack)
+        self.reserved = self.inserted = self.started = self.done = 0
+        self.version = 0
+        self.changed = None          # event: counters moved (waiters re-check)
+        self.end_steps_t = self.end_updates_t = None
+        self.round_grads = 0
+        self.round_event = None
+
+
+def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
+    """Run the model of ``w`` on ``inp``: ``env_steps_per_s``, ``updates_per_s`` (per simulated second of the
+    run's length), the buffer lock's and the GIL's busy fraction."""
+    if w.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {w.backend!r}")
+    if w.mode not in ("f_a", "f_l", "end_to_end"):
+        raise ValueError(f"mode must be f_a, f_l or end_to_end, got {w.mode!r}")
+    env = simpy.Environment()
+    m, run = _Machine(env, inp, w), _Run(w)
+    run.changed = env.event()
+
+    def poke():
+        ev, run.changed = run.changed, env.event()
+        ev.succeed()
+
+    threads = w.backend == "threads"
+    learner_gil = w.backend in ("threads", "processes", "ray-node")   # learners: the driver's threads
+    ray = w.backend == "ray"
+
+    def actor(i):
+        version = 0
+        rows = 0
+        while True:
+            if w.mode == "end_to_end":
+                while not run.policy.budget_spent(run.reserved) and not run.policy.actor_may_step(
+                        run.reserved, run.started):
+                    yield run.changed
+            if run.policy.budget_spent(run.reserved):
+                break
+            run.reserved += 1
+            if run.version > version:                   # a newer version: copy it into the actor's networks
+                yield from m.copy(inp.weight_bytes)
+                version = run.version
+            yield from m.work(("a", i), inp.act_us, "act", threads)
+            yield from m.work(("a", i), inp.env_us, "env", threads)
+            yield from m.work(("a", i), inp.insert_us, "insert", threads)
+            rows += 1
+            last = run.reserved >= w.steps
+            if rows >= w.chunk or last:
+                if ray:                                 # one remote add_batch per chunk, served one at a time
+                    yield from m.cpu(inp.ray_call_us)
+                    with m.buffer_actor.request() as req:
+                        yield req
+                        t0 = env.now
+                        yield from m.locked(inp.insert_lock_us * rows)
+                        m.busy["buffer_actor"] += env.now - t0
+                else:
+                    yield from m.locked(inp.insert_lock_us * rows)
+                run.inserted += rows
+                rows = 0
+                poke()
+        if run.inserted >= w.steps and run.end_steps_t is None:
+            run.end_steps_t = env.now
+
+    def learner(j):
+        while True:
+            if run.started >= target_updates:
+                break
+            if w.mode == "end_to_end":
+                while run.started < target_updates and not run.policy.learner_may_start(run.inserted, run.started):
+                    yield run.changed
+                if run.started >= target_updates:
+                    break
+            run.started += 1
+            poke()
+            if ray:
+                yield from m.cpu(inp.ray_call_us)
+                with m.buffer_actor.request() as req:
+                    yield req
+                    t0 = env.now
+                    yield from m.locked(inp.sample_lock_us)
+                    yield from m.cpu(inp.sample_us - inp.sample_lock_us)
+                    m.busy["buffer_actor"] += env.now - t0
+            else:
+                yield from m.locked(inp.sample_lock_us)
+                yield from m.work(("l", j), inp.sample_us - inp.sample_lock_us, "sample", learner_gil)
+            yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
+            yield from m.locked(inp.prio_lock_us)
+            yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
+            if ray:
+                yield from m.cpu(inp.ray_call_us)        # the gradient to the parameter server
+            if w.learners == 1:                          # the sole learner applies its own gradient
+                yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
+                yield from publish(("l", j))
+            elif w.aggregation == "async":               # the parameter server applies each gradient alone
+                with m.ps.request() as req:
+                    yield req
+                    t0 = env.now
+                    yield from m.work("ps", inp.apply_us, "apply", learner_gil)
+                    yield from publish("ps")
+                    m.busy["ps"] += env.now - t0
+            else:                                        # sync: the round waits for every learner
+                run.round_grads += 1
+                if run.round_grads < w.learners:
+                    ev = run.round_event = run.round_event or env.event()
+                    yield ev
+                else:
+                    run.round_grads = 0
+                    ev, run.round_event = run.round_event, None
+                    t0 = env.now
+                    yield from m.work("ps", inp.apply_us, "apply", learner_gil)
+                    yield from publish("ps")
+                    m.busy["ps"] += env.now - t0
+                    if ev is not None:
+                        ev.succeed()
+            run.done += 1
+            poke()
+        if run.done >= target_updates and run.end_updates_t is None:
+            run.end_updates_t = env.now
+
+    def publish(who):
+        yield from m.copy(inp.weight_bytes)
+        run.version += 1
+
+    if w.mode == "f_l":
+        target_updates = w.updates
+    elif w.mode == "f_a":
+        target_updates = 0
+    else:
+        target_updates = run.policy.max_updates
+    if w.mode == "f_l":
+        run.inserted = run.reserved = w.steps
+    procs = []
+    if w.mode in ("f_a", "end_to_end"):
+        procs += [env.process(actor(i)) for i in range(w.actors)]
+    if w.mode in ("f_l", "end_to_end") and target_updates > 0:
+        procs += [env.process(learner(j)) for j in range(w.learners)]
+    env.run(until=simpy.AllOf(env, procs))
+    seconds = env.now / 1e6
+    steps = w.steps if w.mode != "f_l" else 0
+    return {"env_steps_per_s": steps / seconds if steps else 0.0,
+            "updates_per_s": run.done / seconds if run.done else 0.0,
+            "seconds": seconds, "updates": run.done, "env_steps": steps,
+            "busy": {k: v / env.now for k, v in m.busy.items()}}   # share of the run each shared resource was held
+
+
+def throughput(inp: Inputs, w: Workload) -> float:
+    """The number a curve plots: f_a in env steps/s, f_l in updates/s, end to end env steps/s."""
+    r = simulate(inp, w)
+    return r["updates_per_s"] if w.mode == "f_l" else r["env_steps_per_s"]
