@@ -11,11 +11,12 @@ from pal_bench.studies.simulate.predict import best_split, parse_cores
 
 BASE = dict(act_us=60.0, env_us=40.0, insert_us=20.0, insert_lock_us=2.0, sample_us=150.0, sample_lock_us=60.0,
             grad_us=600.0, prio_us=60.0, prio_lock_us=30.0, apply_us=150.0, weight_bytes=2 * 4 * 5_000,
-            mem_bw_core=5e9, mem_bw_total=8e9)
+            publish_us=20.0, pull_us=30.0, mem_bw_total=8e9)
 INP = Inputs(**BASE)
 
 # one measured round, as inputs.measure writes it (made up)
-ROUND = {"cores": 2, "weight_bytes": 40_000, "mem_bw_core": 5e9, "mem_bw_total": 8e9, "gil_handoff_us": 5.0,
+ROUND = {"cores": 2, "weight_bytes": 40_000, "publish_us": 20.0, "pull_us": 30.0, "mem_bw_core": 5e9,
+         "mem_bw_total": 8e9, "gil_handoff_us": 5.0,
          "ray_call_us": 300.0, "insert_lock_us": 2.0, "sample_lock_us": 60.0, "prio_lock_us": 30.0,
          "sample_us": 150.0, "grad_us": 600.0, "prio_us": 60.0, "apply_us": 150.0,
          "threads.act_us": 60.0, "threads.env_us": 40.0, "threads.insert_us": 20.0,

@@ -4,7 +4,8 @@ one-worker points (``fit``). Everything else (two workers, every split, other co
 
 The inputs file (``results/simulation_inputs.csv``, one row per measurement round) holds flat columns:
 ``threads.act_us`` / ``processes.act_us`` ... (actor phases per backend), ``sample_us`` ... (learner phases),
-``insert_lock_us`` ..., ``mem_bw_core``, ``mem_bw_total``, ``gil.act`` ..., ``gil_handoff_us``, ``ray_call_us``.
+``insert_lock_us`` ..., ``publish_us``, ``pull_us``, ``mem_bw_core``, ``mem_bw_total``, ``gil.act`` ...,
+``gil_handoff_us``, ``ray_call_us``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         insert_us=max(row[f"{actor}.insert_us"], lock["insert_lock_us"]),
         sample_us=max(row["sample_us"], lock["sample_lock_us"]), grad_us=row["grad_us"],
         prio_us=max(row["prio_us"], lock["prio_lock_us"]), apply_us=row["apply_us"],
-        weight_bytes=int(row["weight_bytes"]), mem_bw_core=row["mem_bw_core"], mem_bw_total=row["mem_bw_total"],
+        weight_bytes=int(row["weight_bytes"]), publish_us=row["publish_us"], pull_us=row["pull_us"],
+        mem_bw_total=row["mem_bw_total"],
         ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
         gil_handoff_us=row["gil_handoff_us"], background_cores=BACKGROUND_CORES[backend], **lock)
 

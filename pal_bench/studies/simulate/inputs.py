@@ -6,8 +6,9 @@
   apply, per update);
 - **the buffer's lock**: how long an insert (per row), a sample and a priority update hold it (the buffer's own
   ``lock_stats``, hold time sampled in the Cython core);
-- **weights**: their size, and the memory bandwidth a copy gets: one core alone, and every core copying at once
-  (a STREAM-like copy of 64 MB arrays, one process per core);
+- **weights**: one version published into a ``SharedWeights`` block and read out of it into an actor's networks,
+  its size, and the memory bandwidth: one core alone, and every core copying at once (a STREAM-like copy of 64 MB
+  arrays, one process per core);
 - **the GIL**: the share of each phase a thread holds it (the phase run in a loop on one thread while another
   thread counts in pure Python: what the counter loses is what the phase held), and a GIL handoff's cost (two
   threads handing it over as fast as they can, against one);
@@ -64,12 +65,10 @@ def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
         with Trainer(c) as tr:
             got = tr.run_learners(transitions(tr, filled), updates)
             p = tr.summary()["phase_seconds"]["learner0"]
-            weight_bytes = 2 * 4 * sum(t.numel() for t in tr.ps.params.values())
     n = got["updates"]
     return {"sample_us": _per(p, n, "sample"), "grad_us": _per(p, n, "forward_backward"),
             "prio_us": _per(p, n, "priority_update"),
-            "apply_us": _per(p, n, "apply", "aggregation_wait", "weights_pull"),
-            "weight_bytes": weight_bytes, "f_l_1": n / got["wall_s"]}
+            "apply_us": _per(p, n, "apply", "aggregation_wait"), "f_l_1": n / got["wall_s"]}
 
 
 def lock_holds(cfg, batch: int, n: int = 2_000) -> dict:
@@ -94,6 +93,34 @@ def lock_holds(cfg, batch: int, n: int = 2_000) -> dict:
     prio = rng.random(batch) + 0.1
     update = hold(lambda: buf.update_priorities(got["indices"], prio), n)
     return {"insert_lock_us": insert, "sample_lock_us": sample, "prio_lock_us": update}
+
+
+def weight_copies(cfg, n: int = 300) -> dict:
+    """µs to publish one version of the run's networks (online and target) into a ``SharedWeights`` block, and to
+    read one into an actor's networks; the bytes of one version."""
+    import torch
+
+    from pal_bench.train.core import RunCore
+    from pal_bench.train.shared_weights import SharedWeights, spec_of
+
+    core = RunCore(cfg)
+    state = {f"{part}.{k}": v.detach().clone() for part in ("online", "target")
+             for k, v in core.networks().state_dict().items()}
+    block = SharedWeights.create(spec_of(state))
+    try:
+        into = {k: torch.empty_like(v) for k, v in state.items()}
+        t0 = time.perf_counter()
+        for _ in range(n):
+            block.publish(state)
+        publish = (time.perf_counter() - t0) / n * 1e6
+        t0 = time.perf_counter()
+        for _ in range(n):
+            block.read(into)
+        pull = (time.perf_counter() - t0) / n * 1e6
+    finally:
+        block.close()
+    return {"publish_us": publish, "pull_us": pull, "weight_bytes": sum(v.numel() * v.element_size()
+                                                                         for v in state.values())}
 
 
 def _copy_rate(seconds: float, out=None) -> float:
@@ -258,6 +285,7 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
         row |= learner_phases(cfg, updates)
         progress(f"[inputs {r + 1}/{rounds}] lock holds, memory bandwidth, GIL, Ray call ...")
         row |= lock_holds(cfg, cfg.batch_size)
+        row |= weight_copies(cfg)
         row |= memory_bandwidth(cores)
         row |= {f"gil.{k}": v for k, v in gil_shares(cfg).items()}
         row["gil_handoff_us"] = gil_handoff_us()

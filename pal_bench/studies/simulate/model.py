@@ -17,8 +17,8 @@ also holds:
   callee's time, and the buffer actor serves one call at a time.
 
 The buffer's mutex is a ``Resource`` of one held for the measured lock hold of each insert, sample and priority
-update. Weight copies (a learner publishing, an actor pulling a newer version) move ``weight_bytes`` at the
-memory bandwidth left to them: ``mem_bw_core`` per copy while the copies in flight fit under ``mem_bw_total``.
+update. Weight copies (a learner publishing, an actor pulling a newer version) cost their measured time, stretched
+when the copies in flight together ask more bandwidth than ``mem_bw_total``.
 The rate rule is ``train.rate_policy.RatePolicy`` itself.
 
 ``simulate(inputs, Workload(...))`` returns env steps/s and updates/s in simulated time.
@@ -55,8 +55,9 @@ class Inputs:
     apply_us: float                  # one optimizer step (the parameter server's or the sole learner's)
     # weights
     weight_bytes: int                # online + target networks, float32
-    mem_bw_core: float               # bytes/s one core copies (STREAM-like copy, one core)
-    mem_bw_total: float              # bytes/s all cores together (the same copy on every core)
+    publish_us: float                # one version into the shared block (SharedWeights.publish)
+    pull_us: float                   # one version out of it into an actor's networks (SharedWeights.read)
+    mem_bw_total: float              # bytes/s all cores together (a STREAM-like copy on every core at once)
     # transports
     ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
     # the GIL (threads; learners and the parameter server on the process backend)
@@ -145,12 +146,13 @@ class _Machine:
             yield from self.cpu(us)
             self.busy["lock"] += self.env.now - t0
 
-    def copy(self, nbytes: int):
-        """Copy ``nbytes`` (weights) at the bandwidth left: one core's, or an equal share of the machine's."""
+    def copy(self, who, us: float, nbytes: int, in_gil_process: bool):
+        """A weights copy measured at ``us`` alone, moving ``nbytes``: stretched when the copies in flight together
+        ask more than the machine's bandwidth (and, in a process of threads, under the GIL's ``copy`` share)."""
         self.copies += 1
         try:
-            bw = min(self.inp.mem_bw_core, self.inp.mem_bw_total / self.copies)
-            yield from self.cpu(nbytes / bw * 1e6)
+            demand = self.copies * nbytes / (us * 1e-6)
+            yield from self.work(who, us * max(1.0, demand / self.inp.mem_bw_total), "copy", in_gil_process)
         finally:
             self.copies -= 1
             self.busy["copy"] += nbytes / self.inp.mem_bw_total * 1e6    # µs of the whole machine's bandwidth
@@ -201,7 +203,9 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 break
             run.reserved += 1
             if run.version > version:                   # a newer version: copy it into the actor's networks
-                yield from m.copy(inp.weight_bytes)
+                if ray:                                 # from the object store: a remote fetch first
+                    yield from m.cpu(inp.ray_call_us)
+                yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads)
                 version = run.version
             yield from m.work(("a", i), inp.act_us, "act", threads)
             yield from m.work(("a", i), inp.env_us, "env", threads)
@@ -281,7 +285,7 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             run.end_updates_t = env.now
 
     def publish(who):
-        yield from m.copy(inp.weight_bytes)
+        yield from m.copy(who, inp.publish_us, inp.weight_bytes, learner_gil)
         run.version += 1
 
     if w.mode == "f_l":

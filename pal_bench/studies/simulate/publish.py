@@ -19,6 +19,7 @@ INPUT_UNITS = {
     "prio_us": "priority update one batch (µs)", "apply_us": "optimizer step and weights (µs)",
     "insert_lock_us": "lock held per inserted row (µs)", "sample_lock_us": "lock held per sample (µs)",
     "prio_lock_us": "lock held per priority update (µs)", "weight_bytes": "online + target weights (bytes)",
+    "publish_us": "publish one weights version (µs)", "pull_us": "read one weights version into an actor (µs)",
     "mem_bw_core": "copy bandwidth, one core (GB/s)", "mem_bw_total": "copy bandwidth, every core (GB/s)",
     "gil.act": "GIL share of inference", "gil.env": "GIL share of the env step", "gil.sample": "GIL share of sample",
     "gil.grad": "GIL share of forward/backward", "gil.apply": "GIL share of the optimizer step",
