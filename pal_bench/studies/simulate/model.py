@@ -1,27 +1,31 @@
-"""A discrete-event model of the trainer (SimPy): actors, learners, the parameter server or direct apply, the
-shared buffer's lock, the rate rule, weight publication and the machine's cores, memory bandwidth and (threads)
-the GIL, for each backend.
+"""A discrete-event model of the trainer (SimPy): actors, learners, the parameter server, direct apply or
+all-reduce, the shared buffer's lock, the rate rule, weight publication and the machine's cores, memory bandwidth
+and (threads) the GIL, for each backend; remote actors on other nodes feeding an inserter.
 
 Every worker is a SimPy process that alternates phases; a phase costs its measured service time (``Inputs``, µs)
-on one of ``cores`` (a FIFO ``Resource``: a phase holds a core for at most ``quantum_us`` at a time, so
+on one of its node's ``cores`` (a FIFO ``Resource``: a phase holds a core for at most ``quantum_us`` at a time, so
 oversubscribed workers take turns as the OS time-slices them). What a backend changes is which resources a phase
 also holds:
 
 - **threads**: every worker is a thread of one process. A phase's GIL share (``Inputs.gil``) runs holding the GIL
   (a ``Resource`` of one), in ``gil_segments`` pieces with the GIL released between them (torch releases it around
   each operator); a GIL that changes hands costs ``gil_handoff_us`` (the waiting thread's wake-up);
-- **processes** (and Ray's one-node placement): actors are processes (no GIL among them); learners and the
-  parameter server are threads of the driver and share its GIL, as on the thread backend;
+- **processes** (and Ray's one-node placement, "ray-node"): actors are processes (no GIL among them); learners
+  and the parameter server are threads of the driver and share its GIL, as on the thread backend;
 - **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
-  every insert (per chunk), sample and gradient is a remote call costing ``ray_call_us`` of the caller's and the
-  callee's time, and the buffer actor serves one call at a time.
+  every insert (per chunk), sample and gradient is a remote call costing ``ray_call_us``, and the buffer actor
+  serves one call at a time.
 
-The buffer's mutex is a ``Resource`` of one held for the measured lock hold of each insert, sample and priority
-update. Weight copies (a learner publishing, an actor pulling a newer version) cost their measured time, stretched
-when the copies in flight together ask more bandwidth than ``mem_bw_total``.
-The rate rule is ``train.rate_policy.RatePolicy`` itself.
+The buffer's mutex is a ``Resource`` of one (``lock_shards`` of them for a sharded buffer) held for the measured
+lock hold of each insert, sample and priority update (samples without it with ``seqlock_sampling``). Weight copies
+(a learner publishing, an actor pulling a newer version) cost their measured time, stretched when the copies in
+flight together ask more bandwidth than ``mem_bw_total``. The rate rule is ``train.rate_policy.RatePolicy`` itself.
+With ``nodes`` > 0 the actors run on that many other nodes (each with ``cores``) and send chunks of ``chunk`` rows
+to one inserter on the learners' node (a round trip of ``inserter_call_us`` plus ``inserter_row_us`` a row, one
+chunk at a time: the inserter's measured ceiling).
 
-``simulate(inputs, Workload(...))`` returns env steps/s and updates/s in simulated time.
+``simulate(inputs, Workload(...))`` returns env steps/s and updates/s in simulated time, and the share of the run
+each shared resource was held.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import simpy
 from pal_bench.train.rate_policy import RatePolicy
 
 BACKENDS = ("threads", "processes", "ray-node", "ray")
+AGGREGATIONS = ("sync", "async", "allreduce")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,11 @@ class Inputs:
     mem_bw_total: float              # bytes/s all cores together (a STREAM-like copy on every core at once)
     # transports
     ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
+    ps_grad_us: float = 0.0          # the parameter server's cost per gradient it averages (sync, >1 learner)
+    allreduce_alpha_us: float = 0.0  # all-reduce: latency per ring step
+    allreduce_bw: float = 1e9        # all-reduce: bytes/s per link
+    inserter_call_us: float = 0.0    # a remote actor's chunk: round trip to the inserter beyond the rows' own time
+    inserter_row_us: float = 0.0     # the inserter's time per row (its ceiling, with chunks in flight)
     # the GIL (threads; learners and the parameter server on the process backend)
     gil: dict = field(default_factory=lambda: {"act": 0.6, "env": 1.0, "insert": 1.0, "sample": 0.5,
                                                "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2})
@@ -78,51 +88,79 @@ class Workload:
     "end_to_end" (both, under the rate rule)."""
 
     backend: str
-    cores: int
+    cores: int                       # per node
     actors: int = 1
     learners: int = 1
     mode: str = "end_to_end"
     aggregation: str = "sync"        # "sync": one parameter-server round per update of every learner; "async":
-    #                                  the parameter server applies each learner's gradient as it comes
+    #                                  the parameter server applies each learner's gradient as it comes;
+    #                                  "allreduce": learners average among themselves and each applies
     updates_per_step: float = 0.25
     learning_starts: int = 1_000
     steps: int = 6_000               # env steps (f_a, end_to_end)
     updates: int = 600               # updates (f_l)
     chunk: int = 1                   # rows per add_batch (processes: the local buffer; ray: ray_chunk)
     slack: int = 64                  # rate rule: steps actors may run ahead
+    lock_shards: int = 1             # the buffer split in this many shards, one lock each
+    seqlock_sampling: bool = False   # samples read without the lock (optimistic readers)
+    nodes: int = 0                   # 0: actors on the learners' node; n: on n other nodes, through the inserter
     quantum_us: float = 2_000.0      # longest a phase holds a core before yielding it (OS time slice)
 
 
-class _Machine:
-    def __init__(self, env: simpy.Environment, inp: Inputs, w: Workload):
-        self.env, self.inp, self.w = env, inp, w
-        free = max(0.05, w.cores - inp.background_cores)
+class _Node:
+    """One machine's cores (a fractional core left by background load makes every core a bit slower)."""
+
+    def __init__(self, env: simpy.Environment, cores: int, background: float, quantum_us: float):
+        free = max(0.05, cores - background)
+        self.env, self.quantum_us = env, quantum_us
         self.cores = simpy.Resource(env, capacity=max(1, math.floor(free)))
-        self.core_speed = free / max(1, math.floor(free))     # a fractional core left: every core a bit slower
-        self.gil = simpy.Resource(env, capacity=1)
-        self.gil_owner = None
-        self.lock = simpy.Resource(env, capacity=1)
-        self.buffer_actor = simpy.Resource(env, capacity=1)
-        self.ps = simpy.Resource(env, capacity=1)          # the parameter server applies one gradient at a time
-        self.copies = 0
-        self.busy = {"lock": 0.0, "gil": 0.0, "ps": 0.0, "buffer_actor": 0.0, "copy": 0.0}   # µs held
+        self.speed = free / max(1, math.floor(free))
 
     def cpu(self, us: float):
         """``us`` of one core's time, in slices of at most the quantum."""
-        left = us / self.core_speed
+        left = us / self.speed
         while left > 1e-9:
-            piece = min(left, self.w.quantum_us)
+            piece = min(left, self.quantum_us)
             with self.cores.request() as req:
                 yield req
                 yield self.env.timeout(piece)
             left -= piece
 
-    def work(self, who, us: float, phase: str, in_gil_process: bool):
+
+class _Machine:
+    """The learners' node with its shared resources: the GIL, the buffer's locks, the parameter server, the
+    buffer actor, the inserter and the memory bandwidth; and the remote actors' nodes."""
+
+    def __init__(self, env: simpy.Environment, inp: Inputs, w: Workload):
+        self.env, self.inp, self.w = env, inp, w
+        self.node = _Node(env, w.cores, inp.background_cores, w.quantum_us)
+        self.remote = [_Node(env, w.cores, inp.background_cores, w.quantum_us) for _ in range(w.nodes)]
+        self.gil = simpy.Resource(env, capacity=1)
+        self.gil_owner = None
+        self.locks = [simpy.Resource(env, capacity=1) for _ in range(max(1, w.lock_shards))]
+        self.buffer_actor = simpy.Resource(env, capacity=1)
+        self.ps = simpy.Resource(env, capacity=1)          # the parameter server applies one gradient at a time
+        self.inserter = simpy.Resource(env, capacity=1)
+        self.copies = 0
+        self.busy = {"lock": 0.0, "gil": 0.0, "ps": 0.0, "buffer_actor": 0.0, "inserter": 0.0, "copy": 0.0}
+
+    def cpu(self, us: float, node: _Node | None = None):
+        yield from (node or self.node).cpu(us)
+
+    def held(self, resource: simpy.Resource, name: str, body):
+        """Run ``body`` (a generator) holding ``resource``; its time counts as ``name``'s busy time."""
+        with resource.request() as req:
+            yield req
+            t0 = self.env.now
+            yield from body
+            self.busy[name] += self.env.now - t0
+
+    def work(self, who, us: float, phase: str, in_gil_process: bool, node: _Node | None = None):
         """A phase of ``us``: its GIL share holding the GIL (in ``gil_segments`` pieces) where the worker shares a
         process's GIL, the rest on a core alone."""
         g = self.inp.gil.get(phase, 1.0) if in_gil_process else 0.0
         if g <= 0:
-            yield from self.cpu(us)
+            yield from self.cpu(us, node)
             return
         n = max(1, self.inp.gil_segments.get(phase, 1))
         held, free = g * us / n, (1 - g) * us / n
@@ -139,61 +177,74 @@ class _Machine:
             if free > 0:
                 yield from self.cpu(free)
 
-    def locked(self, us: float):
-        with self.lock.request() as req:
-            yield req
-            t0 = self.env.now
-            yield from self.cpu(us)
-            self.busy["lock"] += self.env.now - t0
+    def locked(self, us: float, shard: int = 0):
+        yield from self.held(self.locks[shard % len(self.locks)], "lock", self.cpu(us))
 
-    def copy(self, who, us: float, nbytes: int, in_gil_process: bool):
+    def copy(self, who, us: float, nbytes: int, in_gil_process: bool, node: _Node | None = None):
         """A weights copy measured at ``us`` alone, moving ``nbytes``: stretched when the copies in flight together
         ask more than the machine's bandwidth (and, in a process of threads, under the GIL's ``copy`` share)."""
         self.copies += 1
         try:
             demand = self.copies * nbytes / (us * 1e-6)
-            yield from self.work(who, us * max(1.0, demand / self.inp.mem_bw_total), "copy", in_gil_process)
+            yield from self.work(who, us * max(1.0, demand / self.inp.mem_bw_total), "copy", in_gil_process, node)
         finally:
             self.copies -= 1
             self.busy["copy"] += nbytes / self.inp.mem_bw_total * 1e6    # µs of the whole machine's bandwidth
 
 
 class _Run:
-    """The shared state of one simulated run: counters of the rate rule, the weights' version."""
+    """The shared state of one simulated run: counters of the rate rule, the weights' version, the sync round."""
 
-    def __init__(self, w: Workload):
+    def __init__(self, env: simpy.Environment, w: Workload):
+        self.env = env
         self.policy = RatePolicy(w.updates_per_step, w.learning_starts if w.mode == "end_to_end" else 0,
                                  w.steps, w.slack)
         self.reserved = self.inserted = self.started = self.done = 0
         self.version = 0
-        self.changed = None          # event: counters moved (waiters re-check)
-        self.end_steps_t = self.end_updates_t = None
+        self.changed = env.event()   # fires when the counters move (waiters re-check)
         self.round_grads = 0
         self.round_event = None
+
+    def poke(self) -> None:
+        ev, self.changed = self.changed, self.env.event()
+        ev.succeed()
 
 
 def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     """Run the model of ``w`` on ``inp``: ``env_steps_per_s``, ``updates_per_s`` (per simulated second of the
-    run's length), the buffer lock's and the GIL's busy fraction."""
+    run's length) and ``busy``, the share of the run each shared resource was held."""
     if w.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {w.backend!r}")
     if w.mode not in ("f_a", "f_l", "end_to_end"):
         raise ValueError(f"mode must be f_a, f_l or end_to_end, got {w.mode!r}")
+    if w.aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {w.aggregation!r}")
     env = simpy.Environment()
-    m, run = _Machine(env, inp, w), _Run(w)
-    run.changed = env.event()
-
-    def poke():
-        ev, run.changed = run.changed, env.event()
-        ev.succeed()
-
+    m, run = _Machine(env, inp, w), _Run(env, w)
     threads = w.backend == "threads"
     learner_gil = w.backend in ("threads", "processes", "ray-node")   # learners: the driver's threads
     ray = w.backend == "ray"
+    import random
+
+    rng = random.Random(seed)
+
+    def insert_chunk(i: int, rows: int, node):
+        if node is not None:                            # a remote actor: the chunk crosses to the inserter
+            yield from m.cpu(inp.inserter_call_us, node)
+            yield from m.held(m.inserter, "inserter", _inserter_rows(rows, i))
+        elif ray:                                       # one remote add_batch per chunk, served one at a time
+            yield from m.cpu(inp.ray_call_us)
+            yield from m.held(m.buffer_actor, "buffer_actor", m.locked(inp.insert_lock_us * rows, i))
+        else:
+            yield from m.locked(inp.insert_lock_us * rows, i)
+
+    def _inserter_rows(rows: int, i: int):
+        yield from m.cpu(inp.inserter_row_us * rows)
+        yield from m.locked(inp.insert_lock_us * rows, i)
 
     def actor(i):
-        version = 0
-        rows = 0
+        node = m.remote[i % w.nodes] if w.nodes else None
+        version, rows = 0, 0
         while True:
             if w.mode == "end_to_end":
                 while not run.policy.budget_spent(run.reserved) and not run.policy.actor_may_step(
@@ -203,55 +254,50 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 break
             run.reserved += 1
             if run.version > version:                   # a newer version: copy it into the actor's networks
-                if ray:                                 # from the object store: a remote fetch first
-                    yield from m.cpu(inp.ray_call_us)
-                yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads)
+                if ray or node is not None:             # from the object store: a remote fetch first
+                    yield from m.cpu(inp.ray_call_us, node)
+                yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads, node)
                 version = run.version
-            yield from m.work(("a", i), inp.act_us, "act", threads)
-            yield from m.work(("a", i), inp.env_us, "env", threads)
-            yield from m.work(("a", i), inp.insert_us, "insert", threads)
+            yield from m.work(("a", i), inp.act_us, "act", threads, node)
+            yield from m.work(("a", i), inp.env_us, "env", threads, node)
+            yield from m.work(("a", i), inp.insert_us, "insert", threads, node)
             rows += 1
-            last = run.reserved >= w.steps
-            if rows >= w.chunk or last:
-                if ray:                                 # one remote add_batch per chunk, served one at a time
-                    yield from m.cpu(inp.ray_call_us)
-                    with m.buffer_actor.request() as req:
-                        yield req
-                        t0 = env.now
-                        yield from m.locked(inp.insert_lock_us * rows)
-                        m.busy["buffer_actor"] += env.now - t0
-                else:
-                    yield from m.locked(inp.insert_lock_us * rows)
+            if rows >= w.chunk or run.reserved >= w.steps:
+                yield from insert_chunk(i, rows, node)
                 run.inserted += rows
                 rows = 0
-                poke()
-        if run.inserted >= w.steps and run.end_steps_t is None:
-            run.end_steps_t = env.now
+                run.poke()
+
+    def sample(j):
+        shard = rng.randrange(len(m.locks))
+        if ray:
+            yield from m.cpu(inp.ray_call_us)
+            body = m.locked(inp.sample_lock_us, shard)
+            yield from m.held(m.buffer_actor, "buffer_actor", _then(body, m.cpu(inp.sample_us - inp.sample_lock_us)))
+            return shard
+        if w.seqlock_sampling:
+            yield from m.work(("l", j), inp.sample_lock_us, "sample", learner_gil)
+        else:
+            yield from m.locked(inp.sample_lock_us, shard)
+        yield from m.work(("l", j), inp.sample_us - inp.sample_lock_us, "sample", learner_gil)
+        return shard
+
+    def _then(a, b):
+        yield from a
+        yield from b
 
     def learner(j):
-        while True:
-            if run.started >= target_updates:
-                break
+        while run.started < target_updates:
             if w.mode == "end_to_end":
                 while run.started < target_updates and not run.policy.learner_may_start(run.inserted, run.started):
                     yield run.changed
                 if run.started >= target_updates:
                     break
             run.started += 1
-            poke()
-            if ray:
-                yield from m.cpu(inp.ray_call_us)
-                with m.buffer_actor.request() as req:
-                    yield req
-                    t0 = env.now
-                    yield from m.locked(inp.sample_lock_us)
-                    yield from m.cpu(inp.sample_us - inp.sample_lock_us)
-                    m.busy["buffer_actor"] += env.now - t0
-            else:
-                yield from m.locked(inp.sample_lock_us)
-                yield from m.work(("l", j), inp.sample_us - inp.sample_lock_us, "sample", learner_gil)
+            run.poke()
+            shard = yield from sample(j)
             yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
-            yield from m.locked(inp.prio_lock_us)
+            yield from m.locked(inp.prio_lock_us, shard)
             yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
             if ray:
                 yield from m.cpu(inp.ray_call_us)        # the gradient to the parameter server
@@ -259,41 +305,47 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
                 yield from publish(("l", j))
             elif w.aggregation == "async":               # the parameter server applies each gradient alone
-                with m.ps.request() as req:
-                    yield req
-                    t0 = env.now
-                    yield from m.work("ps", inp.apply_us, "apply", learner_gil)
-                    yield from publish("ps")
-                    m.busy["ps"] += env.now - t0
-            else:                                        # sync: the round waits for every learner
-                run.round_grads += 1
-                if run.round_grads < w.learners:
-                    ev = run.round_event = run.round_event or env.event()
-                    yield ev
-                else:
-                    run.round_grads = 0
-                    ev, run.round_event = run.round_event, None
-                    t0 = env.now
-                    yield from m.work("ps", inp.apply_us, "apply", learner_gil)
-                    yield from publish("ps")
-                    m.busy["ps"] += env.now - t0
-                    if ev is not None:
-                        ev.succeed()
+                yield from m.held(m.ps, "ps", _then(m.work("ps", inp.apply_us, "apply", learner_gil),
+                                                    publish("ps")))
+            else:                                        # sync / allreduce: the round waits for every learner
+                yield from aggregate(j)
             run.done += 1
-            poke()
-        if run.done >= target_updates and run.end_updates_t is None:
-            run.end_updates_t = env.now
+            run.poke()
+
+    def aggregate(j):
+        run.round_grads += 1
+        last = run.round_grads == w.learners
+        ev = run.round_event = run.round_event or env.event()
+        if w.aggregation == "allreduce":                 # a ring: 2 (L - 1) steps, each 1/L of the gradient
+            L = w.learners
+            if not last:
+                yield ev
+            else:
+                run.round_grads, run.round_event = 0, None
+                ev.succeed()
+            yield from m.cpu(2 * (L - 1) * (inp.allreduce_alpha_us + inp.weight_bytes / 2 / L
+                                             / inp.allreduce_bw * 1e6))
+            yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
+            if j == 0:
+                yield from publish(("l", j))
+            return
+        if not last:
+            yield ev
+            return
+        run.round_grads, run.round_event = 0, None
+
+        def server():
+            yield from m.work("ps", inp.ps_grad_us * w.learners + inp.apply_us, "apply", learner_gil)
+            yield from publish("ps")
+
+        yield from m.held(m.ps, "ps", server())
+        ev.succeed()
 
     def publish(who):
         yield from m.copy(who, inp.publish_us, inp.weight_bytes, learner_gil)
         run.version += 1
 
-    if w.mode == "f_l":
-        target_updates = w.updates
-    elif w.mode == "f_a":
-        target_updates = 0
-    else:
-        target_updates = run.policy.max_updates
+    target_updates = {"f_l": w.updates, "f_a": 0}.get(w.mode, run.policy.max_updates)
     if w.mode == "f_l":
         run.inserted = run.reserved = w.steps
     procs = []
@@ -307,7 +359,7 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     return {"env_steps_per_s": steps / seconds if steps else 0.0,
             "updates_per_s": run.done / seconds if run.done else 0.0,
             "seconds": seconds, "updates": run.done, "env_steps": steps,
-            "busy": {k: v / env.now for k, v in m.busy.items()}}   # share of the run each shared resource was held
+            "busy": {k: v / env.now / (len(m.locks) if k == "lock" else 1) for k, v in m.busy.items()}}
 
 
 def throughput(inp: Inputs, w: Workload) -> float:
