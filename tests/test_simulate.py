@@ -2,6 +2,8 @@
 throughput, the one-worker fit, the leave-one-out check on stored points, the split search, and the command on
 small inputs. Everything here runs the model on made-up inputs (no measurement)."""
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -160,3 +162,21 @@ def test_remote_actors_are_capped_by_the_inserter():
         "env_steps_per_s"] for n in (1, 8)]
     ceiling = 1e6 / (4.0 + BASE["insert_lock_us"])
     assert rates[0] < 0.5 * ceiling and 0.8 * ceiling < rates[1] <= ceiling     # (the run's start and end ramp)
+
+
+def test_design_at_scale_answers_each_question(tmp_path):
+    from pal_bench.studies.simulate.design import allreduce_inputs, design_at_scale, inserter_inputs
+
+    pd.DataFrame([{"scheme": "allreduce", "learners": 2, "params": p, "communicate_s": c}
+                  for p, c in ((10_000, 0.002), (1_010_000, 0.010))]).to_csv(tmp_path / "aggregation.csv")
+    a = allreduce_inputs(tmp_path)       # 2 alpha + 4 P / bw: 8 ms more for 4 MB more -> 0.5 GB/s, alpha 0.96 ms
+    assert a["allreduce_bw"] == pytest.approx(5e8) and a["allreduce_alpha_us"] == pytest.approx(960)
+    pd.DataFrame([{"placement": "ceiling, 1 in flight", "rows_per_s": 200_000.0},
+                  {"placement": "ceiling, 4 in flight", "rows_per_s": 400_000.0}]).to_csv(
+        tmp_path / "end_to_end_ray_two_nodes.csv")
+    i = inserter_inputs(tmp_path)        # 2.5 µs a row; 256 x (5 - 2.5) µs a chunk's round trip
+    assert i == {"inserter_row_us": pytest.approx(2.5), "inserter_call_us": pytest.approx(640)}
+    df = design_at_scale(replace(INP, insert_lock_call_us=3.0), tmp_path, progress=lambda m: None, length=0.2)
+    assert df.question.nunique() == 4 and (df.throughput > 0).all()
+    lock = df[df.question.str.contains("64 actors")].set_index("variant").throughput
+    assert lock.filter(like="batched").iloc[0] >= lock.filter(like="today").iloc[0]

@@ -41,6 +41,8 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         weight_bytes=int(row["weight_bytes"]), publish_us=row["publish_us"], pull_us=row["pull_us"],
         mem_bw_total=row["mem_bw_total"],
         ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
+        ps_grad_us=float(row.get("ps_grad_us", 0.0) or 0.0),
+        insert_lock_call_us=float(row.get("insert_lock_call_us", 0.0) or 0.0),
         gil_handoff_us=row["gil_handoff_us"], background_cores=BACKGROUND_CORES[backend], **lock)
 
 

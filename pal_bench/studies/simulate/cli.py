@@ -5,6 +5,7 @@ predict the trainer past the cores this machine has.
     pal-bench simulate --validate                       # results/simulation_validation.csv
     pal-bench simulate --backend processes --cores 1-64 # results/simulation_processes.csv + figure
     pal-bench simulate --sensitivity 64                 # results/simulation_sensitivity.csv
+    pal-bench simulate --design                         # results/simulation_design.csv
 
 The predictions use the stored inputs (measured first when there are none) and the one-worker points of the
 stored scaling CSVs (the model's one fit, ``calibrate.fit``).
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validate", action="store_true", help="predict every stored point, each left out of the fit")
     ap.add_argument("--sensitivity", type=positive_int, metavar="CORES",
                     help="which input moves the prediction at CORES most")
+    ap.add_argument("--design", action="store_true",
+                    help="the design at scale: the buffer's lock at 64 actors (batched inserts, shards, seqlock "
+                         "samplers), 16 learners (parameter server or all-reduce), Ray on 1-8 nodes")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-figure", action="store_true")
     from pal_bench.conditions import add_force_flag
@@ -94,6 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         print(v.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         print(f"\n{s['points']} points: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}"
               f"; {s['not_covered']} not covered")
+        return 0
+    if args.design:
+        from pal_bench.studies.simulate.design import design_at_scale
+        from pal_bench.studies.simulate.predict import fitted
+
+        inp = fitted(rounds, "processes", one_worker_points(args.out, "processes"), int(rounds.cores.iloc[0]))
+        df = design_at_scale(inp, args.out, progress=log)
+        _write_csv(df, args.out / "simulation_design.csv")
+        print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         return 0
     if args.sensitivity:
         from pal_bench.studies.simulate.predict import fitted, sensitivity

@@ -72,7 +72,8 @@ def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
 
 
 def lock_holds(cfg, batch: int, n: int = 2_000) -> dict:
-    """µs the buffer's lock is held per inserted row, per sample of ``batch`` and per priority update of it."""
+    """µs the buffer's lock is held per inserted row and per ``add_batch`` call beyond its rows (from one row
+    and 256 rows a call), per sample of ``batch`` and per priority update of it."""
     from pal_bench import PrioritizedReplayBuffer
 
     rng = np.random.default_rng(0)
@@ -85,14 +86,18 @@ def lock_holds(cfg, batch: int, n: int = 2_000) -> dict:
             fn()
         return (buf.lock_stats()["hold_s"] - h0) / calls * 1e6
 
+    one = {k: v[:1] for k, v in rows.items()}
     for _ in range(200):
         buf.add_batch(**rows)
-    insert = hold(lambda: buf.add_batch(**rows), n // 4) / 256
+    chunk = hold(lambda: buf.add_batch(**rows), n // 4)
+    single = hold(lambda: buf.add_batch(**one), n)
+    per_row = max(0.0, (chunk - single) / 255)
     got = buf.sample(batch)
     sample = hold(lambda: buf.sample(batch), n)
     prio = rng.random(batch) + 0.1
     update = hold(lambda: buf.update_priorities(got["indices"], prio), n)
-    return {"insert_lock_us": insert, "sample_lock_us": sample, "prio_lock_us": update}
+    return {"insert_lock_us": per_row, "insert_lock_call_us": max(0.0, single - per_row),
+            "sample_lock_us": sample, "prio_lock_us": update}
 
 
 def weight_copies(cfg, n: int = 300) -> dict:
@@ -121,6 +126,22 @@ def weight_copies(cfg, n: int = 300) -> dict:
         block.close()
     return {"publish_us": publish, "pull_us": pull, "weight_bytes": sum(v.numel() * v.element_size()
                                                                          for v in state.values())}
+
+
+def ps_grad_us(cfg, n: int = 500) -> float:
+    """µs the parameter server spends per gradient it averages: one gradient set of the run's network added into
+    an accumulator (what a sync round does once per learner)."""
+    import torch
+
+    from pal_bench.train.core import RunCore
+
+    params = [p.detach() for p in RunCore(cfg).networks().parameters()]
+    acc, grad = [torch.zeros_like(p) for p in params], [torch.ones_like(p) for p in params]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for a, g in zip(acc, grad):
+            a.add_(g)
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def _copy_rate(seconds: float, out=None) -> float:
@@ -286,6 +307,7 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
         progress(f"[inputs {r + 1}/{rounds}] lock holds, memory bandwidth, GIL, Ray call ...")
         row |= lock_holds(cfg, cfg.batch_size)
         row |= weight_copies(cfg)
+        row["ps_grad_us"] = ps_grad_us(cfg)
         row |= memory_bandwidth(cores)
         row |= {f"gil.{k}": v for k, v in gil_shares(cfg).items()}
         row["gil_handoff_us"] = gil_handoff_us()

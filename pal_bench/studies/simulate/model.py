@@ -63,6 +63,7 @@ class Inputs:
     publish_us: float                # one version into the shared block (SharedWeights.publish)
     pull_us: float                   # one version out of it into an actor's networks (SharedWeights.read)
     mem_bw_total: float              # bytes/s all cores together (a STREAM-like copy on every core at once)
+    insert_lock_call_us: float = 0.0  # the buffer's lock held per add_batch call beyond its rows
     # transports
     ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
     ps_grad_us: float = 0.0          # the parameter server's cost per gradient it averages (sync, >1 learner)
@@ -204,6 +205,7 @@ class _Run:
         self.changed = env.event()   # fires when the counters move (waiters re-check)
         self.round_grads = 0
         self.round_event = None
+        self.pending = 0             # updates started whose gradient has not reached its round yet
 
     def poke(self) -> None:
         ev, self.changed = self.changed, self.env.event()
@@ -234,13 +236,16 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             yield from m.held(m.inserter, "inserter", _inserter_rows(rows, i))
         elif ray:                                       # one remote add_batch per chunk, served one at a time
             yield from m.cpu(inp.ray_call_us)
-            yield from m.held(m.buffer_actor, "buffer_actor", m.locked(inp.insert_lock_us * rows, i))
+            yield from m.held(m.buffer_actor, "buffer_actor", m.locked(add_hold(rows), i))
         else:
-            yield from m.locked(inp.insert_lock_us * rows, i)
+            yield from m.locked(add_hold(rows), i)
+
+    def add_hold(rows: int) -> float:
+        return inp.insert_lock_call_us + inp.insert_lock_us * rows
 
     def _inserter_rows(rows: int, i: int):
         yield from m.cpu(inp.inserter_row_us * rows)
-        yield from m.locked(inp.insert_lock_us * rows, i)
+        yield from m.locked(add_hold(rows), i)
 
     def actor(i):
         node = m.remote[i % w.nodes] if w.nodes else None
@@ -294,6 +299,7 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 if run.started >= target_updates:
                     break
             run.started += 1
+            run.pending += 1
             run.poke()
             shard = yield from sample(j)
             yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
@@ -301,6 +307,8 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
             if ray:
                 yield from m.cpu(inp.ray_call_us)        # the gradient to the parameter server
+            if w.learners == 1 or w.aggregation == "async":
+                run.pending -= 1
             if w.learners == 1:                          # the sole learner applies its own gradient
                 yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
                 yield from publish(("l", j))
@@ -314,7 +322,9 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
 
     def aggregate(j):
         run.round_grads += 1
-        last = run.round_grads == w.learners
+        run.pending -= 1
+        # the round closes with every learner in it, or with the last updates of the run (fewer than learners)
+        last = run.round_grads == w.learners or (run.pending == 0 and run.started >= target_updates)
         ev = run.round_event = run.round_event or env.event()
         if w.aggregation == "allreduce":                 # a ring: 2 (L - 1) steps, each 1/L of the gradient
             L = w.learners

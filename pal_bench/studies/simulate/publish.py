@@ -17,13 +17,15 @@ INPUT_UNITS = {
     "processes.insert_us": "buffer insert per env step, actor process (µs)",
     "sample_us": "sample one batch (µs)", "grad_us": "forward/backward one batch (µs)",
     "prio_us": "priority update one batch (µs)", "apply_us": "optimizer step and weights (µs)",
-    "insert_lock_us": "lock held per inserted row (µs)", "sample_lock_us": "lock held per sample (µs)",
+    "insert_lock_us": "lock held per inserted row (µs)", "insert_lock_call_us": "lock held per add_batch call (µs)",
+    "sample_lock_us": "lock held per sample (µs)",
     "prio_lock_us": "lock held per priority update (µs)", "weight_bytes": "online + target weights (bytes)",
     "publish_us": "publish one weights version (µs)", "pull_us": "read one weights version into an actor (µs)",
     "mem_bw_core": "copy bandwidth, one core (GB/s)", "mem_bw_total": "copy bandwidth, every core (GB/s)",
     "gil.act": "GIL share of inference", "gil.env": "GIL share of the env step", "gil.sample": "GIL share of sample",
     "gil.grad": "GIL share of forward/backward", "gil.apply": "GIL share of the optimizer step",
     "gil_handoff_us": "one GIL handoff (µs)", "ray_call_us": "one Ray remote call, round trip (µs)",
+    "ps_grad_us": "parameter server: average in one gradient (µs)",
 }
 
 
@@ -107,6 +109,21 @@ def sensitivity_block(results: Path) -> str:
     return "\n\n".join(parts) + "\n\n" + source(results, name) + "\n"
 
 
+def design_block(results: Path) -> str:
+    name = "simulation_design.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench simulate --design")
+    df = pd.read_csv(results / name)
+    parts = []
+    for q, d in df.groupby("question", sort=False):
+        t = pd.DataFrame({"variant": d.variant, "workers": [f"{a} actors" if m != "f_l" else f"{lr} learners"
+                                                            for a, lr, m in zip(d.actors, d.learners, d["mode"])],
+                          "throughput": d.throughput, "busiest resource": [f"{b} {s:.0%}" for b, s in
+                                                                           zip(d.busiest, d.busiest_share)]})
+        parts.append(f"**{q}** (simulated; env steps/s for f_a, updates/s for f_l)\n\n" + md(t, ".0f"))
+    return "\n\n".join(parts) + "\n\n" + source(results, name, "simulation_inputs.csv") + "\n"
+
+
 def outputs(results: Path, figures: bool) -> list[Path]:
     if not figures:
         return []
@@ -125,4 +142,5 @@ PUBLICATION = Publication("simulate", {
     "simulation-validation": validation_block,
     "simulation-predictions": predictions_block,
     "simulation-sensitivity": sensitivity_block,
+    "simulation-design": design_block,
 }, outputs)
