@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from pal_bench.studies.simulate.model import Inputs, Workload, throughput
+from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, throughput
 
 ACTOR_PHASES = ("act_us", "env_us", "insert_us")
 LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
@@ -69,11 +69,13 @@ def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores
     factors = {"actor": 1.0, "learner": 1.0}
     for _ in range(2):
         if f_a1:
-            got = throughput(inp, Workload(backend, cores, 1, 1, "f_a", steps=4_000, **(learning or {})))
+            got = throughput(inp, Workload(backend, cores, 1, 1, "f_a", steps=4_000 + 4 * CHUNK[backend],
+                                           chunk=CHUNK[backend], **(learning or {})))
             k = got / f_a1
             inp, factors["actor"] = _scale(inp, ACTOR_PHASES, k), factors["actor"] * k
         if f_l1:
-            got = throughput(inp, Workload(backend, cores, 1, 1, "f_l", updates=400, **(learning or {})))
+            got = throughput(inp, Workload(backend, cores, 1, 1, "f_l", updates=400, chunk=CHUNK[backend],
+                                           **(learning or {})))
             k = got / f_l1
             inp, factors["learner"] = _scale(inp, LEARNER_PHASES, k), factors["learner"] * k
     return inp, factors

@@ -38,6 +38,7 @@ import simpy
 from pal_bench.train.rate_policy import RatePolicy
 
 BACKENDS = ("threads", "processes", "ray-node", "ray")
+CHUNK = {"threads": 1, "processes": 1, "ray-node": 1, "ray": 256}   # rows per insert call: local_buffer, ray_chunk
 AGGREGATIONS = ("sync", "async", "allreduce")
 
 

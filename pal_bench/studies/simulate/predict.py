@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs, resample
-from pal_bench.studies.simulate.model import Inputs, Workload, simulate
+from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, simulate
 
 SATURATED = 0.85      # a shared resource held this share of the run or more: the point is past its knee
 SENSITIVE = ("act_us", "env_us", "insert_us", "insert_lock_us", "sample_us", "sample_lock_us", "grad_us", "prio_us",
@@ -34,11 +34,13 @@ def parse_cores(text: str) -> list[int]:
 
 
 def _workload(backend: str, mode: str, n: int, actors: int = 1, learners: int = 1) -> Workload:
+    c = CHUNK[backend]
     if mode == "f_a":
-        return Workload(backend, n, n, 1, "f_a", steps=min(600 * n + 2_000, 12_000), **LEARNING)
+        return Workload(backend, n, n, 1, "f_a", steps=min(600 * n + 2_000 + 4 * c * n, 40_000), chunk=c, **LEARNING)
     if mode == "f_l":
-        return Workload(backend, n, 1, n, "f_l", updates=min(60 * n + 200, 1_500), **LEARNING)
-    return Workload(backend, n, actors, learners, "end_to_end", steps=min(800 * n + 5_000, 20_000), **LEARNING)
+        return Workload(backend, n, 1, n, "f_l", updates=min(60 * n + 200, 1_500), chunk=c, **LEARNING)
+    return Workload(backend, n, actors, learners, "end_to_end", steps=min(800 * n + 5_000, 20_000), chunk=c,
+                    **LEARNING)
 
 
 def limit_of(busy: dict) -> str:

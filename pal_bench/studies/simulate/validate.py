@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.studies.simulate.calibrate import fit, inputs_for
-from pal_bench.studies.simulate.model import Workload, throughput
+from pal_bench.studies.simulate.model import CHUNK, Workload, throughput
 
 SCALING = {"threads": "scaling.csv", "processes": "scaling_processes.csv", "ray": "scaling_ray.csv",
            "ray-node": "scaling_ray_node.csv"}
@@ -63,12 +63,13 @@ def _one_worker(points: pd.DataFrame, backend: str, curve: str, skip: int | None
 
 
 def workload(p, cores: int) -> Workload:
+    c = CHUNK[p.backend]
     if p.curve == "f_a":
-        return Workload(p.backend, cores, p.actors, 1, "f_a", steps=min(p.steps, 6_000), **LEARNING)
+        return Workload(p.backend, cores, p.actors, 1, "f_a", steps=min(p.steps, 6_000 + 4 * c), chunk=c, **LEARNING)
     if p.curve == "f_l":
-        return Workload(p.backend, cores, 1, p.learners, "f_l", updates=600, **LEARNING)
+        return Workload(p.backend, cores, 1, p.learners, "f_l", updates=600, chunk=c, **LEARNING)
     return Workload(p.backend, cores, p.actors, p.learners, "end_to_end", aggregation=p.aggregation,
-                    steps=min(p.steps, 9_000), **LEARNING)
+                    steps=min(p.steps, 9_000), chunk=c, **LEARNING)
 
 
 def validate(results: Path, rounds: pd.DataFrame, progress=print) -> pd.DataFrame:
