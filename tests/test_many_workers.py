@@ -22,6 +22,9 @@ def _fds() -> int:
 @pytest.mark.parametrize("backend, actors, steps", [("processes", 16, 4_000), ("processes", 32, 6_000),
                                                      ("threads", 16, 4_000)])
 def test_many_actors_hold_the_budget_and_the_rate_and_leave_nothing(tmp_path, backend, actors, steps):
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()     # the first spawn starts it (one pipe for this process's life)
     shm, fds = _shm(), _fds()
     cfg = make_config("dqn", "CartPole-v1", backend=backend, actors=actors, learners=1, steps=steps,
                       learning_starts=1_000, batch_size=32, hidden=(32, 32), out_dir=str(tmp_path), name="many",

@@ -185,6 +185,11 @@ DSE_BACKEND = "processes"
 DSE_OUT = "pal-bench-out"       # dse's default --out: never the tracked results/ unless asked
 
 
+def _placement(backend: str) -> dict:
+    """The Ray curves (``scaling_ray.csv``) are the Ray-actor placement's: measure and validate that one."""
+    return {"ray_placement": "pack"} if backend == "ray" else {}
+
+
 def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) -> tuple[pd.DataFrame, set[str]]:
     """f_a / f_l for 1..``max_cores`` from the simulation's predictions (``pal-bench simulate``), the measured
     points of ``measured_csv`` (or the backend's stored scaling CSV) taking their place where they exist; and the
@@ -284,13 +289,13 @@ def run(args) -> int:
         backend = args.backend or DSE_BACKEND
         if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
             return 2
-        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend)
+        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend, **_placement(backend))
         curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"curves: measured now (backend {backend})")
     args.algo, args.env = cfg.algo, cfg.env
     ratio = args.ratio or cfg.updates_per_step
     if backend != cfg.backend:       # --validate runs the backend the curves came from
-        cfg = make_config(args.algo, args.env, backend=backend)
+        cfg = make_config(args.algo, args.env, backend=backend, **_placement(backend))
     f_a = dict(zip(curves[curves.curve == "f_a"].threads, curves[curves.curve == "f_a"].throughput))
     f_l = dict(zip(curves[curves.curve == "f_l"].threads, curves[curves.curve == "f_l"].throughput))
     try:

@@ -160,7 +160,7 @@ def ray_node_block(results: Path) -> str:
 
 def _best_by_round(df: pd.DataFrame) -> tuple[list[float], str]:
     """Per round, the best env steps/s over every split and variant measured; and the split best at the median."""
-    reps = [_reps(c) for c in df.measured_transitions_per_s_reps]
+    reps = [_reps(c) or [v] for c, v in zip(df.measured_transitions_per_s_reps, df.measured_transitions_per_s)]
     n = min(len(r) for r in reps)
     best = df.loc[df.measured_transitions_per_s.idxmax()]
     split = f"{best.actors} + {best.learners}, {best.aggregation}"

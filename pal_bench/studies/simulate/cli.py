@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = _measure(args, log)
         if rounds is None:
             return 2
-        if args.measure_inputs and not (args.validate or args.sensitivity):
+        if args.measure_inputs and not (args.validate or args.sensitivity or args.design):
             print(rounds.T.to_string())
             return 0
     if args.validate:

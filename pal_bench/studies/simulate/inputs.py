@@ -144,9 +144,11 @@ def ps_grad_us(cfg, n: int = 500) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def _copy_rate(seconds: float, out=None) -> float:
+def _copy_rate(seconds: float, out=None, start=None) -> float:
     a = np.ones(COPY_MB * 2**20 // 8)
     b = np.empty_like(a)
+    if start is not None:
+        start.wait(60)                    # every copier starts at once
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         np.copyto(b, a)
@@ -161,11 +163,13 @@ def memory_bandwidth(cores: int, seconds: float = 1.0) -> dict:
     """Bytes/s one core copies, and all ``cores`` copying at once (one process each)."""
     one = _copy_rate(seconds)
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_copy_rate, args=(seconds, q)) for _ in range(cores)]
+    q, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_copy_rate, args=(seconds, q, start)) for _ in range(cores)]
     for p in procs:
         p.start()
-    rates = [q.get(timeout=60 + seconds) for _ in procs]
+    time.sleep(2.0)                       # spawned and their arrays allocated
+    start.set()
+    rates = [q.get(timeout=120 + seconds) for _ in procs]
     for p in procs:
         p.join()
     return {"mem_bw_core": one, "mem_bw_total": sum(rates)}
@@ -179,8 +183,13 @@ def _count_while(stop: threading.Event) -> int:
 
 
 def gil_share(fn, seconds: float = PROBE_S) -> float:
-    """The share of ``fn``'s time it holds the GIL: a pure-Python counter thread beside ``fn`` in a loop counts
-    this much less than alone (0: ``fn`` never holds it; 1: always)."""
+    """The share of ``fn``'s time it holds the GIL. A pure-Python counter thread runs beside ``fn`` in a loop with
+    a fine switch interval (10 µs: the two share the GIL fairly while both want it). Per unit of ``fn``'s work, its
+    GIL part g runs at half speed and the counter gets half of it, the rest (1 - g) the counter has alone: the
+    counter's rate falls to 1 / (1 + g) of its rate alone, so g = alone / beside - 1 (0: ``fn`` never holds the
+    GIL; 1: always)."""
+    import sys
+
     def counted(with_fn: bool) -> float:
         stop, out = threading.Event(), {}
         t = threading.Thread(target=lambda: out.setdefault("n", _count_while(stop)))
@@ -195,8 +204,13 @@ def gil_share(fn, seconds: float = PROBE_S) -> float:
         t.join()
         return out["n"] / (time.perf_counter() - t0)
 
-    alone, beside = counted(False), counted(True)
-    return float(min(1.0, max(0.0, 1 - beside / alone)))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        alone, beside = counted(False), counted(True)
+    finally:
+        sys.setswitchinterval(interval)
+    return float(min(1.0, max(0.0, alone / max(beside, 1e-9) - 1)))
 
 
 def gil_handoff_us(n: int = 20_000) -> float:

@@ -30,12 +30,12 @@ each shared resource was held.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import simpy
 
-from pal_bench.train.rate_policy import RatePolicy
+from pal_bench.train.rate_policy import RatePolicy, default_slack
 
 BACKENDS = ("threads", "processes", "ray-node", "ray")
 CHUNK = {"threads": 1, "processes": 1, "ray-node": 1, "ray": 256}   # rows per insert call: local_buffer, ray_chunk
@@ -102,7 +102,7 @@ class Workload:
     steps: int = 6_000               # env steps (f_a, end_to_end)
     updates: int = 600               # updates (f_l)
     chunk: int = 1                   # rows per add_batch (processes: the local buffer; ray: ray_chunk)
-    slack: int = 64                  # rate rule: steps actors may run ahead
+    slack: int | None = None         # rate rule: steps actors may run ahead (None: the trainer's default_slack)
     lock_shards: int = 1             # the buffer split in this many shards, one lock each
     seqlock_sampling: bool = False   # samples read without the lock (optimistic readers)
     nodes: int = 0                   # 0: actors on the learners' node; n: on n other nodes, through the inserter
@@ -110,13 +110,12 @@ class Workload:
 
 
 class _Node:
-    """One machine's cores (a fractional core left by background load makes every core a bit slower)."""
+    """One machine's cores (background load, e.g. Ray's own processes, makes every core a bit slower)."""
 
     def __init__(self, env: simpy.Environment, cores: int, background: float, quantum_us: float):
-        free = max(0.05, cores - background)
         self.env, self.quantum_us = env, quantum_us
-        self.cores = simpy.Resource(env, capacity=max(1, math.floor(free)))
-        self.speed = free / max(1, math.floor(free))
+        self.cores = simpy.Resource(env, capacity=cores)
+        self.speed = max(0.05, cores - background) / cores    # the background load's share taken off every core
 
     def cpu(self, us: float):
         """``us`` of one core's time, in slices of at most the quantum."""
@@ -174,10 +173,10 @@ class _Machine:
                     if self.gil_owner is not None:
                         yield self.env.timeout(self.inp.gil_handoff_us)
                     self.gil_owner = who
-                yield from self.cpu(held)
+                yield from self.cpu(held, node)
                 self.busy["gil"] += self.env.now - t0
             if free > 0:
-                yield from self.cpu(free)
+                yield from self.cpu(free, node)
 
     def locked(self, us: float, shard: int = 0):
         yield from self.held(self.locks[shard % len(self.locks)], "lock", self.cpu(us))
@@ -199,8 +198,11 @@ class _Run:
 
     def __init__(self, env: simpy.Environment, w: Workload):
         self.env = env
+        slack = w.slack if w.slack is not None else default_slack(SimpleNamespace(
+            rate_slack=0, learners=w.learners, updates_per_step=w.updates_per_step, actors=w.actors,
+            envs_per_actor=1, local_buffer=1), w.chunk if w.chunk > 1 else 0)
         self.policy = RatePolicy(w.updates_per_step, w.learning_starts if w.mode == "end_to_end" else 0,
-                                 w.steps, w.slack)
+                                 w.steps, slack)
         self.reserved = self.inserted = self.started = self.done = 0
         self.version = 0
         self.changed = env.event()   # fires when the counters move (waiters re-check)
@@ -233,16 +235,19 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
 
     def insert_chunk(i: int, rows: int, node):
         if node is not None:                            # a remote actor: the chunk crosses to the inserter
-            yield from m.cpu(inp.inserter_call_us, node)
+            yield env.timeout(inp.inserter_call_us)
             yield from m.held(m.inserter, "inserter", _inserter_rows(rows, i))
         elif ray:                                       # one remote add_batch per chunk, served one at a time
-            yield from m.cpu(inp.ray_call_us)
+            yield env.timeout(inp.ray_call_us)
             yield from m.held(m.buffer_actor, "buffer_actor", m.locked(add_hold(rows), i))
         else:
             yield from m.locked(add_hold(rows), i)
 
     def add_hold(rows: int) -> float:
         return inp.insert_lock_call_us + inp.insert_lock_us * rows
+
+    # the measured insert (one row per call) holds the lock for add_hold(1) of it; the rest is the actor's own
+    own_insert_us = max(0.0, inp.insert_us - add_hold(1))
 
     def _inserter_rows(rows: int, i: int):
         yield from m.cpu(inp.inserter_row_us * rows)
@@ -261,25 +266,30 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             run.reserved += 1
             if run.version > version:                   # a newer version: copy it into the actor's networks
                 if ray or node is not None:             # from the object store: a remote fetch first
-                    yield from m.cpu(inp.ray_call_us, node)
+                    yield env.timeout(inp.ray_call_us)
                 yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads, node)
                 version = run.version
             yield from m.work(("a", i), inp.act_us, "act", threads, node)
             yield from m.work(("a", i), inp.env_us, "env", threads, node)
-            yield from m.work(("a", i), inp.insert_us, "insert", threads, node)
+            yield from m.work(("a", i), own_insert_us, "insert", threads, node)
             rows += 1
             if rows >= w.chunk or run.reserved >= w.steps:
                 yield from insert_chunk(i, rows, node)
                 run.inserted += rows
                 rows = 0
                 run.poke()
+        if rows:                                        # another actor took the last steps: send what is held
+            yield from insert_chunk(i, rows, node)
+            run.inserted += rows
+            run.poke()
 
     def sample(j):
         shard = rng.randrange(len(m.locks))
-        if ray:
-            yield from m.cpu(inp.ray_call_us)
-            body = m.locked(inp.sample_lock_us, shard)
-            yield from m.held(m.buffer_actor, "buffer_actor", _then(body, m.cpu(inp.sample_us - inp.sample_lock_us)))
+        if ray:                                         # the last batch's priorities ride on this call
+            yield env.timeout(inp.ray_call_us)
+            body = _then(m.locked(inp.sample_lock_us + inp.prio_lock_us, shard),
+                         m.cpu(inp.sample_us - inp.sample_lock_us + inp.prio_us - inp.prio_lock_us))
+            yield from m.held(m.buffer_actor, "buffer_actor", body)
             return shard
         if w.seqlock_sampling:
             yield from m.work(("l", j), inp.sample_lock_us, "sample", learner_gil)
@@ -304,18 +314,21 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             run.poke()
             shard = yield from sample(j)
             yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
-            yield from m.locked(inp.prio_lock_us, shard)
-            yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
-            if ray:
-                yield from m.cpu(inp.ray_call_us)        # the gradient to the parameter server
+            if not ray:                                  # (Ray: with the next sample call)
+                yield from m.locked(inp.prio_lock_us, shard)
+                yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
+            if ray and w.aggregation != "allreduce":
+                yield env.timeout(inp.ray_call_us)       # the gradient to the parameter-server actor
             if w.learners == 1 or w.aggregation == "async":
                 run.pending -= 1
             if w.learners == 1:                          # the sole learner applies its own gradient
                 yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
                 yield from publish(("l", j))
-            elif w.aggregation == "async":               # the parameter server applies each gradient alone
-                yield from m.held(m.ps, "ps", _then(m.work("ps", inp.apply_us, "apply", learner_gil),
-                                                    publish("ps")))
+            elif w.aggregation == "async":               # the parameter server applies each gradient in turn;
+                if previous[j] is not None:              # a learner waits only for its previous one
+                    yield previous[j]
+                previous[j] = env.process(m.held(m.ps, "ps", _then(
+                    m.work("ps", inp.apply_us, "apply", learner_gil), publish("ps"))))
             else:                                        # sync / allreduce: the round waits for every learner
                 yield from aggregate(j)
             run.done += 1
@@ -353,9 +366,11 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
         ev.succeed()
 
     def publish(who):
-        yield from m.copy(who, inp.publish_us, inp.weight_bytes, learner_gil)
+        if not threads:                                  # (threads: the server's snapshot, inside apply_us)
+            yield from m.copy(who, inp.publish_us, inp.weight_bytes, learner_gil)
         run.version += 1
 
+    previous: dict[int, simpy.Process | None] = dict.fromkeys(range(w.learners))
     target_updates = {"f_l": w.updates, "f_a": 0}.get(w.mode, run.policy.max_updates)
     if w.mode == "f_l":
         run.inserted = run.reserved = w.steps
@@ -365,12 +380,15 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     if w.mode in ("f_l", "end_to_end") and target_updates > 0:
         procs += [env.process(learner(j)) for j in range(w.learners)]
     env.run(until=simpy.AllOf(env, procs))
+    pending_applies = [p for p in previous.values() if p is not None and p.is_alive]
+    if pending_applies:                                  # the run ends when the last gradient is applied
+        env.run(until=simpy.AllOf(env, pending_applies))
     seconds = env.now / 1e6
     steps = w.steps if w.mode != "f_l" else 0
     return {"env_steps_per_s": steps / seconds if steps else 0.0,
             "updates_per_s": run.done / seconds if run.done else 0.0,
             "seconds": seconds, "updates": run.done, "env_steps": steps,
-            "busy": {k: v / env.now / (len(m.locks) if k == "lock" else 1) for k, v in m.busy.items()}}
+            "busy": {k: v / max(env.now, 1e-9) / (len(m.locks) if k == "lock" else 1) for k, v in m.busy.items()}}
 
 
 def throughput(inp: Inputs, w: Workload) -> float:

@@ -112,8 +112,8 @@ def predict(rounds: pd.DataFrame, backend: str, cores: list[int], one_worker: di
 
 
 def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1) -> pd.DataFrame:
-    """How much each input moves the prediction at ``cores`` (f_a, f_l, end to end at the split the curves give
-    there): the relative change for +``step`` (10%) on that input, largest first."""
+    """How much each input moves the predicted f_a and f_l at ``cores``: the relative change for +``step`` (10%) on
+    that input, largest first."""
     def at(i: Inputs) -> dict:
         fa = simulate(i, _workload(backend, "f_a", cores))["env_steps_per_s"]
         fl = simulate(i, _workload(backend, "f_l", cores))["updates_per_s"]

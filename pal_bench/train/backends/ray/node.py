@@ -274,10 +274,13 @@ class RayNodeTrainer(ProcessTrainer):
 
     def _process_ended(self, i: int, p) -> None:
         """A remote actor's error comes with Ray's exception, not as a message: a ``TrainingError`` it raised
-        (``Diverged``) ends the run as it would from an actor process; any other error is the restart's cause."""
+        (``Diverged``) ends the run as it would from an actor process; any other error is the restart's cause.
+        What the actor sent itself (read first: its inbox drained now, whatever the period) takes precedence."""
+        self._messages[i].force = True
+        self._sync()
         if getattr(p, "training_error", None) and i not in self._training_errors:
             self._training_errors[i] = p.training_error
-        if getattr(p, "error", None) and i not in self._last_error:
+        if getattr(p, "error", None) and i not in self._last_error and i not in self._training_errors:
             self._last_error[i] = p.error
 
     def _actor_cause(self, i: int, p) -> str:
