@@ -244,6 +244,25 @@ class TestLocalRay:
         after = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
         assert after <= before
 
+    def test_a_ray_started_process_keeps_the_training_error_it_raised(self):
+        """``RayProcess`` (the node placement's actor handle): a body that raises ``Diverged`` ends with exit code
+        1 and the error's class and message, which the supervisor turns back into ``Diverged``."""
+        from pal_bench.train.backends.ray.node import RayProcess
+        from pal_bench.train.errors import Diverged
+
+        class Diverging:                 # defined here: Ray ships it by value
+            def pid(self):
+                return os.getpid()
+
+            def run(self, args):
+                raise Diverged("loss is nan at update 3 (learner0, td)")
+
+        p = RayProcess(Diverging, (), ray.get_runtime_context().get_node_id(), 0)
+        p.join(60)
+        assert p.exitcode == 1 and p.training_error == ("Diverged", "loss is nan at update 3 (learner0, td)")
+        assert "Diverged" in p.error
+        p.kill()
+
     def test_node_placement_actor_killed_is_restarted_with_its_loss_recorded(self, tmp_path):
         cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=6_000, learning_starts=500,
                       batch_size=32)
