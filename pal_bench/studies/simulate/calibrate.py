@@ -18,6 +18,7 @@ import pandas as pd
 from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, throughput
 
 ACTOR_PHASES = ("act_us", "env_us", "insert_us")
+RAY_CALLS_PER_UPDATE = 2          # the Ray learner's remote calls per update: a sample, a gradient
 LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 
 # assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
@@ -64,10 +65,11 @@ def _scale(inp: Inputs, names: tuple[str, ...], k: float) -> Inputs:
 def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores: int,
         learning: dict | None = None) -> tuple[Inputs, dict]:
     """Scale the actor phases so that the model's f_a(1) is ``f_a1`` and the learner phases so that its f_l(1) is
-    ``f_l1`` (either None: left as measured). Returns the fitted inputs and the two factors. Two passes of the
-    fixed point (the model is near-linear in each side's cost at one worker)."""
+    ``f_l1`` (Ray actors: the remote call's round trip instead; either None: left as measured). Returns the fitted
+    inputs and the two factors (Ray's learner factor: the call's). Three passes of the fixed point (the model is
+    near-linear in each side's cost at one worker)."""
     factors = {"actor": 1.0, "learner": 1.0}
-    for _ in range(2):
+    for _ in range(3):
         if f_a1:
             got = throughput(inp, Workload(backend, cores, 1, 1, "f_a", steps=4_000 + 4 * CHUNK[backend],
                                            chunk=CHUNK[backend], **(learning or {})))
@@ -76,6 +78,13 @@ def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores
         if f_l1:
             got = throughput(inp, Workload(backend, cores, 1, 1, "f_l", updates=400, chunk=CHUNK[backend],
                                            **(learning or {})))
-            k = got / f_l1
-            inp, factors["learner"] = _scale(inp, LEARNER_PHASES, k), factors["learner"] * k
+            if backend == "ray":
+                # a Ray learner's extra time is its remote calls' waiting (a sample call and a gradient call per
+                # update): the fit moves the call's round trip, not the learner's own work
+                call = max(0.0, inp.ray_call_us + (1 / f_l1 - 1 / got) * 1e6 / RAY_CALLS_PER_UPDATE)
+                factors["learner"] *= call / inp.ray_call_us if inp.ray_call_us else 1.0
+                inp = replace(inp, ray_call_us=call)
+            else:
+                k = got / f_l1
+                inp, factors["learner"] = _scale(inp, LEARNER_PHASES, k), factors["learner"] * k
     return inp, factors
