@@ -38,7 +38,8 @@ def _per(phases: dict, n: int, *names: str) -> float:
 
 
 def actor_phases(cfg, backend: str, steps: int) -> dict:
-    """µs per env step of one actor's phases (an actors-only run: ``learning_starts`` = ``steps``)."""
+    """µs per env step of one actor's phases (an actors-only run: ``learning_starts`` = ``steps``, so the rate rule
+    never holds it back and the weights never change)."""
     from pal_bench.train import make_trainer
 
     with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
@@ -49,7 +50,9 @@ def actor_phases(cfg, backend: str, steps: int) -> dict:
             s = tr.run()
     p = s["phase_seconds"]["actor0"]
     return {"act_us": _per(p, steps, "inference"), "env_us": _per(p, steps, "env_step"),
-            "insert_us": _per(p, steps, "buffer_insert", "transport", "serialize"),
+            # the insert and the step's bookkeeping: reserving steps and counting them in (timed as rate_wait,
+            # never a wait here: no learner), the weights check
+            "insert_us": _per(p, steps, "buffer_insert", "transport", "serialize", "rate_wait", "weights_pull"),
             "f_a_1": steps / s["wall_s"]}
 
 
