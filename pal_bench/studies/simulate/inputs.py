@@ -69,7 +69,9 @@ def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
             got = tr.run_learners(transitions(tr, filled), updates)
             p = tr.summary()["phase_seconds"]["learner0"]
     n = got["updates"]
-    return {"sample_us": _per(p, n, "sample"), "grad_us": _per(p, n, "forward_backward"),
+    # forward/backward with the update's bookkeeping: taking the update from the rate rule (never a wait here)
+    # and pulling the latest weights into the learner's networks, once per update as well
+    return {"sample_us": _per(p, n, "sample"), "grad_us": _per(p, n, "forward_backward", "weights_pull", "rate_wait"),
             "prio_us": _per(p, n, "priority_update"),
             "apply_us": _per(p, n, "apply", "aggregation_wait"), "f_l_1": n / got["wall_s"]}
 
