@@ -419,6 +419,53 @@ def test_ray_started_by_the_trainer_is_shut_down(tmp_path, placement):
     assert _wait_gone(_descendants(os.getpid())) == set()
 
 
+RAY_NODE_DRIVER = """
+import sys
+from pal_bench.train import make_config, make_trainer
+if __name__ == "__main__":
+    cfg = make_config("dqn", "CartPole-v1", steps=10**6, actors=2, learners=1, backend="ray", out_dir=sys.argv[1],
+                      name="n", progress=False, eval_episodes=0, learning_starts=500, batch_size=32, hidden=(32, 32))
+    with make_trainer(cfg) as tr:
+        tr.run()
+"""
+
+
+def _pal_shm() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
+
+
+def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path):
+    """A driver on the default placement SIGKILLed mid-run (its own local Ray, its actor processes started by
+    Ray): the Ray processes it started and its actors go with it, its shared segments stay until the next run in
+    the same run directory, which replaces them and leaves /dev/shm as it found it."""
+    assert not ray.is_initialized()
+    before = _pal_shm()
+    script = tmp_path / "driver.py"
+    script.write_text(RAY_NODE_DRIVER)
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while p.poll() is None and time.monotonic() < deadline and not (
+                (tmp_path / "n" / "config.yaml").exists() and _pal_shm() - before):
+            time.sleep(0.2)
+        assert p.poll() is None, f"the driver ended early: {p.stderr.read()[-3000:]}"
+        time.sleep(3)                                            # actors stepping, the learner updating
+        started = _descendants(p.pid)
+        assert started, "the driver started no process"
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    assert _wait_gone(started, 60) == set(), "processes of the killed run are still running"
+    assert _pal_shm() - before                                   # the killed run's segments are still there
+    cfg = make_config("dqn", "CartPole-v1", steps=1_000, actors=2, learners=1, backend="ray", out_dir=str(tmp_path),
+                      name="n", progress=False, eval_episodes=0, learning_starts=500, batch_size=32, hidden=(32, 32))
+    with make_trainer(cfg, overwrite=True) as tr:
+        assert tr.run()["env_steps"] == 1_000
+    assert _pal_shm() <= before
+    assert not ray.is_initialized()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
