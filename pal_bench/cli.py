@@ -20,8 +20,8 @@ def _train(args) -> int:
     flags = {"actors": args.actors, "learners": args.learners, "steps": args.steps, "seed": args.seed,
              "envs_per_actor": args.envs_per_actor, "aggregation": args.aggregation, "name": args.name,
              "env_backend": args.env_backend, "out_dir": args.out_dir, "backend": args.backend,
-             "ray_address": args.ray_address, "topology": args.topology, "link": args.link,
-             "actor_rate": args.actor_rate}
+             "ray_address": args.ray_address, "ray_placement": args.ray_placement, "topology": args.topology,
+             "link": args.link, "actor_rate": args.actor_rate}
     overrides = parse_overrides(args.set or []) | {k: v for k, v in flags.items() if v is not None}
     cfg = make_config(args.algo, args.env, args.config, preset=args.preset, **overrides)
     if args.resume:    # the run's own config; the flags given may change only what a run can change mid-way
@@ -123,6 +123,11 @@ def _main(argv: list[str]) -> int:
     t.add_argument("--backend", choices=["threads", "processes", "ray"],
                    help="threads in this process (default), actor processes on a shared-memory buffer, or Ray")
     t.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: start a local Ray)")
+    t.add_argument("--ray-placement", choices=["auto", "node", "pack", "spread"],
+                   help="with --backend ray: node = actor processes Ray starts on this node around a shared-memory "
+                        "buffer (the process backend's pieces); pack / spread = buffer, learners and actors as Ray "
+                        "actors; auto (default) = node unless allreduce, env-backend async or buffer checkpoints "
+                        "need Ray actors")
     t.add_argument("--topology", choices=["local", "learner-replay", "buffer-replay"],
                    help="with --backend ray and dqn/ddqn: edge actors, a buffer node and one learner behind --link; "
                         "replay at the learner or at the buffer node (default: local, the usual layout)")

@@ -6,10 +6,10 @@ many seeds (each seed in its own process, ``--jobs`` at a time) and appends one 
 ``results/learning_sweeps.csv`` (with the machine, load before/after and commit), then prints the
 distribution (min, median) that the test's docstring quotes.
 
-Runs: trainer-sync, trainer-async (the thread trainer, DQN CartPole-v1, 2 actors / 2 learners),
-ray (the Ray backend, 2 actor processes / 1 learner), r2d2 and ddqn-novel (the thread trainer, lockstep, on the
-partially observable CartPole without velocities: R2D2, and Double DQN for reference), tianshou (tianshou's
-DQN on PAL's vector buffer), rllib (RLlib DQN with PAL's drop-in buffer).
+Runs: trainer-sync, trainer-async (the thread trainer, DQN CartPole-v1, 2 actors / 2 learners), ray and ray-node
+(the Ray backend, 2 actor processes / 1 learner, Ray actors or the one-node placement), r2d2 and ddqn-novel (the
+thread trainer, lockstep, on the partially observable CartPole without velocities: R2D2, and Double DQN for
+reference), tianshou (tianshou's DQN on PAL's vector buffer), rllib (RLlib DQN with PAL's drop-in buffer).
 """
 
 from __future__ import annotations
@@ -45,12 +45,15 @@ def trainer_dqn_cartpole(seed: int, aggregation: str, out_dir: str, **kw) -> dic
             "curve": [(e["env_steps"], round(e["mean_return"], 1)) for e in s["eval"]]}
 
 
-def ray_dqn_cartpole(seed: int, out_dir: str) -> dict:
-    """The Ray backend: DQN on CartPole-v1, 2 actor processes + 1 learner, 20k env steps (needs a Ray session)."""
+def ray_dqn_cartpole(seed: int, out_dir: str, placement: str = "pack") -> dict:
+    """The Ray backend: DQN on CartPole-v1, 2 actor processes + 1 learner, 20k env steps (needs a Ray session).
+    ``placement`` "pack": buffer, parameter server and workers in Ray actors; "node": the one-node placement
+    (the process backend's shared-memory pieces, actor processes started by Ray)."""
     from pal_bench.train import make_config, make_trainer
 
-    cfg = make_config("dqn", "CartPole-v1", out_dir=out_dir, backend="ray", hidden=(64, 64), eval_episodes=3,
-                      progress=False, actors=2, learners=1, steps=20_000, eval_interval=5_000, seed=seed)
+    cfg = make_config("dqn", "CartPole-v1", out_dir=out_dir, backend="ray", ray_placement=placement,
+                      hidden=(64, 64), eval_episodes=3, progress=False, actors=2, learners=1, steps=20_000,
+                      eval_interval=5_000, seed=seed)
     with make_trainer(cfg) as tr:
         s = tr.run()
     return {"best": max(e["mean_return"] for e in s["eval"]), "summary": s, "cfg": cfg, "run_dir": str(cfg.run_dir()),
@@ -171,11 +174,11 @@ def run_one(name: str, seed: int) -> dict:
         s = r["summary"]
         return {"best": r["best"], "final": s["final_eval_return"], "updates": s["updates"],
                 "dropped": s["dropped_stale_gradients"], "wall_s": s["wall_s"], "curve": r["curve"]}
-    if name == "ray":
+    if name in ("ray", "ray-node"):
         from pal_bench.train.backends.ray import session as ray_session
 
         with tempfile.TemporaryDirectory() as d, ray_session.session(num_cpus=2, log_to_driver=False):
-            r = ray_dqn_cartpole(seed, d)
+            r = ray_dqn_cartpole(seed, d, "node" if name == "ray-node" else "pack")
         s = r["summary"]
         return {"best": r["best"], "final": s["final_eval_return"], "updates": s["updates"], "wall_s": s["wall_s"],
                 "curve": r["curve"]}
@@ -204,7 +207,7 @@ def run_one(name: str, seed: int) -> dict:
     raise SystemExit(f"unknown run {name!r}; choose from {', '.join(RUNS)}")
 
 
-RUNS = ("trainer-sync", "trainer-async", "ray", "r2d2", "ddqn-novel", "tianshou", "rllib")
+RUNS = ("trainer-sync", "trainer-async", "ray", "ray-node", "r2d2", "ddqn-novel", "tianshou", "rllib")
 
 
 def parse_seeds(text: str) -> list[int]:

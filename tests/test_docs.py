@@ -3,11 +3,17 @@
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pal_bench.bench import publishing
 from pal_bench.studies import registry
-from pal_bench.studies.scaling.publish import processes_block, ray_node_block, two_nodes_block
+from pal_bench.studies.scaling.publish import (
+    processes_block,
+    ray_node_block,
+    ray_node_end_to_end_block,
+    two_nodes_block,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = publishing.doc_files(ROOT)
@@ -109,3 +115,27 @@ def test_two_nodes_block_pairs_the_placements_by_round(tmp_path):
     block = two_nodes_block(tmp_path)
     assert "0.85 (0.80-0.90, 2 rounds)" in block, block     # 800/1000 and 450/500, paired by round
     assert "55,000 rows/s" in block, block
+
+
+def test_ray_node_end_to_end_pairs_each_rounds_best_split(tmp_path):
+    """The whole-trainer comparison takes each backend's best split per round (whichever split it is) and pairs
+    the rounds: round 2 was slow for both, so the paired ratios stay near 1 while the medians alone would not."""
+    from pal_bench.studies.scaling.measure import _median_of_rounds
+
+    def rounds(values):    # values[round][split]: env steps/s of splits (1, 1) and (2, 1)
+        return [pd.DataFrame({"actors": [1, 2], "learners": [1, 1], "aggregation": "sync", "env_backend": "sync",
+                              "measured_transitions_per_s": v, "measured_updates_per_s": [10.0, 10.0],
+                              "wall_s": [1.0, 1.0], "threads": [2, 3], "oversubscribed": [False, True],
+                              "backend": "x"}) for v in values]
+
+    procs = _median_of_rounds(rounds([[1000.0, 900.0], [500.0, 600.0], [1000.0, 800.0]]))
+    ray = _median_of_rounds(rounds([[950.0, 700.0], [400.0, 570.0], [900.0, 1000.0]]))
+    assert list(procs.measured_transitions_per_s_reps) == ["1000.0 500.0 1000.0", "900.0 600.0 800.0"]
+    assert list(procs.measured_transitions_per_s) == [1000.0, 800.0] and set(procs["rounds"]) == {3}
+    procs.to_csv(tmp_path / "end_to_end_processes.csv", index=False)
+    ray.to_csv(tmp_path / "end_to_end_ray_node.csv", index=False)
+    block = ray_node_end_to_end_block(tmp_path)
+    # best per round: processes 1000, 600, 1000; Ray 950, 570, 1000: ratios 0.95, 0.95, 1.00
+    assert "paired by round: 0.95 (range 0.95-1.00, 3 rounds" in block, block
+    (tmp_path / "end_to_end_ray_node.csv").unlink()
+    assert "Not measured yet" in ray_node_end_to_end_block(tmp_path)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -189,3 +190,34 @@ def test_backends_measured_side_by_side_are_interleaved_point_by_point(monkeypat
     assert (curves["threads"].backend == "threads").all()
     with pytest.raises(SystemExit):
         scaling.main(["--backend", "threads,gpu"])
+
+
+def test_dse_predict_chooses_from_the_simulated_curves_with_measured_points_in_place(tmp_path, monkeypatch, capsys):
+    """``--predict``: the curves past this machine come from the simulation's CSV (interpolated between its core
+    counts), the stored measured points take their place where they exist, and the output says which splits
+    rest on predictions; without the simulation's CSV it says which command writes it."""
+    import pandas as pd
+
+    from pal_bench.cli import main
+
+    monkeypatch.setattr("pal_bench.paths.RESULTS", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["dse", "--predict", "--max-cores", "64", "--ratio", "0.25"]) == 2
+    assert "pal-bench simulate --backend processes --cores 1-64" in capsys.readouterr().err
+    cores = (1, 2, 4, 8, 16, 32, 64)
+    pd.DataFrame([{"backend": "processes", "cores": n, "curve": c, "predicted": v * n}
+                  for n in cores for c, v in (("f_a", 1000.0), ("f_l", 100.0))]).to_csv(
+        tmp_path / "simulation_processes.csv", index=False)
+    pd.DataFrame([{"curve": c, "threads": 1, "throughput": v, "env_backend": "sync", "oversubscribed": False}
+                  for c, v in (("f_a", 900.0), ("f_l", 90.0))]).to_csv(tmp_path / "scaling_processes.csv",
+                                                                        index=False)
+    assert main(["dse", "--predict", "--max-cores", "64", "--ratio", "0.25"]) == 0
+    out = capsys.readouterr().out
+    # f_a = 1000 x, f_l / 0.25 = 400 x: 18 actors + 45 learners balance (18 000 transitions/s both sides), on 63
+    # of the 64 cores (a 64th core adds no 1/0.25-balanced pair)
+    assert "18 actor(s) + 45 learner(s)" in out, out
+    first, rows = out.split("\n")[0], out.split("\n")[1:]
+    assert "f_a(1)," not in first and "f_l(1)," not in first and "f_a(2)," in first  # measured ones are not
+    assert any(re.match(r"\s*18\s+45\s+63\s.*predicted$", r) for r in rows), out
+    assert main(["dse", "--predict", "--max-cores", "2", "--ratio", "0.25"]) == 0      # the one split: measured
+    assert any(re.match(r"\s*1\s+1\s+2\s.*measured$", r) for r in capsys.readouterr().out.split("\n"))

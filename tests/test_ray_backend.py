@@ -27,7 +27,9 @@ from pal_bench.train.recorder import RunRecorder
 
 ray = pytest.importorskip("ray")
 
-FAST = dict(backend="ray", hidden=(64, 64), eval_interval=0, eval_episodes=2, progress=False)
+# "pack": the tests of Ray's own actors (buffer actor, parameter server, learner actors); the node placement's
+# tests ask for it ("auto", the default, or "node")
+FAST = dict(backend="ray", ray_placement="pack", hidden=(64, 64), eval_interval=0, eval_episodes=2, progress=False)
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
 
 
@@ -96,6 +98,57 @@ def test_bad_backend_configs_rejected():
         validate(make_config("dqn", "CartPole-v1", backend="ray", ray_chunk=0))
     with pytest.raises(ConfigError, match="learner_timeout_s"):
         validate(make_config("dqn", "CartPole-v1", backend="ray", learner_timeout_s=0))
+    with pytest.raises(ConfigError, match="buffer_checkpoint_interval"):
+        validate(make_config("dqn", "CartPole-v1", backend="ray", ray_placement="node",
+                             buffer_checkpoint_interval=1000))
+
+
+@pytest.mark.parametrize("kw, placement", [
+    ({}, "node"),                                             # the default: the node's shared-memory pieces
+    ({"aggregation": "allreduce", "learners": 2}, "pack"),    # learners in Ray actors, all-reducing
+    ({"env_backend": "async"}, "pack"),
+    ({"buffer_checkpoint_interval": 1000}, "pack"),           # the buffer actor's own checkpoints
+    ({"ray_placement": "spread"}, "spread"),
+    ({"ray_placement": "node", "ray_remote_actors": True}, "node"),
+])
+def test_default_ray_placement_is_the_node_unless_the_run_needs_ray_actors(kw, placement):
+    cfg = make_config("dqn", "CartPole-v1", backend="ray", **kw)
+    validate(cfg)
+    assert cfg.ray_placement == kw.get("ray_placement", "auto") and cfg.placement == placement
+
+
+def test_train_command_passes_the_ray_placement(tmp_path, monkeypatch):
+    from pal_bench.cli import main
+
+    seen = []
+
+    def recorded(cfg, *args, **kwargs):
+        seen.append(cfg)
+        raise ConfigError("recorded")
+
+    monkeypatch.setattr("pal_bench.train.make_trainer", recorded)
+    for extra in (["--ray-placement", "pack"], []):
+        assert main(["train", "--backend", "ray", "--out-dir", str(tmp_path), *extra]) == 2
+    assert [(c.ray_placement, c.placement) for c in seen] == [("pack", "pack"), ("auto", "node")]
+
+
+def test_remote_actor_training_error_ends_the_run_other_errors_restart_it():
+    """A remote actor's error reaches the driver with Ray's exception (``RayProcess``), not as a message: a
+    ``Diverged`` it raised is kept as the actor's training error (the supervisor then ends the run with it, as from
+    an actor process); any other error is recorded as the restart's cause."""
+    from pal_bench.train.backends.processes.shared import training_error
+    from pal_bench.train.backends.ray.node import RayNodeTrainer
+    from pal_bench.train.errors import Diverged
+
+    tr = object.__new__(RayNodeTrainer)         # only the supervisor's records, no run
+    tr._training_errors, tr._last_error = {}, {}
+    diverged = type("P", (), {"error": "Traceback ...\nDiverged: loss is nan", "training_error": (
+        "Diverged", "loss is nan at update 12 (learner0, td)")})()
+    crashed = type("P", (), {"error": "Traceback ...\nRayActorError: the actor died", "training_error": None})()
+    tr._process_ended(0, diverged)
+    tr._process_ended(1, crashed)
+    assert isinstance(training_error(tr._training_errors[0]), Diverged)
+    assert 1 not in tr._training_errors and tr._last_error[1].endswith("the actor died")
 
 
 @pytest.fixture(scope="class")
@@ -136,7 +189,8 @@ def _kill_when(trainer, worker: str, steps: int, timeout: float = 120.0) -> int:
 @pytest.mark.usefixtures("local_ray")
 class TestLocalRay:
     def test_dqn_cartpole_2_actor_processes_1_learner_learns(self, tmp_path):
-        """DQN on CartPole-v1, 2 actor processes + 1 learner, 20k steps, seed 1 (``tests/learning_runs.py``).
+        """DQN on CartPole-v1, 2 actor processes + 1 learner, 20k steps, seed 1, Ray actors (``ray_placement =
+        "pack"``; ``tests/learning_runs.py``).
 
         Asserted: the best of 4 greedy evaluations (3 episodes each) >= 60; a random policy scores about
         20. Seed sweep (`python tests/learning_runs.py ray --seeds 0-9`, AMD EPYC, 2026-12-01): min 90.0,
@@ -159,12 +213,13 @@ class TestLocalRay:
         assert _wait_gone(_worker_pids(s)) == set()   # every Ray actor of the run was killed
 
     def test_node_placement_runs_the_process_backend_pieces_under_ray(self, tmp_path):
-        """``ray_placement = "node"``: Ray starts the actor processes on this node; they insert straight into the
-        shared segment, which the driver's learner samples in this process (every sample takes the segment's lock
-        here: no buffer actor, no remote sample call), the sole learner applies its own gradient and the actors
-        read the published weights; the budget and the update rate hold; nothing is left in /dev/shm."""
+        """``ray_placement = "auto"`` (the default) is "node": Ray starts the actor processes on this node; they
+        insert straight into the shared segment, which the driver's learner samples in this process (every sample
+        takes the segment's lock here: no buffer actor, no remote sample call), the sole learner applies its own
+        gradient and the actors read the published weights; the budget and the update rate hold; nothing is left
+        in /dev/shm."""
         before = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
-        cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=3_000, learning_starts=500,
+        cfg = cfg_for(tmp_path, ray_placement="auto", actors=2, learners=1, steps=3_000, learning_starts=500,
                       batch_size=32)
         tr = make_trainer(cfg)
         try:
@@ -189,6 +244,25 @@ class TestLocalRay:
         after = {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
         assert after <= before
 
+    def test_a_ray_started_process_keeps_the_training_error_it_raised(self):
+        """``RayProcess`` (the node placement's actor handle): a body that raises ``Diverged`` ends with exit code
+        1 and the error's class and message, which the supervisor turns back into ``Diverged``."""
+        from pal_bench.train.backends.ray.node import RayProcess
+        from pal_bench.train.errors import Diverged
+
+        class Diverging:                 # defined here: Ray ships it by value
+            def pid(self):
+                return os.getpid()
+
+            def run(self, args):
+                raise Diverged("loss is nan at update 3 (learner0, td)")
+
+        p = RayProcess(Diverging, (), ray.get_runtime_context().get_node_id(), 0)
+        p.join(60)
+        assert p.exitcode == 1 and p.training_error == ("Diverged", "loss is nan at update 3 (learner0, td)")
+        assert "Diverged" in p.error
+        p.kill()
+
     def test_node_placement_actor_killed_is_restarted_with_its_loss_recorded(self, tmp_path):
         cfg = cfg_for(tmp_path, ray_placement="node", actors=2, learners=1, steps=6_000, learning_starts=500,
                       batch_size=32)
@@ -208,8 +282,9 @@ class TestLocalRay:
         priorities into the buffer actor; the saved buffer holds sequences with their start states."""
         from pal_bench import PrioritizedReplayBuffer
 
-        cfg = make_config("r2d2", out_dir=str(tmp_path), backend="ray", actors=2, steps=1_500, learning_starts=300,
-                          seq_len=10, seq_overlap=5, burn_in=2, n_step=2, batch_size=8, hidden=(16,), lstm_size=8,
+        cfg = make_config("r2d2", out_dir=str(tmp_path), backend="ray", ray_placement="pack", actors=2, steps=1_500,
+                          learning_starts=300, seq_len=10, seq_overlap=5, burn_in=2, n_step=2, batch_size=8,
+                          hidden=(16,), lstm_size=8,
                           updates_per_step=0.05, eval_interval=0, eval_episodes=1, progress=False, ray_chunk=100)
         with make_trainer(cfg) as tr:
             s = tr.run()
@@ -316,7 +391,8 @@ class TestLocalRay:
         from pal_bench.studies.scaling.measure import transitions
         from pal_bench.train import make_trainer
 
-        cfg = make_config("dqn", "CartPole-v1", backend="ray", actors=1, learners=1, batch_size=32,
+        cfg = make_config("dqn", "CartPole-v1", backend="ray", ray_placement="pack", actors=1, learners=1,
+                          batch_size=32,
                           out_dir=str(tmp_path), progress=False, eval_episodes=0, eval_interval=0,
                           deterministic=False)
         with make_trainer(cfg) as tr:
@@ -332,14 +408,62 @@ class TestLocalRay:
         assert _wait_gone(ray_procs) == set()
 
 
-def test_ray_started_by_the_trainer_is_shut_down(tmp_path):
+@pytest.mark.parametrize("placement", ["pack", "auto"])
+def test_ray_started_by_the_trainer_is_shut_down(tmp_path, placement):
     assert not ray.is_initialized()
-    cfg = cfg_for(tmp_path, steps=1_500, learning_starts=1_000, eval_episodes=1)
+    cfg = cfg_for(tmp_path, steps=1_500, learning_starts=1_000, eval_episodes=1, ray_placement=placement)
     with make_trainer(cfg) as tr:
         s = tr.run()
     assert s["env_steps"] == 1_500
     assert not ray.is_initialized()
     assert _wait_gone(_descendants(os.getpid())) == set()
+
+
+RAY_NODE_DRIVER = """
+import sys
+from pal_bench.train import make_config, make_trainer
+if __name__ == "__main__":
+    cfg = make_config("dqn", "CartPole-v1", steps=10**6, actors=2, learners=1, backend="ray", out_dir=sys.argv[1],
+                      name="n", progress=False, eval_episodes=0, learning_starts=500, batch_size=32, hidden=(32, 32))
+    with make_trainer(cfg) as tr:
+        tr.run()
+"""
+
+
+def _pal_shm() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("pal")}
+
+
+def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path):
+    """A driver on the default placement SIGKILLed mid-run (its own local Ray, its actor processes started by
+    Ray): the Ray processes it started and its actors go with it, its shared segments stay until the next run in
+    the same run directory, which replaces them and leaves /dev/shm as it found it."""
+    assert not ray.is_initialized()
+    before = _pal_shm()
+    script = tmp_path / "driver.py"
+    script.write_text(RAY_NODE_DRIVER)
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while p.poll() is None and time.monotonic() < deadline and not (
+                (tmp_path / "n" / "config.yaml").exists() and _pal_shm() - before):
+            time.sleep(0.2)
+        assert p.poll() is None, f"the driver ended early: {p.stderr.read()[-3000:]}"
+        time.sleep(3)                                            # actors stepping, the learner updating
+        started = _descendants(p.pid)
+        assert started, "the driver started no process"
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    assert _wait_gone(started, 60) == set(), "processes of the killed run are still running"
+    assert _pal_shm() - before                                   # the killed run's segments are still there
+    cfg = make_config("dqn", "CartPole-v1", steps=1_000, actors=2, learners=1, backend="ray", out_dir=str(tmp_path),
+                      name="n", progress=False, eval_episodes=0, learning_starts=500, batch_size=32, hidden=(32, 32))
+    with make_trainer(cfg, overwrite=True) as tr:
+        assert tr.run()["env_steps"] == 1_000
+    assert _pal_shm() <= before
+    assert not ray.is_initialized()
 
 
 def _free_port() -> int:
@@ -369,9 +493,10 @@ def _kill_cluster(port: int) -> None:
 # ActorDiedError "cancelled before it started running"). A fresh process sees only the environment
 # it is given, and no Ray state of the other tests.
 MULTINODE_DRIVER = r"""
-import json, sys, time
+import json, os, signal, sys, threading, time
 import ray
 from pal_bench.train import make_config, make_trainer
+from pal_bench.train.recorder import RunRecorder
 
 address, out_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 # wait until both nodes are alive with their resources, so that the placement sees 4 CPUs on 2 nodes
@@ -388,20 +513,52 @@ else:
 ray.shutdown()
 placement = (dict(ray_placement="spread") if mode == "spread" else
              dict(ray_placement="node", ray_remote_actors=True, learning_starts=500, batch_size=32))
+steps = 6_000 if mode == "node-remote-kill-inserter" else 3_000
 cfg = make_config("dqn", "CartPole-v1", backend="ray", hidden=(64, 64), eval_interval=0, eval_episodes=2,
-                  progress=False, out_dir=out_dir, actors=2, learners=1, steps=3_000, ray_address=address,
+                  progress=False, out_dir=out_dir, actors=2, learners=1, steps=steps, ray_address=address,
                   **placement)
+
+
+def kill_when(tr, steps, target):
+    # SIGKILL a remote actor's process (same machine, other Ray node) or the inserter once the run has `steps`
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if target == "inserter" and tr._inserter is not None:
+            pid = ray.get(tr._inserter.pid.remote()) if tr.rate.steps >= steps else None
+        else:
+            pid = tr.placement.get(target, {}).get("pid") if tr.rate.steps >= steps else None
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.05)
+    sys.exit(f"{target} never reached {steps} steps")
+
+
+error = None
 with make_trainer(cfg) as tr:
-    s = tr.run()
+    killer = None
+    if mode.startswith("node-remote-kill"):
+        target = "inserter" if mode == "node-remote-kill-inserter" else "actor1"
+        killer = threading.Thread(target=kill_when, args=(tr, 1_200, target), daemon=True)
+        killer.start()
+    try:
+        s = tr.run()
+    except Exception as e:
+        error, s = f"{type(e).__name__}: {e}", tr.summary()
+    if killer is not None:
+        killer.join(10)
     # (RayNodeTrainer is still connected here; RayTrainer disconnected at the end of run)
     driver_node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 connected_after_run = ray.is_initialized()     # the driver must disconnect ...
 ray.init(address=address, logging_level="warning")   # ... and leave the cluster running
 alive_after = len([n for n in ray.nodes() if n["Alive"]])
 ray.shutdown()
+ckpt = RunRecorder(cfg.run_dir(), "").checkpoint_files()[0]
 print("RESULT " + json.dumps({"env_steps": s["env_steps"], "placement": s["placement"], "updates": s["updates"],
-                              "inserter": s.get("inserter"), "driver_node": driver_node,
-                              "connected_after_run": connected_after_run, "alive_after": alive_after}))
+                              "inserter": s.get("inserter"), "driver_node": driver_node, "error": error,
+                              "restarts": s.get("restarts"), "transitions_lost": s.get("transitions_lost"),
+                              "checkpoint": ckpt.exists(), "connected_after_run": connected_after_run,
+                              "alive_after": alive_after}))
 """
 
 
@@ -446,9 +603,36 @@ def test_two_ray_nodes_remote_actors_insert_through_the_inserter(tmp_path):
     driver's node, both actors on the other node; every transition crosses the object store to the inserter,
     which writes it into the segment; the run ends with its budget and its updates."""
     s = _run_on_two_nodes(tmp_path, "node-remote")
-    assert s["env_steps"] == 3_000
+    assert s["error"] is None and s["env_steps"] == 3_000
     actor_nodes = {p["node_id"] for w, p in s["placement"].items() if w.startswith("actor")}
     assert actor_nodes and s["driver_node"] not in actor_nodes
     assert s["inserter"]["rows"] >= 3_000 - 2 * 3      # every actor's rows but its last n-step windows
-    assert s["updates"] >= 0.95 * (3_000 - 500) * 0.25
+    # the rate rule held across the nodes: the updates the inserted steps allow, no more
+    assert 0.95 * (3_000 - 500) * 0.25 <= s["updates"] <= (3_000 - 500) * 0.25 + 1
+    assert not s["connected_after_run"] and s["alive_after"] == 2
+
+
+@pytest.mark.ray_multinode
+def test_two_ray_nodes_remote_actor_killed_is_restarted_with_its_loss_recorded(tmp_path):
+    """A remote actor's process SIGKILLed mid-run (1,200 env steps in): Ray reports it dead, the driver gives back
+    what it had reserved and not inserted (its loss, recorded), restarts it on the other node against the same
+    inserter, and the run ends with its whole budget."""
+    s = _run_on_two_nodes(tmp_path, "node-remote-kill")
+    assert s["error"] is None and s["env_steps"] == 3_000
+    assert [r["worker"] for r in s["restarts"]] == ["actor1"]
+    assert 0 <= s["transitions_lost"] <= 2 * 256       # at most the chunk it was filling and the one in flight
+    assert s["placement"]["actor1"]["node_id"] != s["driver_node"]
+    assert s["inserter"]["rows"] >= 3_000 - 3 * 3 - s["transitions_lost"]
+    assert s["alive_after"] == 2
+
+
+@pytest.mark.ray_multinode
+def test_two_ray_nodes_inserter_killed_ends_the_run_with_a_checkpoint(tmp_path):
+    """The inserter (remote actors' only contact on the learner's node) SIGKILLed mid-run: the remote actors'
+    calls fail, and the restart finds no inserter, so the run ends with one line (``InserterLost``) after a final
+    checkpoint of the sound state on the learner's node; the cluster is left running."""
+    s = _run_on_two_nodes(tmp_path, "node-remote-kill-inserter")
+    assert s["error"] is not None and s["error"].startswith("InserterLost: the inserter on the driver's node")
+    assert "\n" not in s["error"] and "final checkpoint" in s["error"]
+    assert 1_200 <= s["env_steps"] < 6_000 and s["checkpoint"]
     assert not s["connected_after_run"] and s["alive_after"] == 2

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pal_bench.argtypes import WORKERS, Range, UsageError, nonneg_int, number, positive_int
@@ -184,6 +185,48 @@ DSE_BACKEND = "processes"
 DSE_OUT = "pal-bench-out"       # dse's default --out: never the tracked results/ unless asked
 
 
+def _placement(backend: str) -> dict:
+    """The Ray curves (``scaling_ray.csv``) are the Ray-actor placement's: measure and validate that one."""
+    return {"ray_placement": "pack"} if backend == "ray" else {}
+
+
+def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) -> tuple[pd.DataFrame, set[str]]:
+    """f_a / f_l for 1..``max_cores`` from the simulation's predictions (``pal-bench simulate``), the measured
+    points of ``measured_csv`` (or the backend's stored scaling CSV) taking their place where they exist; and the
+    names (``f_a(8)``) of the points that are predicted."""
+    from pal_bench.paths import RESULTS
+
+    path = RESULTS / f"simulation_{backend.replace('-', '_')}.csv"
+    if not path.is_file():
+        raise UsageError(f"--predict: {path} is not there; `pal-bench simulate --backend {backend} --cores "
+                         f"1-{max_cores}` writes it")
+    sim = pd.read_csv(path)
+    sim = sim[sim.curve.isin(["f_a", "f_l"]) & (sim.cores <= max_cores)]
+    if sim.cores.max() < max_cores - 1:
+        raise UsageError(f"--predict: {path} predicts up to {sim.cores.max()} cores; `pal-bench simulate "
+                         f"--backend {backend} --cores 1-{max_cores}` predicts up to {max_cores}")
+    stored = measured_csv or RESULTS / ("scaling.csv" if backend == "threads" else
+                                       f"scaling_{backend.replace('-', '_')}.csv")
+    got = {}
+    if stored.is_file():
+        m = pd.read_csv(stored)
+        if "env_backend" in m:
+            m = m[m.env_backend == "sync"]
+        if "oversubscribed" in m:
+            m = m[~m.oversubscribed.astype(bool)]
+        got = {(r.curve, int(r.threads)): float(r.throughput) for r in m.itertuples()}
+    rows, predicted = [], set()
+    for curve, d in sim.groupby("curve"):
+        xs, ys = d.cores.to_numpy(), d.predicted.to_numpy()
+        for x in range(1, max_cores):
+            if (curve, x) in got:
+                v = got[(curve, x)]
+            else:
+                v, _ = float(np.interp(x, xs, ys)), predicted.add(f"{curve}({x})")
+            rows.append({"curve": curve, "threads": x, "throughput": v})
+    return pd.DataFrame(rows), predicted
+
+
 def run(args) -> int:
     """``pal-bench dse``: the split from stored or freshly measured curves, its figure, and with ``--validate``
     the trainer run at every split (``dse_validation.csv``)."""
@@ -193,7 +236,14 @@ def run(args) -> int:
     if args.measured and not Path(args.measured).is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
     m = args.max_cores or usable_cores()
-    if args.curves:
+    predicted: set[str] = set()
+    if args.predict:
+        backend = args.backend or DSE_BACKEND
+        curves, predicted = predicted_curves(backend, Path(args.curves) if args.curves else None, m)
+        print(f"curves: predicted by the simulation (results/simulation_{backend.replace('-', '_')}.csv) for "
+              f"{', '.join(sorted(predicted)) or 'no'} point(s); measured where stored (backend {backend})")
+        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1")
+    elif args.curves:
         if not Path(args.curves).is_file():
             raise UsageError(f"--curves {args.curves}: no such file (make one with `python -m "
                              "pal_bench.studies.scaling`)")
@@ -239,13 +289,13 @@ def run(args) -> int:
         backend = args.backend or DSE_BACKEND
         if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
             return 2
-        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend)
+        cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend, **_placement(backend))
         curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"curves: measured now (backend {backend})")
     args.algo, args.env = cfg.algo, cfg.env
     ratio = args.ratio or cfg.updates_per_step
     if backend != cfg.backend:       # --validate runs the backend the curves came from
-        cfg = make_config(args.algo, args.env, backend=backend)
+        cfg = make_config(args.algo, args.env, backend=backend, **_placement(backend))
     f_a = dict(zip(curves[curves.curve == "f_a"].threads, curves[curves.curve == "f_a"].throughput))
     f_l = dict(zip(curves[curves.curve == "f_l"].threads, curves[curves.curve == "f_l"].throughput))
     try:
@@ -253,7 +303,14 @@ def run(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     ranked = table.sort_values("transitions_per_s", ascending=False)
-    print(ranked.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    if args.predict:
+        ranked = ranked.assign(source=[
+            "predicted" if f"f_a({a})" in predicted or f"f_l({b})" in predicted else "measured"
+            for a, b in zip(ranked.actors, ranked.learners)])
+        if args.validate:
+            raise UsageError("--predict chooses among splits this machine cannot run; --validate runs them: "
+                             "use one or the other")
+    print(ranked.head(40).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"\nchosen split for M={m}, {ratio:g} updates per transition: {best.actors} actor(s) + {best.learners} "
           f"learner(s): {best.transitions_per_s:.0f} transitions/s, {best.updates_per_s:.0f} updates/s "
           f"(limited by the {best.bottleneck})")
@@ -302,6 +359,9 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
                         "(default: the one in --curves, else processes)")
     d.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point when measuring")
     d.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point when measuring")
+    d.add_argument("--predict", action="store_true",
+                   help="choose from the simulation's predicted curves (`pal-bench simulate`), measured points "
+                        "taking their place where stored: for a --max-cores this machine does not have")
     d.add_argument("--measured", help="stored validation (results/dse_validation.csv) to draw on the figure")
     d.add_argument("--validate", type=nonneg_int, metavar="STEPS", default=0,
                    help="also run the trainer at every split for STEPS transitions and compare "

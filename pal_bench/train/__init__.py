@@ -11,15 +11,15 @@ _register_envs()
 
 def make_trainer(cfg: TrainConfig, resume: bool = False, overwrite: bool = False) -> Trainer:
     """``Trainer`` for ``cfg.backend == "threads"``, ``ProcessTrainer`` (pal_bench.train.backends.processes) for
-    "processes", ``RayTrainer`` (pal_bench.train.backends.ray) for "ray" (``RayNodeTrainer`` with
-    ``ray_placement = "node"``), and the registered topology's
+    "processes", for "ray" ``RayNodeTrainer`` (pal_bench.train.backends.ray.node; ``cfg.placement`` "node", the
+    default) or ``RayTrainer`` (pal_bench.train.backends.ray; "pack" or "spread"), and the registered topology's
     trainer (``pal_bench.train.topology``) for any ``cfg.topology`` but "local". ``resume``: continue the run in
     ``cfg.run_dir()`` from its checkpoint; ``overwrite``: replace a run already there (refused otherwise)."""
     if cfg.topology != "local":
         from pal_bench.train import topology
 
         return topology.get(cfg.topology).trainer(cfg, resume=resume)
-    if cfg.backend == "ray" and cfg.ray_placement == "node":
+    if cfg.backend == "ray" and cfg.placement == "node":
         from pal_bench.train.backends.ray.node import RayNodeTrainer
 
         return RayNodeTrainer(cfg, resume=resume, overwrite=overwrite)

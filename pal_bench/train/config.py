@@ -49,8 +49,9 @@ class TrainConfig:
     learner_processes: bool = False                    # backend "processes": learners as processes on the shared
                                                        # buffer (default: threads beside the parameter server)
     ray_address: str | None = None                     # join this Ray cluster; None: start a local Ray
-    ray_placement: str = "pack"                        # "pack" or "spread" Ray actors over the nodes, or "node": the
-    #                                                    process backend's shared-memory pieces on the driver's node
+    ray_placement: str = "auto"                        # "node": the process backend's shared-memory pieces on the
+    #                                                    driver's node; "pack" or "spread" Ray actors over the nodes;
+    #                                                    "auto": "node" unless the run needs Ray actors (placement)
     ray_remote_actors: bool = False                    # ray_placement "node": the actors on the cluster's other nodes,
     #                                                    sending chunks to an inserter on the driver's node
     ray_chunk: int = 256                               # transitions an actor sends to the buffer per call
@@ -126,6 +127,16 @@ class TrainConfig:
 
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.run_name()
+
+    @property
+    def placement(self) -> str:
+        """``ray_placement`` resolved: "auto" is "node" unless the run needs its learners, buffer or environments
+        in Ray actors (``aggregation = "allreduce"``, ``env_backend = "async"``, ``buffer_checkpoint_interval``),
+        then "pack"."""
+        if self.ray_placement != "auto":
+            return self.ray_placement
+        needs_actors = self.aggregation == "allreduce" or self.env_backend == "async" or self.buffer_checkpoint_interval
+        return "pack" if needs_actors else "node"
 
     @property
     def lockstep(self) -> bool:
@@ -403,20 +414,24 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"aggregation must be 'sync', 'async' or 'allreduce', got {cfg.aggregation!r}")
     if cfg.aggregation == "allreduce" and cfg.backend != "ray":
         raise ConfigError("aggregation: 'allreduce' needs backend = 'ray' (threads share one parameter server)")
-    if cfg.ray_placement not in ("node", "pack", "spread"):
-        raise ConfigError(f"ray_placement must be 'node', 'pack' or 'spread', got {cfg.ray_placement!r}")
-    if cfg.backend == "ray" and cfg.ray_placement == "node" and cfg.aggregation == "allreduce":
+    if cfg.ray_placement not in ("auto", "node", "pack", "spread"):
+        raise ConfigError(f"ray_placement must be 'auto', 'node', 'pack' or 'spread', got {cfg.ray_placement!r}")
+    if cfg.backend == "ray" and cfg.placement == "node" and cfg.aggregation == "allreduce":
         raise ConfigError("aggregation: 'allreduce' needs learners in Ray actors (ray_placement 'pack' or 'spread'); "
                           "on one node ('node') the learners share the driver's parameter server")
-    if cfg.ray_remote_actors and (cfg.backend != "ray" or cfg.ray_placement != "node"):
+    if cfg.ray_remote_actors and (cfg.backend != "ray" or cfg.placement != "node"):
         raise ConfigError("ray_remote_actors: remote actors and their inserter need backend = 'ray' with "
                           "ray_placement = 'node'")
-    if cfg.backend == "ray" and cfg.ray_placement == "node" and cfg.env_backend == "async":
+    if cfg.backend == "ray" and cfg.placement == "node" and cfg.env_backend == "async":
         raise ConfigError("env_backend: 'async' is not built for ray_placement 'node' (its actors run the process "
                           "backend's actor body; use env_backend = 'sync')")
     if cfg.env_backend not in ("sync", "async"):
         raise ConfigError(f"env_backend must be 'sync' or 'async', got {cfg.env_backend!r}")
-    if cfg.eval_pauses_training and cfg.backend == "ray" and cfg.ray_placement != "node":
+    if cfg.backend == "ray" and cfg.placement == "node" and cfg.buffer_checkpoint_interval:
+        raise ConfigError("buffer_checkpoint_interval: the buffer actor's checkpoints need ray_placement 'pack' or "
+                          "'spread' (on one node ('node') the buffer is the node's shared segment, checkpointed with "
+                          "the run)")
+    if cfg.eval_pauses_training and cfg.backend == "ray" and cfg.placement != "node":
         raise ConfigError("eval_pauses_training: the Ray backend's workers cannot be paused for an evaluation "
                           "(backend threads or processes, or ray_placement 'node')")
     if cfg.stop_return is not None and not (cfg.eval_interval and cfg.eval_episodes):

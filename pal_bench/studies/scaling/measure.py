@@ -76,7 +76,7 @@ def label(cfg) -> str:
     "node"``: the process backend's pieces, its actor processes started by Ray)."""
     if cfg.backend == "processes" and cfg.learner_processes:
         return "learner-processes"
-    if cfg.backend == "ray" and cfg.ray_placement == "node":
+    if cfg.backend == "ray" and cfg.placement == "node":
         return "ray-node"
     return cfg.backend
 
@@ -189,6 +189,34 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     return out
 
 
+def end_to_end_backends(cfgs: list, max_threads: int, steps: int, progress=print,
+                        repeats: int = 1) -> dict[str, pd.DataFrame]:
+    """``end_to_end`` for each backend of ``cfgs`` in interleaved rounds (round 1 runs every backend's splits, then
+    round 2 ...), so that the backends share the machine's drift: per backend, split and variant the median over
+    rounds, and every round's value (in round order) in ``measured_transitions_per_s_reps`` and
+    ``measured_updates_per_s_reps``, for paired ratios between backends."""
+    runs: dict[str, list[pd.DataFrame]] = {label(c): [] for c in cfgs}
+    for r in range(repeats):
+        for c in cfgs:
+            b = label(c)
+            runs[b].append(end_to_end(c, max_threads, steps, progress=lambda m, r=r, b=b: progress(
+                f"[round {r + 1}/{repeats} {b}] {m}")))
+    return {b: _median_of_rounds(frames) for b, frames in runs.items()}
+
+
+def _median_of_rounds(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    keys = ["actors", "learners", "aggregation", "env_backend"]
+    rounds = pd.concat([f.assign(round=i) for i, f in enumerate(frames)], ignore_index=True).sort_values("round")
+    out = rounds.groupby(keys, sort=False).agg(
+        measured_transitions_per_s=("measured_transitions_per_s", "median"),
+        measured_updates_per_s=("measured_updates_per_s", "median"), wall_s=("wall_s", "median"),
+        measured_transitions_per_s_reps=("measured_transitions_per_s", lambda v: " ".join(f"{x:.1f}" for x in v)),
+        measured_updates_per_s_reps=("measured_updates_per_s", lambda v: " ".join(f"{x:.1f}" for x in v)),
+        threads=("threads", "first"), oversubscribed=("oversubscribed", "first"), backend=("backend", "first"),
+        rounds=("round", "count")).reset_index()
+    return out
+
+
 def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repeats: int = 1) -> pd.DataFrame:
     """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
     ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
@@ -266,12 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--end-to-end", type=nonneg_int, metavar="STEPS", default=0,
-                    help="instead, measure the whole trainer at every split (results/end_to_end.csv, "
-                         "end_to_end_ray.csv for --backend ray)")
+                    help="instead, measure the whole trainer at every split, --repeats rounds (results/"
+                         "end_to_end.csv, end_to_end_<backend>.csv for another backend); a comma list of backends "
+                         "runs them in interleaved rounds")
     add_force_flag(ap)
     args = ap.parse_args(argv)
-    if args.end_to_end and len(args.backend) > 1:
-        ap.error("--end-to-end measures one backend at a time")
     cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
                         backend={"learner-processes": "processes", "ray-node": "ray"}.get(b, b),
                         learner_processes=b == "learner-processes", ray_placement="node" if b == "ray-node" else "pack")
@@ -283,18 +310,18 @@ def main(argv: list[str] | None = None) -> int:
         return _write_curves(args, sweep_backends(cfgs, args.max_threads, args.steps, args.updates,
                                                   progress=lambda m: print(m, file=sys.stderr), repeats=args.repeats),
                              measured)
-    cfg = cfgs[0]
-    suffix = "" if cfg.backend == "threads" else f"_{label(cfg).replace('-', '_')}"
-    if args.end_to_end:
-        e2e = end_to_end(cfg, max(2, args.max_threads), args.end_to_end, progress=lambda m: print(m, file=sys.stderr))
-        args.out.mkdir(parents=True, exist_ok=True)
-        e2e.to_csv(args.out / f"end_to_end{suffix}.csv", index=False, float_format="%.2f")
-        measured.write(args.out / f"end_to_end{suffix}.csv")
+    measured_all = end_to_end_backends(cfgs, max(2, args.max_threads), args.end_to_end,
+                                       progress=lambda m: print(m, file=sys.stderr), repeats=args.repeats)
+    measured.finish()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for backend, e2e in measured_all.items():
+        name = "end_to_end" + ("" if backend == "threads" else f"_{backend.replace('-', '_')}")
+        e2e.to_csv(args.out / f"{name}.csv", index=False, float_format="%.2f")
+        measured.write(args.out / f"{name}.csv")
         print(e2e.to_string(index=False))
-        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'end_to_end{suffix}.png')}")
-        if (fig := backends_figure(args.out)) is not None:
-            print(f"figure: {fig}")
-        return 0
+        print(f"figure: {draw_end_to_end(e2e, args.out / 'figures' / f'{name}.png')}")
+    if (fig := backends_figure(args.out)) is not None:
+        print(f"figure: {fig}")
     return 0
 
 

@@ -58,7 +58,9 @@ def end_to_end_block(results: Path, name: str = "end_to_end.csv") -> str:
     u = df.pivot_table(index="split", columns="variant", values="measured_updates_per_s", aggfunc="first", sort=False)
     cell = t.round(0).astype("Int64").astype(str) + " / " + u.round(0).astype("Int64").astype(str)
     backend = df.backend.iloc[0] if "backend" in df else "threads"
-    return (f"The whole trainer ({backend} backend) at each split: env steps/s / updates/s, one run per cell.\n\n"
+    runs = (f"the median of {int(df['rounds'].min())} interleaved rounds per cell" if "rounds" in df
+            else "one run per cell")
+    return (f"The whole trainer ({backend} backend) at each split: env steps/s / updates/s, {runs}.\n\n"
             + cell.reset_index().to_markdown(index=False) + "\n\n" + source(results, name) + "\n")
 
 
@@ -156,6 +158,42 @@ def ray_node_block(results: Path) -> str:
             + source(results, "scaling.csv", "scaling_processes.csv", "scaling_ray_node.csv") + "\n")
 
 
+def _best_by_round(df: pd.DataFrame) -> tuple[list[float], str]:
+    """Per round, the best env steps/s over every split and variant measured; and the split best at the median."""
+    reps = [_reps(c) or [v] for c, v in zip(df.measured_transitions_per_s_reps, df.measured_transitions_per_s)]
+    n = min(len(r) for r in reps)
+    best = df.loc[df.measured_transitions_per_s.idxmax()]
+    split = f"{best.actors} + {best.learners}, {best.aggregation}"
+    return [max(r[i] for r in reps) for i in range(n)], split
+
+
+def ray_node_end_to_end_block(results: Path) -> str:
+    """The whole trainer, Ray's one-node placement against the process backend, measured in interleaved rounds
+    (``--end-to-end STEPS --backend processes,ray-node``): each backend's best split per round, paired by round."""
+    names = {"processes": "end_to_end_processes.csv", "ray-node": "end_to_end_ray_node.csv"}
+    if not all((results / n).exists() for n in names.values()):
+        return missing("end_to_end_ray_node.csv",
+                       "python -m pal_bench.studies.scaling --backend processes,ray-node --end-to-end 5000")
+    frames = {b: pd.read_csv(results / n) for b, n in names.items()}
+    if not all("measured_transitions_per_s_reps" in f and "rounds" in f for f in frames.values()):
+        return missing("end_to_end_ray_node.csv (in rounds)",
+                       "python -m pal_bench.studies.scaling --backend processes,ray-node --end-to-end 5000")
+    rows, best = [], {}
+    for b, df in frames.items():
+        best[b], split = _best_by_round(df)
+        rows.append({"backend": b, "rounds": len(best[b]), "best split (median)": split,
+                     "best env steps/s per round (median)": pd.Series(best[b]).median(),
+                     "range": f"{min(best[b]):.0f}-{max(best[b]):.0f}"})
+    ratios = sorted(r / p for r, p in zip(best["ray-node"], best["processes"]))
+    ratio = (f"Ray (one node) / processes, best split against best split, paired by round: "
+             f"{pd.Series(ratios).median():.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f}, {len(ratios)} rounds: a "
+             "range, not an interval)")
+    return ("DQN on CartPole-v1, the whole trainer at every split of up to 3 workers (sync and async aggregation), "
+            "the process backend and Ray's one-node placement in interleaved rounds; per round each backend's best "
+            "split.\n\n" + md(pd.DataFrame(rows), ".0f") + "\n\n" + ratio + ".\n\n"
+            + source(results, *names.values()) + "\n")
+
+
 def two_nodes_block(results: Path) -> str:
     """``python -m pal_bench.studies.scaling.two_nodes``: one node against two, and the inserter's ceiling."""
     name = "end_to_end_ray_two_nodes.csv"
@@ -223,4 +261,5 @@ PUBLICATION = Publication("scaling", {
     "end-to-end-processes": end_to_end_processes_block,
     "ray-node": ray_node_block,
     "ray-two-nodes": two_nodes_block,
+    "ray-node-end-to-end": ray_node_end_to_end_block,
 }, outputs)

@@ -348,6 +348,10 @@ class ProcessTrainer(Trainer):
             self._lslots[base + L_STOP] = 1
             self._grant[i].release()
 
+    def _process_ended(self, i: int, p) -> None:
+        """Actor ``i``'s process ``p`` has ended with an error, its messages read (a launcher whose process handle
+        carries the error itself, as Ray's does, records it here)."""
+
     def _actor_cause(self, i: int, p: mp.Process) -> str:
         """How actor ``i``'s process ended, with the traceback it sent; none sent and exit code 1 is most often
         a script without the ``if __name__ == "__main__":`` guard that spawned processes need."""
@@ -441,6 +445,7 @@ class ProcessTrainer(Trainer):
                 lost = int(self.counters[reserved_slot(i)] - self.counters[inserted_slot(i)])
                 self.counters[reserved_slot(i)] = self.counters[inserted_slot(i)]
             self.lost[i] += lost
+            self._process_ended(i, p)
             if i in self._training_errors:       # it diverged (actor-side priorities): no restart would help
                 raise training_error(self._training_errors.pop(i))
             why = self._last_error.pop(i, None)

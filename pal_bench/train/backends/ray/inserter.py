@@ -16,6 +16,7 @@ again, so one waiting actor never holds the inserter for long.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -138,6 +139,9 @@ class Inserter:
                 self.ref, self.version = ray.put(state), v
             self.seconds["publish"] += time.perf_counter() - t0
         return None if self.version == known else (self.version, [self.ref])
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def stats(self) -> dict:
         return {"rows": self.rows, "bytes": self.bytes, "seconds": dict(self.seconds)}

@@ -1,4 +1,5 @@
-"""Ray on one node at the process backend's speed (``ray_placement = "node"``): Ray places and starts the actor
+"""Ray on one node at the process backend's speed (``ray_placement = "node"``, which "auto", the default, picks
+unless the run needs Ray actors): Ray places and starts the actor
 processes; everything they exchange is the process backend's, in shared memory on the node.
 
 ``RayNodeTrainer`` is ``ProcessTrainer`` with another launcher: each actor process is a Ray actor pinned to the
@@ -161,6 +162,7 @@ class RayProcess:
         self.ref = self.handle.run.remote(args)
         self._exitcode: int | None = None
         self.error: str | None = None       # what the body raised (Ray's traceback), once it has ended
+        self.training_error: tuple[str, str] | None = None   # (class, message) when that was a TrainingError
 
     def join(self, timeout: float | None = None) -> None:
         import ray
@@ -179,6 +181,9 @@ class RayProcess:
                     self._exitcode = 0
                 except Exception as e:   # noqa: BLE001 - RayTaskError / RayActorError: it raised or died
                     self._exitcode, self.error = 1, str(e)
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, TrainingError):
+                        self.training_error = (type(cause).__name__, str(cause))
         return self._exitcode
 
     def is_alive(self) -> bool:
@@ -195,8 +200,8 @@ class RayNodeTrainer(ProcessTrainer):
     (``backend = "ray"``, ``ray_placement = "node"``)."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
-        if cfg.backend != "ray" or cfg.ray_placement != "node":
-            raise ConfigError("RayNodeTrainer runs backend = 'ray' with ray_placement = 'node'")
+        if cfg.backend != "ray" or cfg.placement != "node":
+            raise ConfigError("RayNodeTrainer runs backend = 'ray' with ray_placement 'node' (or 'auto')")
         from pal_bench.train.backends.ray.session import connect
 
         self._owns_ray = connect(cfg.ray_address)
@@ -267,9 +272,19 @@ class RayNodeTrainer(ProcessTrainer):
                 dict(enumerate(self._messages)))
         return self._inserter
 
+    def _process_ended(self, i: int, p) -> None:
+        """A remote actor's error comes with Ray's exception, not as a message: a ``TrainingError`` it raised
+        (``Diverged``) ends the run as it would from an actor process; any other error is the restart's cause.
+        What the actor sent itself (read first: its inbox drained now, whatever the period) takes precedence."""
+        self._messages[i].force = True
+        self._sync()
+        if getattr(p, "training_error", None) and i not in self._training_errors:
+            self._training_errors[i] = p.training_error
+        if getattr(p, "error", None) and i not in self._last_error and i not in self._training_errors:
+            self._last_error[i] = p.error
+
     def _actor_cause(self, i: int, p) -> str:
-        if getattr(p, "error", None) and i not in self._last_error:
-            self._last_error[i] = p.error         # a remote actor's traceback comes with Ray's error, not a message
+        self._process_ended(i, p)
         return super()._actor_cause(i, p)
 
     def _actors(self, i: int) -> None:
@@ -287,7 +302,10 @@ class RayNodeTrainer(ProcessTrainer):
         if self._inserter is not None:
             import ray
 
-            out["inserter"] = ray.get(self._inserter.stats.remote())
+            try:
+                out["inserter"] = ray.get(self._inserter.stats.remote(), timeout=INSERTER_PING_S)
+            except Exception:   # noqa: BLE001 - RayActorError / GetTimeoutError: the inserter is gone
+                out["inserter"] = None
         return out
 
     def close(self) -> None:

@@ -394,7 +394,8 @@ class RayTrainer(Driver):
         s = super().summary()
         s["phase_seconds"]["buffer"] = {k: round(v, 4) for k, v in self.buffer.stats["seconds"].items()}
         return s | {
-            "backend": "ray", "ray_address": self.cfg.ray_address, "buffer_size": self.buffer.stats.get("size"),
+            "backend": "ray", "ray_placement": "spread" if self.cfg.ray_placement == "spread" else "pack",
+            "ray_address": self.cfg.ray_address, "buffer_size": self.buffer.stats.get("size"),
             "restarts": [e for e in self.events if e["event"] == "restart"],
             "transitions_lost": sum(e["transitions_lost"] for e in self.events),
             "learner_timeouts": sum(e["event"] == "learner_timeout" for e in self.events),

@@ -1,0 +1,90 @@
+"""From measured inputs to the model's ``Inputs`` for a backend, and the one fit the model makes: per backend, the
+actor phases and the learner phases each scaled so that the model's one-worker f_a and f_l equal the measured
+one-worker points (``fit``). Everything else (two workers, every split, other core counts) is predicted.
+
+The inputs file (``results/simulation_inputs.csv``, one row per measurement round) holds flat columns:
+``threads.act_us`` / ``processes.act_us`` ... (actor phases per backend), ``sample_us`` ... (learner phases),
+``insert_lock_us`` ..., ``publish_us``, ``pull_us``, ``mem_bw_core``, ``mem_bw_total``, ``gil.act`` ...,
+``gil_handoff_us``, ``ray_call_us``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, throughput
+
+ACTOR_PHASES = ("act_us", "env_us", "insert_us")
+RAY_CALLS_PER_UPDATE = 2          # the Ray learner's remote calls per update: a sample, a gradient
+LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
+
+# assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
+# GCS, the inbox actors) keep busy while a run goes
+BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "ray-node": 0.1, "ray": 0.1}
+
+
+def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
+    """The model's ``Inputs`` for ``backend`` from one round of measured inputs (``inputs.measure``)."""
+    actor = "threads" if backend == "threads" else "processes"
+    lock = {"insert_lock_us": row["insert_lock_us"], "sample_lock_us": row["sample_lock_us"],
+            "prio_lock_us": row["prio_lock_us"]}
+    gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": 1.0, "sample": row["gil.sample"],
+           "grad": row["gil.grad"], "prio": row["gil.sample"], "apply": row["gil.apply"], "copy": 0.0}
+    call = row.get("ray_call_us")
+    return Inputs(
+        act_us=row[f"{actor}.act_us"], env_us=row[f"{actor}.env_us"],
+        insert_us=max(row[f"{actor}.insert_us"], lock["insert_lock_us"]),
+        sample_us=max(row["sample_us"], lock["sample_lock_us"]), grad_us=row["grad_us"],
+        prio_us=max(row["prio_us"], lock["prio_lock_us"]), apply_us=row["apply_us"],
+        weight_bytes=int(row["weight_bytes"]), publish_us=row["publish_us"], pull_us=row["pull_us"],
+        mem_bw_total=row["mem_bw_total"],
+        ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
+        ps_grad_us=float(row.get("ps_grad_us", 0.0) or 0.0),
+        insert_lock_call_us=float(row.get("insert_lock_call_us", 0.0) or 0.0),
+        gil_handoff_us=row["gil_handoff_us"], background_cores=BACKGROUND_CORES[backend], **lock)
+
+
+def median_inputs(rounds: pd.DataFrame) -> dict:
+    """Each input's median over the measured rounds."""
+    return rounds.drop(columns=[c for c in ("round",) if c in rounds]).median(numeric_only=True).to_dict()
+
+
+def resample(rounds: pd.DataFrame, rng: np.random.Generator) -> dict:
+    """One bootstrap draw of the inputs: each input from a round drawn on its own."""
+    picks = rng.integers(0, len(rounds), size=len(rounds.columns))
+    return {c: rounds[c].iloc[i] for c, i in zip(rounds.columns, picks)}
+
+
+def _scale(inp: Inputs, names: tuple[str, ...], k: float) -> Inputs:
+    return replace(inp, **{n: getattr(inp, n) * k for n in names})
+
+
+def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores: int,
+        learning: dict | None = None) -> tuple[Inputs, dict]:
+    """Scale the actor phases so that the model's f_a(1) is ``f_a1`` and the learner phases so that its f_l(1) is
+    ``f_l1`` (Ray actors: the remote call's round trip instead; either None: left as measured). Returns the fitted
+    inputs and the two factors (Ray's learner factor: the call's). Three passes of the fixed point (the model is
+    near-linear in each side's cost at one worker)."""
+    factors = {"actor": 1.0, "learner": 1.0}
+    for _ in range(3):
+        if f_a1:
+            got = throughput(inp, Workload(backend, cores, 1, 1, "f_a", steps=4_000 + 4 * CHUNK[backend],
+                                           chunk=CHUNK[backend], **(learning or {})))
+            k = got / f_a1
+            inp, factors["actor"] = _scale(inp, ACTOR_PHASES, k), factors["actor"] * k
+        if f_l1:
+            got = throughput(inp, Workload(backend, cores, 1, 1, "f_l", updates=400, chunk=CHUNK[backend],
+                                           **(learning or {})))
+            if backend == "ray":
+                # a Ray learner's extra time is its remote calls' waiting (a sample call and a gradient call per
+                # update): the fit moves the call's round trip, not the learner's own work
+                call = max(0.0, inp.ray_call_us + (1 / f_l1 - 1 / got) * 1e6 / RAY_CALLS_PER_UPDATE)
+                factors["learner"] *= call / inp.ray_call_us if inp.ray_call_us else 1.0
+                inp = replace(inp, ray_call_us=call)
+            else:
+                k = got / f_l1
+                inp, factors["learner"] = _scale(inp, LEARNER_PHASES, k), factors["learner"] * k
+    return inp, factors

@@ -1,0 +1,147 @@
+"""``pal-bench simulate``: measure the model's inputs, check the model against every stored measurement, and
+predict the trainer past the cores this machine has.
+
+    pal-bench simulate --measure-inputs                 # results/simulation_inputs.csv (about 2 min a round)
+    pal-bench simulate --validate                       # results/simulation_validation.csv
+    pal-bench simulate --backend processes --cores 1-64 # results/simulation_processes.csv + figure
+    pal-bench simulate --sensitivity 64                 # results/simulation_sensitivity.csv
+    pal-bench simulate --design                         # results/simulation_design.csv
+
+The predictions use the stored inputs (measured first when there are none) and the one-worker points of the
+stored scaling CSVs (the model's one fit, ``calibrate.fit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.argtypes import choice_list, positive_int
+from pal_bench.atomic import atomic_write_text
+from pal_bench.paths import RESULTS
+from pal_bench.studies.simulate.model import BACKENDS
+from pal_bench.studies.simulate.predict import DEFAULT_CORES, parse_cores
+
+INPUTS = "simulation_inputs.csv"
+
+
+def _write_csv(df: pd.DataFrame, path: Path, conditions=None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
+    if conditions is not None:
+        conditions.write(path)
+    return path
+
+
+def load_inputs(results: Path) -> pd.DataFrame | None:
+    path = results / INPUTS
+    return pd.read_csv(path) if path.exists() else None
+
+
+def one_worker_points(results: Path, backend: str) -> dict:
+    """The stored one-worker f_a and f_l of ``backend`` (the fit's targets; empty where none are stored)."""
+    from pal_bench.studies.simulate.validate import SCALING
+
+    path = results / SCALING[backend]
+    if not path.exists():
+        return {}
+    df = pd.read_csv(path)
+    one = df[(df.threads == 1) & (df.get("env_backend", "sync") == "sync")]
+    return {c: float(one[one.curve == c].throughput.iloc[0]) for c in ("f_a", "f_l") if (one.curve == c).any()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pal-bench simulate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", type=choice_list(BACKENDS), default=["processes"],
+                    help=f"comma list of {', '.join(BACKENDS)} (default processes)")
+    ap.add_argument("--cores", default=DEFAULT_CORES, help=f"core counts to predict, e.g. 1-64 or 1,2,4 "
+                                                           f"(default {DEFAULT_CORES})")
+    ap.add_argument("--samples", type=positive_int, default=10,
+                    help="resampled inputs per prediction, for its interval (default 10)")
+    ap.add_argument("--measure-inputs", action="store_true", help="measure the inputs (and store them)")
+    ap.add_argument("--rounds", type=positive_int, default=3, help="input measurement rounds (default 3)")
+    ap.add_argument("--validate", action="store_true", help="predict every stored point, each left out of the fit")
+    ap.add_argument("--sensitivity", type=positive_int, metavar="CORES",
+                    help="which input moves the prediction at CORES most")
+    ap.add_argument("--design", action="store_true",
+                    help="the design at scale: the buffer's lock at 64 actors (batched inserts, shards, seqlock "
+                         "samplers), 16 learners (parameter server or all-reduce), Ray on 1-8 nodes")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-figure", action="store_true")
+    from pal_bench.conditions import add_force_flag
+
+    add_force_flag(ap)
+    args = ap.parse_args(argv)
+    backends = args.backend
+    try:
+        cores = parse_cores(args.cores)
+    except ValueError as e:
+        ap.error(f"--cores: {e}")
+    log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
+    rounds = load_inputs(args.out)
+    if args.measure_inputs or rounds is None:
+        rounds = _measure(args, log)
+        if rounds is None:
+            return 2
+        if args.measure_inputs and not (args.validate or args.sensitivity or args.design):
+            print(rounds.T.to_string())
+            return 0
+    if args.validate:
+        from pal_bench.studies.simulate.validate import summary, validate
+
+        v = validate(args.out, rounds, progress=log)
+        _write_csv(v, args.out / "simulation_validation.csv")
+        s = summary(v)
+        print(v.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        print(f"\n{s['points']} points: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}"
+              f"; {s['not_covered']} not covered")
+        return 0
+    if args.design:
+        from pal_bench.studies.simulate.design import design_at_scale
+        from pal_bench.studies.simulate.predict import fitted
+
+        inp = fitted(rounds, "processes", one_worker_points(args.out, "processes"), int(rounds.cores.iloc[0]))
+        df = design_at_scale(inp, args.out, progress=log)
+        _write_csv(df, args.out / "simulation_design.csv")
+        print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        return 0
+    if args.sensitivity:
+        from pal_bench.studies.simulate.predict import fitted, sensitivity
+
+        frames = []
+        for b in backends:
+            inp = fitted(rounds, b, one_worker_points(args.out, b), int(rounds.cores.iloc[0]))
+            frames.append(sensitivity(inp, b, args.sensitivity).assign(backend=b, cores=args.sensitivity))
+        df = pd.concat(frames, ignore_index=True)
+        _write_csv(df, args.out / "simulation_sensitivity.csv")
+        print(df.to_string(index=False, float_format=lambda x: f"{x:+.3f}"))
+        return 0
+    from pal_bench.studies.simulate.predict import predict
+
+    for b in backends:
+        df = predict(rounds, b, cores, one_worker_points(args.out, b), samples=args.samples, progress=log)
+        path = _write_csv(df, args.out / f"simulation_{b.replace('-', '_')}.csv")
+        print(df.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+        print(f"wrote {path}")
+        if not args.no_figure:
+            from pal_bench.studies.simulate.figures import draw_predictions
+
+            print(f"figure: {draw_predictions(df, args.out, b)}")
+    return 0
+
+
+def _measure(args, log) -> pd.DataFrame | None:
+    from pal_bench.conditions import Conditions, refuse_if_busy
+    from pal_bench.studies.simulate.inputs import measure
+    from pal_bench.train import make_config
+
+    if refuse_if_busy("pal-bench simulate --measure-inputs", args.force):
+        return None
+    cfg = make_config("dqn", "CartPole-v1")
+    with Conditions("simulation inputs") as c:
+        rounds = pd.DataFrame(measure(cfg, args.rounds, progress=log))
+    _write_csv(rounds, args.out / INPUTS, c)
+    return rounds

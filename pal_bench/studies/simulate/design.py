@@ -1,0 +1,89 @@
+"""What the design does at scale, by simulation: the buffer's one lock at 64 actors against batched inserts, a
+sharded buffer and optimistic (seqlock) samplers; the parameter server at 16 learners against all-reduce; and Ray
+actors on 1-8 other nodes feeding one inserter. Inputs: the measured rounds (``simulation_inputs.csv``), the
+aggregation study's all-reduce times (``aggregation.csv``: latency per ring step and bandwidth, from its two
+network sizes at 2 learners) and the two-node study's inserter ceiling (``end_to_end_ray_two_nodes.csv``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.studies.simulate.model import Inputs, Workload, simulate
+
+NODE_CORES = 16          # cores per node in the multi-node rows (a named assumption: a common cluster node)
+
+
+def allreduce_inputs(results: Path) -> dict:
+    """``allreduce_alpha_us`` and ``allreduce_bw`` from the aggregation study's all-reduce at 2 learners (two
+    network sizes: the communication time is 2 steps x (alpha + bytes / 2 / bw)); empty when not stored."""
+    path = results / "aggregation.csv"
+    if not path.exists():
+        return {}
+    a = pd.read_csv(path)
+    a = a[(a.scheme == "allreduce") & (a.learners == 2)].sort_values("params")
+    if len(a) < 2:
+        return {}
+    small, large = a.iloc[0], a.iloc[-1]
+    per_byte = (large.communicate_s - small.communicate_s) / (4 * (large.params - small.params))   # s/byte, 2 steps
+    bw = 1 / max(per_byte, 1e-12)          # 2 steps x bytes / 2 = bytes: one byte-time per byte of gradient
+    alpha = max(0.0, (small.communicate_s - 4 * small.params / bw) / 2)
+    return {"allreduce_alpha_us": alpha * 1e6, "allreduce_bw": bw}
+
+
+def inserter_inputs(results: Path, chunk: int = 256) -> dict:
+    """``inserter_row_us`` (its ceiling with 4 chunks in flight) and ``inserter_call_us`` (a chunk's round trip
+    beyond its rows at 1 in flight) from the two-node study; empty when not stored."""
+    path = results / "end_to_end_ray_two_nodes.csv"
+    if not path.exists():
+        return {}
+    d = pd.read_csv(path)
+    one = d[d.placement == "ceiling, 1 in flight"].rows_per_s.median()
+    four = d[d.placement == "ceiling, 4 in flight"].rows_per_s.median()
+    if not (one > 0 and four > 0):
+        return {}
+    row_us = 1e6 / four
+    return {"inserter_row_us": row_us, "inserter_call_us": max(0.0, chunk * (1e6 / one - row_us))}
+
+
+def design_at_scale(inp: Inputs, results: Path, progress=print, length: float = 1.0) -> pd.DataFrame:
+    """One row per (question, variant): the simulated throughput and the shared resource held most. ``length``
+    scales every simulated run's steps or updates (tests run short ones)."""
+    inp = replace(inp, **allreduce_inputs(results), **inserter_inputs(results))
+    rows = []
+
+    def run(question: str, variant: str, w: Workload) -> None:
+        w = replace(w, steps=max(1_000, int(w.steps * length)), updates=max(100, int(w.updates * length)))
+        r = simulate(inp, w)
+        top = max(r["busy"].items(), key=lambda kv: kv[1])
+        value = r["updates_per_s"] if w.mode == "f_l" else r["env_steps_per_s"]
+        rows.append({"question": question, "variant": variant, "backend": w.backend, "cores": w.cores * max(
+            1, w.nodes), "actors": w.actors if w.mode != "f_l" else 0, "learners": w.learners if w.mode != "f_a"
+            else 0, "mode": w.mode, "throughput": value, "busiest": top[0], "busiest_share": top[1]})
+        progress(f"{question} / {variant}: {value:.0f} ({top[0]} held {top[1]:.0%})")
+
+    lock = "the buffer's lock at 64 actors (f_a, actor processes)"
+    base = Workload("processes", 64, 64, 1, "f_a", steps=40_000)
+    run(lock, "one lock, one row per insert (today's default)", base)
+    run(lock, "batched inserts (64 rows per add_batch: local_buffer 64)", replace(base, chunk=64))
+    run(lock, "4 shards", replace(base, lock_shards=4))
+    run(lock, "16 shards", replace(base, lock_shards=16))
+    samplers = "the buffer's lock at 16 learners (f_l, async parameter server)"
+    base = Workload("processes", 16, 1, 16, "f_l", updates=3_000, aggregation="async")
+    run(samplers, "samples under the lock", base)
+    run(samplers, "optimistic samplers (seqlock)", replace(base, seqlock_sampling=True))
+    ps = "16 learners: parameter server against all-reduce (f_l)"
+    run(ps, "driver's parameter server, sync (learners are the driver's threads)",
+        Workload("processes", 16, 1, 16, "f_l", updates=3_000))
+    run(ps, "Ray parameter-server actor, sync (learners are processes)",
+        Workload("ray", 16, 1, 16, "f_l", updates=3_000))
+    run(ps, "Ray all-reduce (gloo; learners are processes)",
+        Workload("ray", 16, 1, 16, "f_l", updates=3_000, aggregation="allreduce"))
+    nodes = f"Ray actors on other nodes ({NODE_CORES} cores, {NODE_CORES} actors each) through one inserter (f_a)"
+    for n in (1, 2, 4, 8):
+        run(nodes, f"{n} node(s)", Workload("ray-node", NODE_CORES, NODE_CORES * n, 1, "f_a",
+                                            steps=min(20_000 * n, 120_000), chunk=256, nodes=n))
+    return pd.DataFrame(rows)

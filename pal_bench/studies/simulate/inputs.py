@@ -1,0 +1,335 @@
+"""The model's inputs, measured on this machine: each a short run of the real trainer or a probe of one cost.
+
+- **Per-phase service times** at one worker: the trainer's own per-phase profile (``phase_seconds``) of an
+  actors-only run with one actor (thread and process backends: inference, env step, buffer insert, per env step)
+  and of a learners-only run with one learner on a filled buffer (sample, forward/backward, priority update,
+  apply, per update);
+- **the buffer's lock**: how long an insert (per row), a sample and a priority update hold it (the buffer's own
+  ``lock_stats``, hold time sampled in the Cython core);
+- **weights**: one version published into a ``SharedWeights`` block and read out of it into an actor's networks,
+  its size, and the memory bandwidth: one core alone, and every core copying at once (a STREAM-like copy of 64 MB
+  arrays, one process per core);
+- **the GIL**: the share of each phase a thread holds it (the phase run in a loop on one thread while another
+  thread counts in pure Python: what the counter loses is what the phase held), and a GIL handoff's cost (two
+  threads handing it over as fast as they can, against one);
+- **Ray**: one remote call's round trip (a no-op actor method, ``ray.get``), where Ray is installed.
+
+``measure(rounds)`` returns one dict of inputs per round; the rounds are the samples the predictions resample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+COPY_MB = 64                 # bytes per STREAM-like copy (MB): well past the caches
+PROBE_S = 0.4                # seconds per GIL probe side
+
+
+def _per(phases: dict, n: int, *names: str) -> float:
+    return sum(phases.get(k, 0.0) for k in names) / max(1, n) * 1e6
+
+
+def actor_phases(cfg, backend: str, steps: int) -> dict:
+    """µs per env step of one actor's phases (an actors-only run: ``learning_starts`` = ``steps``, so the rate rule
+    never holds it back and the weights never change)."""
+    from pal_bench.train import make_trainer
+
+    with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
+        c = dataclasses.replace(cfg, backend=backend, actors=1, learners=1, steps=steps, learning_starts=steps,
+                                buffer_capacity=max(cfg.buffer_capacity, steps), progress=False, eval_episodes=0,
+                                eval_interval=0, checkpoint_interval=0, deterministic=False, out_dir=out)
+        with make_trainer(c) as tr:
+            s = tr.run()
+    p = s["phase_seconds"]["actor0"]
+    return {"act_us": _per(p, steps, "inference"), "env_us": _per(p, steps, "env_step"),
+            # the insert and the step's bookkeeping: reserving steps and counting them in (timed as rate_wait,
+            # never a wait here: no learner), the weights check
+            "insert_us": _per(p, steps, "buffer_insert", "transport", "serialize", "rate_wait", "weights_pull"),
+            "f_a_1": steps / s["wall_s"]}
+
+
+def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
+    """µs per update of one learner thread's phases on a filled buffer (``Trainer.run_learners``)."""
+    from pal_bench.studies.scaling.measure import transitions
+    from pal_bench.train.backends.threads import Trainer
+
+    with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
+        c = dataclasses.replace(cfg, backend="threads", actors=1, learners=1, progress=False, eval_episodes=0,
+                                eval_interval=0, checkpoint_interval=0, deterministic=False, out_dir=out,
+                                buffer_capacity=max(cfg.buffer_capacity, filled))
+        with Trainer(c) as tr:
+            got = tr.run_learners(transitions(tr, filled), updates)
+            p = tr.summary()["phase_seconds"]["learner0"]
+    n = got["updates"]
+    # forward/backward with the update's bookkeeping: taking the update from the rate rule (never a wait here)
+    # and pulling the latest weights into the learner's networks, once per update as well
+    return {"sample_us": _per(p, n, "sample"), "grad_us": _per(p, n, "forward_backward", "weights_pull", "rate_wait"),
+            "prio_us": _per(p, n, "priority_update"),
+            "apply_us": _per(p, n, "apply", "aggregation_wait"), "f_l_1": n / got["wall_s"]}
+
+
+def lock_holds(cfg, batch: int, n: int = 2_000) -> dict:
+    """µs the buffer's lock is held per inserted row and per ``add_batch`` call beyond its rows (from one row
+    and 256 rows a call), per sample of ``batch`` and per priority update of it."""
+    from pal_bench import PrioritizedReplayBuffer
+
+    rng = np.random.default_rng(0)
+    buf = PrioritizedReplayBuffer(100_000, {"obs": ((4,), np.float32), "act": ((), np.int64)}, alpha=0.6)
+    rows = {"obs": rng.random((256, 4), dtype=np.float32), "act": rng.integers(0, 2, 256)}
+
+    def hold(fn, calls: int) -> float:
+        h0 = buf.lock_stats()["hold_s"]
+        for _ in range(calls):
+            fn()
+        return (buf.lock_stats()["hold_s"] - h0) / calls * 1e6
+
+    one = {k: v[:1] for k, v in rows.items()}
+    for _ in range(200):
+        buf.add_batch(**rows)
+    chunk = hold(lambda: buf.add_batch(**rows), n // 4)
+    single = hold(lambda: buf.add_batch(**one), n)
+    per_row = max(0.0, (chunk - single) / 255)
+    got = buf.sample(batch)
+    sample = hold(lambda: buf.sample(batch), n)
+    prio = rng.random(batch) + 0.1
+    update = hold(lambda: buf.update_priorities(got["indices"], prio), n)
+    return {"insert_lock_us": per_row, "insert_lock_call_us": max(0.0, single - per_row),
+            "sample_lock_us": sample, "prio_lock_us": update}
+
+
+def weight_copies(cfg, n: int = 300) -> dict:
+    """µs to publish one version of the run's networks (online and target) into a ``SharedWeights`` block, and to
+    read one into an actor's networks; the bytes of one version."""
+    import torch
+
+    from pal_bench.train.core import RunCore
+    from pal_bench.train.shared_weights import SharedWeights, spec_of
+
+    core = RunCore(cfg)
+    state = {f"{part}.{k}": v.detach().clone() for part in ("online", "target")
+             for k, v in core.networks().state_dict().items()}
+    block = SharedWeights.create(spec_of(state))
+    try:
+        into = {k: torch.empty_like(v) for k, v in state.items()}
+        t0 = time.perf_counter()
+        for _ in range(n):
+            block.publish(state)
+        publish = (time.perf_counter() - t0) / n * 1e6
+        t0 = time.perf_counter()
+        for _ in range(n):
+            block.read(into)
+        pull = (time.perf_counter() - t0) / n * 1e6
+    finally:
+        block.close()
+    return {"publish_us": publish, "pull_us": pull, "weight_bytes": sum(v.numel() * v.element_size()
+                                                                         for v in state.values())}
+
+
+def ps_grad_us(cfg, n: int = 500) -> float:
+    """µs the parameter server spends per gradient it averages: one gradient set of the run's network added into
+    an accumulator (what a sync round does once per learner)."""
+    import torch
+
+    from pal_bench.train.core import RunCore
+
+    params = [p.detach() for p in RunCore(cfg).networks().parameters()]
+    acc, grad = [torch.zeros_like(p) for p in params], [torch.ones_like(p) for p in params]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for a, g in zip(acc, grad):
+            a.add_(g)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _copy_rate(seconds: float, out=None, start=None) -> float:
+    a = np.ones(COPY_MB * 2**20 // 8)
+    b = np.empty_like(a)
+    if start is not None:
+        start.wait(60)                    # every copier starts at once
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        np.copyto(b, a)
+        n += 1
+    rate = n * a.nbytes / (time.perf_counter() - t0)
+    if out is not None:
+        out.put(rate)
+    return rate
+
+
+def memory_bandwidth(cores: int, seconds: float = 1.0) -> dict:
+    """Bytes/s one core copies, and all ``cores`` copying at once (one process each)."""
+    one = _copy_rate(seconds)
+    ctx = mp.get_context("spawn")
+    q, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_copy_rate, args=(seconds, q, start)) for _ in range(cores)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)                       # spawned and their arrays allocated
+    start.set()
+    rates = [q.get(timeout=120 + seconds) for _ in procs]
+    for p in procs:
+        p.join()
+    return {"mem_bw_core": one, "mem_bw_total": sum(rates)}
+
+
+def _count_while(stop: threading.Event) -> int:
+    n = 0
+    while not stop.is_set():
+        n += 1
+    return n
+
+
+def gil_share(fn, seconds: float = PROBE_S) -> float:
+    """The share of ``fn``'s time it holds the GIL. A pure-Python counter thread runs beside ``fn`` in a loop with
+    a fine switch interval (10 µs: the two share the GIL fairly while both want it). Per unit of ``fn``'s work, its
+    GIL part g runs at half speed and the counter gets half of it, the rest (1 - g) the counter has alone: the
+    counter's rate falls to 1 / (1 + g) of its rate alone, so g = alone / beside - 1 (0: ``fn`` never holds the
+    GIL; 1: always)."""
+    import sys
+
+    def counted(with_fn: bool) -> float:
+        stop, out = threading.Event(), {}
+        t = threading.Thread(target=lambda: out.setdefault("n", _count_while(stop)))
+        t0 = time.perf_counter()
+        t.start()
+        while time.perf_counter() - t0 < seconds:
+            if with_fn:
+                fn()
+            else:
+                time.sleep(0.001)
+        stop.set()
+        t.join()
+        return out["n"] / (time.perf_counter() - t0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        alone, beside = counted(False), counted(True)
+    finally:
+        sys.setswitchinterval(interval)
+    return float(min(1.0, max(0.0, alone / max(beside, 1e-9) - 1)))
+
+
+def gil_handoff_us(n: int = 20_000) -> float:
+    """µs one GIL handoff adds: two threads each releasing the GIL every iteration (``time.sleep(0)``), against
+    one thread doing both loops."""
+    def loop(k: int) -> None:
+        for _ in range(k):
+            time.sleep(0)
+
+    t0 = time.perf_counter()
+    loop(2 * n)
+    alone = time.perf_counter() - t0
+    ts = [threading.Thread(target=loop, args=(n,)) for _ in range(2)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    both = time.perf_counter() - t0
+    return max(0.0, (both - alone) / (2 * n) * 1e6)
+
+
+def gil_shares(cfg) -> dict:
+    """``gil_share`` of the phases a thread runs: inference on one observation, the environment's step, a sample
+    of one batch, forward/backward of one batch, one optimizer step (the run's own networks and buffer)."""
+    import gymnasium as gym
+    import torch
+
+    from pal_bench.studies.scaling.measure import transitions
+    from pal_bench.train.core import RunCore
+    from pal_bench.train.replay_spec import make_buffer
+
+    core = RunCore(cfg)
+    buf = make_buffer(dataclasses.replace(cfg, buffer_capacity=10_000), core.fields())
+    buf.add_batch(**transitions(core, 5_000))
+    net = next(iter(core.networks().values()))
+    obs = torch.zeros(1, core.obs_dim)
+    batch = torch.as_tensor(buf.sample(cfg.batch_size)["obs"])
+    env = gym.make(cfg.env, **cfg.env_kwargs)
+    env.reset(seed=0)
+
+    def step():
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            env.reset()
+
+    def grad():
+        net.zero_grad()
+        net(batch).sum().backward()
+
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    grad()
+    try:
+        with torch.no_grad():
+            shares = {"act": gil_share(lambda: net(obs)), "env": gil_share(step),
+                      "sample": gil_share(lambda: buf.sample(cfg.batch_size))}
+        shares["grad"] = gil_share(grad)
+        shares["apply"] = gil_share(opt.step)
+    finally:
+        env.close()
+    return shares
+
+
+def ray_call_us(n: int = 300) -> float | None:
+    """µs of one Ray remote call's round trip (median of ``n``; None without Ray)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+
+    class Echo:
+        def noop(self):
+            return None
+
+    own = not ray.is_initialized()
+    if own:
+        ray.init(address="local", num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False,
+                 log_to_driver=False, logging_level="error")
+    try:
+        a = ray.remote(Echo).remote()
+        ray.get(a.noop.remote())
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ray.get(a.noop.remote())
+            times.append(time.perf_counter() - t0)
+        ray.kill(a)
+        return statistics.median(times) * 1e6
+    finally:
+        if own:
+            ray.shutdown()
+
+
+def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progress=print) -> list[dict]:
+    """Every input, ``rounds`` times (each round one sample of each): a list of flat dicts. Thread and process
+    actors' phases are stored as ``threads.act_us`` ... and ``processes.act_us`` ..."""
+    from pal_bench.conditions import usable_cores
+
+    cores = usable_cores()
+    out = []
+    for r in range(rounds):
+        row: dict = {"round": r, "cores": cores}
+        progress(f"[inputs {r + 1}/{rounds}] actor phases (threads, processes) ...")
+        for backend in ("threads", "processes"):
+            row |= {f"{backend}.{k}": v for k, v in actor_phases(cfg, backend, steps).items()}
+        progress(f"[inputs {r + 1}/{rounds}] learner phases ...")
+        row |= learner_phases(cfg, updates)
+        progress(f"[inputs {r + 1}/{rounds}] lock holds, memory bandwidth, GIL, Ray call ...")
+        row |= lock_holds(cfg, cfg.batch_size)
+        row |= weight_copies(cfg)
+        row["ps_grad_us"] = ps_grad_us(cfg)
+        row |= memory_bandwidth(cores)
+        row |= {f"gil.{k}": v for k, v in gil_shares(cfg).items()}
+        row["gil_handoff_us"] = gil_handoff_us()
+        row["ray_call_us"] = ray_call_us()
+        out.append(row)
+    return out

@@ -1,0 +1,397 @@
+"""A discrete-event model of the trainer (SimPy): actors, learners, the parameter server, direct apply or
+all-reduce, the shared buffer's lock, the rate rule, weight publication and the machine's cores, memory bandwidth
+and (threads) the GIL, for each backend; remote actors on other nodes feeding an inserter.
+
+Every worker is a SimPy process that alternates phases; a phase costs its measured service time (``Inputs``, µs)
+on one of its node's ``cores`` (a FIFO ``Resource``: a phase holds a core for at most ``quantum_us`` at a time, so
+oversubscribed workers take turns as the OS time-slices them). What a backend changes is which resources a phase
+also holds:
+
+- **threads**: every worker is a thread of one process. A phase's GIL share (``Inputs.gil``) runs holding the GIL
+  (a ``Resource`` of one), in ``gil_segments`` pieces with the GIL released between them (torch releases it around
+  each operator); a GIL that changes hands costs ``gil_handoff_us`` (the waiting thread's wake-up);
+- **processes** (and Ray's one-node placement, "ray-node"): actors are processes (no GIL among them); learners
+  and the parameter server are threads of the driver and share its GIL, as on the thread backend;
+- **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
+  every insert (per chunk), sample and gradient is a remote call costing ``ray_call_us``, and the buffer actor
+  serves one call at a time.
+
+The buffer's mutex is a ``Resource`` of one (``lock_shards`` of them for a sharded buffer) held for the measured
+lock hold of each insert, sample and priority update (samples without it with ``seqlock_sampling``). Weight copies
+(a learner publishing, an actor pulling a newer version) cost their measured time, stretched when the copies in
+flight together ask more bandwidth than ``mem_bw_total``. The rate rule is ``train.rate_policy.RatePolicy`` itself.
+With ``nodes`` > 0 the actors run on that many other nodes (each with ``cores``) and send chunks of ``chunk`` rows
+to one inserter on the learners' node (a round trip of ``inserter_call_us`` plus ``inserter_row_us`` a row, one
+chunk at a time: the inserter's measured ceiling).
+
+``simulate(inputs, Workload(...))`` returns env steps/s and updates/s in simulated time, and the share of the run
+each shared resource was held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+
+import simpy
+
+from pal_bench.train.rate_policy import RatePolicy, default_slack
+
+BACKENDS = ("threads", "processes", "ray-node", "ray")
+CHUNK = {"threads": 1, "processes": 1, "ray-node": 1, "ray": 256}   # rows per insert call: local_buffer, ray_chunk
+AGGREGATIONS = ("sync", "async", "allreduce")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What one worker's work costs on this machine (µs), measured (``inputs.measure``), and the named
+    assumptions beyond the measurements (defaults documented in docs/simulation.md)."""
+
+    # actor, per env step
+    act_us: float                    # policy forward (inference)
+    env_us: float                    # the environment's step
+    insert_us: float                 # local buffer and its share of one add_batch (per row)
+    insert_lock_us: float            # of which the buffer's lock is held (per row)
+    # learner, per update
+    sample_us: float                 # buffer.sample of one batch
+    sample_lock_us: float            # of which under the lock
+    grad_us: float                   # losses, backward
+    prio_us: float                   # update_priorities of one batch
+    prio_lock_us: float              # of which under the lock
+    apply_us: float                  # one optimizer step (the parameter server's or the sole learner's)
+    # weights
+    weight_bytes: int                # online + target networks, float32
+    publish_us: float                # one version into the shared block (SharedWeights.publish)
+    pull_us: float                   # one version out of it into an actor's networks (SharedWeights.read)
+    mem_bw_total: float              # bytes/s all cores together (a STREAM-like copy on every core at once)
+    insert_lock_call_us: float = 0.0  # the buffer's lock held per add_batch call beyond its rows
+    # transports
+    ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
+    ps_grad_us: float = 0.0          # the parameter server's cost per gradient it averages (sync, >1 learner)
+    allreduce_alpha_us: float = 0.0  # all-reduce: latency per ring step
+    allreduce_bw: float = 1e9        # all-reduce: bytes/s per link
+    inserter_call_us: float = 0.0    # a remote actor's chunk: round trip to the inserter beyond the rows' own time
+    inserter_row_us: float = 0.0     # the inserter's time per row (its ceiling, with chunks in flight)
+    # the GIL (threads; learners and the parameter server on the process backend)
+    gil: dict = field(default_factory=lambda: {"act": 0.6, "env": 1.0, "insert": 1.0, "sample": 0.5,
+                                               "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2})
+    gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12})
+    gil_handoff_us: float = 5.0      # a GIL changing hands: the waiting thread's wake-up (µs)
+    background_cores: float = 0.0    # cores other processes keep busy (Ray's raylet and GCS, the driver)
+
+    def scaled(self, **factors: float) -> Inputs:
+        """A copy with some inputs multiplied (sensitivity analysis): ``scaled(env_us=1.1)``."""
+        return replace(self, **{k: getattr(self, k) * v for k, v in factors.items()})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is simulated: ``mode`` "f_a" (actors only, no learning), "f_l" (learners only on a filled buffer) or
+    "end_to_end" (both, under the rate rule)."""
+
+    backend: str
+    cores: int                       # per node
+    actors: int = 1
+    learners: int = 1
+    mode: str = "end_to_end"
+    aggregation: str = "sync"        # "sync": one parameter-server round per update of every learner; "async":
+    #                                  the parameter server applies each learner's gradient as it comes;
+    #                                  "allreduce": learners average among themselves and each applies
+    updates_per_step: float = 0.25
+    learning_starts: int = 1_000
+    steps: int = 6_000               # env steps (f_a, end_to_end)
+    updates: int = 600               # updates (f_l)
+    chunk: int = 1                   # rows per add_batch (processes: the local buffer; ray: ray_chunk)
+    slack: int | None = None         # rate rule: steps actors may run ahead (None: the trainer's default_slack)
+    lock_shards: int = 1             # the buffer split in this many shards, one lock each
+    seqlock_sampling: bool = False   # samples read without the lock (optimistic readers)
+    nodes: int = 0                   # 0: actors on the learners' node; n: on n other nodes, through the inserter
+    quantum_us: float = 2_000.0      # longest a phase holds a core before yielding it (OS time slice)
+
+
+class _Node:
+    """One machine's cores (background load, e.g. Ray's own processes, makes every core a bit slower)."""
+
+    def __init__(self, env: simpy.Environment, cores: int, background: float, quantum_us: float):
+        self.env, self.quantum_us = env, quantum_us
+        self.cores = simpy.Resource(env, capacity=cores)
+        self.speed = max(0.05, cores - background) / cores    # the background load's share taken off every core
+
+    def cpu(self, us: float):
+        """``us`` of one core's time, in slices of at most the quantum."""
+        left = us / self.speed
+        while left > 1e-9:
+            piece = min(left, self.quantum_us)
+            with self.cores.request() as req:
+                yield req
+                yield self.env.timeout(piece)
+            left -= piece
+
+
+class _Machine:
+    """The learners' node with its shared resources: the GIL, the buffer's locks, the parameter server, the
+    buffer actor, the inserter and the memory bandwidth; and the remote actors' nodes."""
+
+    def __init__(self, env: simpy.Environment, inp: Inputs, w: Workload):
+        self.env, self.inp, self.w = env, inp, w
+        self.node = _Node(env, w.cores, inp.background_cores, w.quantum_us)
+        self.remote = [_Node(env, w.cores, inp.background_cores, w.quantum_us) for _ in range(w.nodes)]
+        self.gil = simpy.Resource(env, capacity=1)
+        self.gil_owner = None
+        self.locks = [simpy.Resource(env, capacity=1) for _ in range(max(1, w.lock_shards))]
+        self.buffer_actor = simpy.Resource(env, capacity=1)
+        self.ps = simpy.Resource(env, capacity=1)          # the parameter server applies one gradient at a time
+        self.inserter = simpy.Resource(env, capacity=1)
+        self.copies = 0
+        self.busy = {"lock": 0.0, "gil": 0.0, "ps": 0.0, "buffer_actor": 0.0, "inserter": 0.0, "copy": 0.0}
+
+    def cpu(self, us: float, node: _Node | None = None):
+        yield from (node or self.node).cpu(us)
+
+    def held(self, resource: simpy.Resource, name: str, body):
+        """Run ``body`` (a generator) holding ``resource``; its time counts as ``name``'s busy time."""
+        with resource.request() as req:
+            yield req
+            t0 = self.env.now
+            yield from body
+            self.busy[name] += self.env.now - t0
+
+    def work(self, who, us: float, phase: str, in_gil_process: bool, node: _Node | None = None):
+        """A phase of ``us``: its GIL share holding the GIL (in ``gil_segments`` pieces) where the worker shares a
+        process's GIL, the rest on a core alone."""
+        g = self.inp.gil.get(phase, 1.0) if in_gil_process else 0.0
+        if g <= 0:
+            yield from self.cpu(us, node)
+            return
+        n = max(1, self.inp.gil_segments.get(phase, 1))
+        held, free = g * us / n, (1 - g) * us / n
+        for _ in range(n):
+            with self.gil.request() as req:
+                yield req
+                t0 = self.env.now
+                if self.gil_owner != who:
+                    if self.gil_owner is not None:
+                        yield self.env.timeout(self.inp.gil_handoff_us)
+                    self.gil_owner = who
+                yield from self.cpu(held, node)
+                self.busy["gil"] += self.env.now - t0
+            if free > 0:
+                yield from self.cpu(free, node)
+
+    def locked(self, us: float, shard: int = 0):
+        yield from self.held(self.locks[shard % len(self.locks)], "lock", self.cpu(us))
+
+    def copy(self, who, us: float, nbytes: int, in_gil_process: bool, node: _Node | None = None):
+        """A weights copy measured at ``us`` alone, moving ``nbytes``: stretched when the copies in flight together
+        ask more than the machine's bandwidth (and, in a process of threads, under the GIL's ``copy`` share)."""
+        self.copies += 1
+        try:
+            demand = self.copies * nbytes / (us * 1e-6)
+            yield from self.work(who, us * max(1.0, demand / self.inp.mem_bw_total), "copy", in_gil_process, node)
+        finally:
+            self.copies -= 1
+            self.busy["copy"] += nbytes / self.inp.mem_bw_total * 1e6    # µs of the whole machine's bandwidth
+
+
+class _Run:
+    """The shared state of one simulated run: counters of the rate rule, the weights' version, the sync round."""
+
+    def __init__(self, env: simpy.Environment, w: Workload):
+        self.env = env
+        slack = w.slack if w.slack is not None else default_slack(SimpleNamespace(
+            rate_slack=0, learners=w.learners, updates_per_step=w.updates_per_step, actors=w.actors,
+            envs_per_actor=1, local_buffer=1), w.chunk if w.chunk > 1 else 0)
+        self.policy = RatePolicy(w.updates_per_step, w.learning_starts if w.mode == "end_to_end" else 0,
+                                 w.steps, slack)
+        self.reserved = self.inserted = self.started = self.done = 0
+        self.version = 0
+        self.changed = env.event()   # fires when the counters move (waiters re-check)
+        self.round_grads = 0
+        self.round_event = None
+        self.pending = 0             # updates started whose gradient has not reached its round yet
+
+    def poke(self) -> None:
+        ev, self.changed = self.changed, self.env.event()
+        ev.succeed()
+
+
+def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
+    """Run the model of ``w`` on ``inp``: ``env_steps_per_s``, ``updates_per_s`` (per simulated second of the
+    run's length) and ``busy``, the share of the run each shared resource was held."""
+    if w.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {w.backend!r}")
+    if w.mode not in ("f_a", "f_l", "end_to_end"):
+        raise ValueError(f"mode must be f_a, f_l or end_to_end, got {w.mode!r}")
+    if w.aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {w.aggregation!r}")
+    env = simpy.Environment()
+    m, run = _Machine(env, inp, w), _Run(env, w)
+    threads = w.backend == "threads"
+    learner_gil = w.backend in ("threads", "processes", "ray-node")   # learners: the driver's threads
+    ray = w.backend == "ray"
+    import random
+
+    rng = random.Random(seed)
+
+    def insert_chunk(i: int, rows: int, node):
+        if node is not None:                            # a remote actor: the chunk crosses to the inserter
+            yield env.timeout(inp.inserter_call_us)
+            yield from m.held(m.inserter, "inserter", _inserter_rows(rows, i))
+        elif ray:                                       # one remote add_batch per chunk, served one at a time
+            yield env.timeout(inp.ray_call_us)
+            yield from m.held(m.buffer_actor, "buffer_actor", m.locked(add_hold(rows), i))
+        else:
+            yield from m.locked(add_hold(rows), i)
+
+    def add_hold(rows: int) -> float:
+        return inp.insert_lock_call_us + inp.insert_lock_us * rows
+
+    # the measured insert (one row per call) holds the lock for add_hold(1) of it; the rest is the actor's own
+    own_insert_us = max(0.0, inp.insert_us - add_hold(1))
+
+    def _inserter_rows(rows: int, i: int):
+        yield from m.cpu(inp.inserter_row_us * rows)
+        yield from m.locked(add_hold(rows), i)
+
+    def actor(i):
+        node = m.remote[i % w.nodes] if w.nodes else None
+        version, rows = 0, 0
+        while True:
+            if w.mode == "end_to_end":
+                while not run.policy.budget_spent(run.reserved) and not run.policy.actor_may_step(
+                        run.reserved, run.started):
+                    yield run.changed
+            if run.policy.budget_spent(run.reserved):
+                break
+            run.reserved += 1
+            if run.version > version:                   # a newer version: copy it into the actor's networks
+                if ray or node is not None:             # from the object store: a remote fetch first
+                    yield env.timeout(inp.ray_call_us)
+                yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads, node)
+                version = run.version
+            yield from m.work(("a", i), inp.act_us, "act", threads, node)
+            yield from m.work(("a", i), inp.env_us, "env", threads, node)
+            yield from m.work(("a", i), own_insert_us, "insert", threads, node)
+            rows += 1
+            if rows >= w.chunk or run.reserved >= w.steps:
+                yield from insert_chunk(i, rows, node)
+                run.inserted += rows
+                rows = 0
+                run.poke()
+        if rows:                                        # another actor took the last steps: send what is held
+            yield from insert_chunk(i, rows, node)
+            run.inserted += rows
+            run.poke()
+
+    def sample(j):
+        shard = rng.randrange(len(m.locks))
+        if ray:                                         # the last batch's priorities ride on this call
+            yield env.timeout(inp.ray_call_us)
+            body = _then(m.locked(inp.sample_lock_us + inp.prio_lock_us, shard),
+                         m.cpu(inp.sample_us - inp.sample_lock_us + inp.prio_us - inp.prio_lock_us))
+            yield from m.held(m.buffer_actor, "buffer_actor", body)
+            return shard
+        if w.seqlock_sampling:
+            yield from m.work(("l", j), inp.sample_lock_us, "sample", learner_gil)
+        else:
+            yield from m.locked(inp.sample_lock_us, shard)
+        yield from m.work(("l", j), inp.sample_us - inp.sample_lock_us, "sample", learner_gil)
+        return shard
+
+    def _then(a, b):
+        yield from a
+        yield from b
+
+    def learner(j):
+        while run.started < target_updates:
+            if w.mode == "end_to_end":
+                while run.started < target_updates and not run.policy.learner_may_start(run.inserted, run.started):
+                    yield run.changed
+                if run.started >= target_updates:
+                    break
+            run.started += 1
+            run.pending += 1
+            run.poke()
+            shard = yield from sample(j)
+            yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
+            if not ray:                                  # (Ray: with the next sample call)
+                yield from m.locked(inp.prio_lock_us, shard)
+                yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
+            if ray and w.aggregation != "allreduce":
+                yield env.timeout(inp.ray_call_us)       # the gradient to the parameter-server actor
+            if w.learners == 1 or w.aggregation == "async":
+                run.pending -= 1
+            if w.learners == 1:                          # the sole learner applies its own gradient
+                yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
+                yield from publish(("l", j))
+            elif w.aggregation == "async":               # the parameter server applies each gradient in turn;
+                if previous[j] is not None:              # a learner waits only for its previous one
+                    yield previous[j]
+                previous[j] = env.process(m.held(m.ps, "ps", _then(
+                    m.work("ps", inp.apply_us, "apply", learner_gil), publish("ps"))))
+            else:                                        # sync / allreduce: the round waits for every learner
+                yield from aggregate(j)
+            run.done += 1
+            run.poke()
+
+    def aggregate(j):
+        run.round_grads += 1
+        run.pending -= 1
+        # the round closes with every learner in it, or with the last updates of the run (fewer than learners)
+        last = run.round_grads == w.learners or (run.pending == 0 and run.started >= target_updates)
+        ev = run.round_event = run.round_event or env.event()
+        if w.aggregation == "allreduce":                 # a ring: 2 (L - 1) steps, each 1/L of the gradient
+            L = w.learners
+            if not last:
+                yield ev
+            else:
+                run.round_grads, run.round_event = 0, None
+                ev.succeed()
+            yield from m.cpu(2 * (L - 1) * (inp.allreduce_alpha_us + inp.weight_bytes / 2 / L
+                                             / inp.allreduce_bw * 1e6))
+            yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
+            if j == 0:
+                yield from publish(("l", j))
+            return
+        if not last:
+            yield ev
+            return
+        run.round_grads, run.round_event = 0, None
+
+        def server():
+            yield from m.work("ps", inp.ps_grad_us * w.learners + inp.apply_us, "apply", learner_gil)
+            yield from publish("ps")
+
+        yield from m.held(m.ps, "ps", server())
+        ev.succeed()
+
+    def publish(who):
+        if not threads:                                  # (threads: the server's snapshot, inside apply_us)
+            yield from m.copy(who, inp.publish_us, inp.weight_bytes, learner_gil)
+        run.version += 1
+
+    previous: dict[int, simpy.Process | None] = dict.fromkeys(range(w.learners))
+    target_updates = {"f_l": w.updates, "f_a": 0}.get(w.mode, run.policy.max_updates)
+    if w.mode == "f_l":
+        run.inserted = run.reserved = w.steps
+    procs = []
+    if w.mode in ("f_a", "end_to_end"):
+        procs += [env.process(actor(i)) for i in range(w.actors)]
+    if w.mode in ("f_l", "end_to_end") and target_updates > 0:
+        procs += [env.process(learner(j)) for j in range(w.learners)]
+    env.run(until=simpy.AllOf(env, procs))
+    pending_applies = [p for p in previous.values() if p is not None and p.is_alive]
+    if pending_applies:                                  # the run ends when the last gradient is applied
+        env.run(until=simpy.AllOf(env, pending_applies))
+    seconds = env.now / 1e6
+    steps = w.steps if w.mode != "f_l" else 0
+    return {"env_steps_per_s": steps / seconds if steps else 0.0,
+            "updates_per_s": run.done / seconds if run.done else 0.0,
+            "seconds": seconds, "updates": run.done, "env_steps": steps,
+            "busy": {k: v / max(env.now, 1e-9) / (len(m.locks) if k == "lock" else 1) for k, v in m.busy.items()}}
+
+
+def throughput(inp: Inputs, w: Workload) -> float:
+    """The number a curve plots: f_a in env steps/s, f_l in updates/s, end to end env steps/s."""
+    r = simulate(inp, w)
+    return r["updates_per_s"] if w.mode == "f_l" else r["env_steps_per_s"]

@@ -1,0 +1,131 @@
+"""Predictions past the cores we have: f_a(n), f_l(n) and the whole trainer's env steps/s at n = 1..64 cores per
+backend, each with an interval from the measured inputs (the model re-run on inputs resampled from the measured
+rounds), the core split the paper's exhaustive search would pick from the predicted curves, which shared resource
+limits each point (and whether that makes it untrustworthy), and which input moves the largest prediction most.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs, resample
+from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, simulate
+
+SATURATED = 0.85      # a shared resource held this share of the run or more: the point is past its knee
+SENSITIVE = ("act_us", "env_us", "insert_us", "insert_lock_us", "sample_us", "sample_lock_us", "grad_us", "prio_us",
+             "prio_lock_us", "apply_us", "mem_bw_total", "gil_handoff_us", "ray_call_us")
+LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}
+
+
+DEFAULT_CORES = "1,2,3,4,6,8,12,16,24,32,48,64"
+
+
+def parse_cores(text: str) -> list[int]:
+    """``1-64`` or ``1,2,4,8``: the core counts (each 1..1024)."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        a, b = int(lo), int(hi or lo)
+        if not 1 <= a <= b <= 1024:
+            raise ValueError(f"cores: {part!r} is not a range of 1..1024")
+        out += range(a, b + 1)
+    return sorted(set(out))
+
+
+def _workload(backend: str, mode: str, n: int, actors: int = 1, learners: int = 1) -> Workload:
+    c = CHUNK[backend]
+    if mode == "f_a":
+        return Workload(backend, n, n, 1, "f_a", steps=min(600 * n + 2_000 + 4 * c * n, 40_000), chunk=c, **LEARNING)
+    if mode == "f_l":
+        return Workload(backend, n, 1, n, "f_l", updates=min(60 * n + 200, 1_500), chunk=c, **LEARNING)
+    return Workload(backend, n, actors, learners, "end_to_end", steps=min(800 * n + 5_000, 20_000), chunk=c,
+                    **LEARNING)
+
+
+def limit_of(busy: dict) -> str:
+    """The shared resource held longest, with its share (``lock 0.93``), when past ``SATURATED``."""
+    name, share = max(busy.items(), key=lambda kv: kv[1])
+    return f"{name} {share:.2f}" if share >= SATURATED else ""
+
+
+def best_split(fa: dict[int, float], fl: dict[int, float], cores: int, ratio: float) -> tuple[int, int]:
+    """The paper's exhaustive search on curves: actors + learners <= ``cores`` maximising the env steps/s both
+    sides sustain, min(f_a(x_a), f_l(x_l) / ratio); between the core counts simulated the curves are
+    interpolated linearly."""
+    xa, xl = sorted(fa), sorted(fl)
+
+    def at(curve, xs, x):
+        return float(np.interp(x, xs, [curve[k] for k in xs]))
+
+    best, split = -1.0, (1, 1)
+    for a in range(1, cores):
+        for lrn in range(1, cores - a + 1):
+            if (v := min(at(fa, xa, a), at(fl, xl, lrn) / ratio)) > best:
+                best, split = v, (a, lrn)
+    return split
+
+
+def curves(inp: Inputs, backend: str, cores: list[int], progress=print) -> pd.DataFrame:
+    """f_a, f_l at every ``cores`` value, and end to end at the split ``best_split`` picks from them."""
+    rows, fa, fl = [], {}, {}
+    for n in cores:
+        for mode, store in (("f_a", fa), ("f_l", fl)):
+            r = simulate(inp, _workload(backend, mode, n))
+            store[n] = r["updates_per_s"] if mode == "f_l" else r["env_steps_per_s"]
+            rows.append({"backend": backend, "cores": n, "curve": mode, "actors": n if mode == "f_a" else 0,
+                         "learners": n if mode == "f_l" else 0, "predicted": store[n], "limit": limit_of(r["busy"])})
+    for n in cores:
+        if n < 2:
+            continue
+        a, lrn = best_split(fa, fl, n, LEARNING["updates_per_step"])
+        r = simulate(inp, _workload(backend, "end_to_end", n, a, lrn))
+        rows.append({"backend": backend, "cores": n, "curve": "end_to_end", "actors": a, "learners": lrn,
+                     "predicted": r["env_steps_per_s"], "limit": limit_of(r["busy"])})
+        progress(f"{backend} {n} cores: f_a {fa[n]:.0f}, f_l {fl[n]:.0f}, end to end {a} + {lrn}: "
+                 f"{r['env_steps_per_s']:.0f} env steps/s")
+    return pd.DataFrame(rows)
+
+
+def fitted(rounds_or_row, backend: str, one_worker: dict | None, cores: int) -> Inputs:
+    row = rounds_or_row if isinstance(rounds_or_row, dict) else median_inputs(rounds_or_row)
+    fa1, fl1 = (one_worker or {}).get("f_a"), (one_worker or {}).get("f_l")
+    return fit(inputs_for(row, backend), backend, fa1, fl1, cores, LEARNING)[0]
+
+
+def predict(rounds: pd.DataFrame, backend: str, cores: list[int], one_worker: dict | None = None,
+            samples: int = 10, seed: int = 0, progress=print) -> pd.DataFrame:
+    """``curves`` on the median inputs, with ``lo`` / ``hi``: the 5th and 95th percentiles over ``samples``
+    resampled inputs (each input drawn from one measured round)."""
+    cal = int(median_inputs(rounds).get("cores", 2))
+    out = curves(fitted(rounds, backend, one_worker, cal), backend, cores, progress)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for i in range(samples):
+        progress(f"[interval {i + 1}/{samples}] {backend}")
+        d = curves(fitted(resample(rounds, rng), backend, one_worker, cal), backend, cores, progress=lambda m: None)
+        draws.append(d.predicted.to_numpy())
+    if draws:
+        a = np.vstack(draws)
+        out["lo"], out["hi"] = np.percentile(a, 5, axis=0), np.percentile(a, 95, axis=0)
+    return out
+
+
+def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1) -> pd.DataFrame:
+    """How much each input moves the predicted f_a and f_l at ``cores``: the relative change for +``step`` (10%) on
+    that input, largest first."""
+    def at(i: Inputs) -> dict:
+        fa = simulate(i, _workload(backend, "f_a", cores))["env_steps_per_s"]
+        fl = simulate(i, _workload(backend, "f_l", cores))["updates_per_s"]
+        return {"f_a": fa, "f_l": fl}
+
+    base = at(inp)
+    rows = []
+    for name in SENSITIVE:
+        if getattr(inp, name) == 0:
+            continue
+        got = at(inp.scaled(**{name: 1 + step}))
+        rows.append({"input": name, **{f"{k} change": got[k] / base[k] - 1 for k in base}})
+    df = pd.DataFrame(rows)
+    df["largest"] = df[[c for c in df if c.endswith("change")]].abs().max(axis=1)
+    return df.sort_values("largest", ascending=False).drop(columns="largest").reset_index(drop=True)

@@ -1,0 +1,146 @@
+"""The simulation's publication (docs/simulation.md): its measured inputs, the leave-one-out check against every
+stored point, the predicted curves and core splits, and the sensitivity of the largest prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.bench.publishing import Publication, md, missing, source
+
+INPUT_UNITS = {
+    "threads.act_us": "inference per env step, thread actor (µs)", "threads.env_us": "env step, thread actor (µs)",
+    "threads.insert_us": "buffer insert per env step, thread actor (µs)",
+    "processes.act_us": "inference per env step, actor process (µs)",
+    "processes.env_us": "env step, actor process (µs)",
+    "processes.insert_us": "buffer insert per env step, actor process (µs)",
+    "sample_us": "sample one batch (µs)", "grad_us": "forward/backward one batch (µs)",
+    "prio_us": "priority update one batch (µs)", "apply_us": "optimizer step and weights (µs)",
+    "insert_lock_us": "lock held per inserted row (µs)", "insert_lock_call_us": "lock held per add_batch call (µs)",
+    "sample_lock_us": "lock held per sample (µs)",
+    "prio_lock_us": "lock held per priority update (µs)", "weight_bytes": "online + target weights (bytes)",
+    "publish_us": "publish one weights version (µs)", "pull_us": "read one weights version into an actor (µs)",
+    "mem_bw_core": "copy bandwidth, one core (GB/s)", "mem_bw_total": "copy bandwidth, every core (GB/s)",
+    "gil.act": "GIL share of inference", "gil.env": "GIL share of the env step", "gil.sample": "GIL share of sample",
+    "gil.grad": "GIL share of forward/backward", "gil.apply": "GIL share of the optimizer step",
+    "gil_handoff_us": "one GIL handoff (µs)", "ray_call_us": "one Ray remote call, round trip (µs)",
+    "ps_grad_us": "parameter server: average in one gradient (µs)",
+}
+
+
+def inputs_block(results: Path) -> str:
+    name = "simulation_inputs.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench simulate --measure-inputs")
+    df = pd.read_csv(results / name)
+    rows = []
+    for col, what in INPUT_UNITS.items():
+        if col in df and df[col].notna().any():
+            v = df[col] / (1e9 if col.startswith("mem_bw") else 1)
+            rows.append({"input": what, "median": v.median(), "range over rounds": f"{v.min():.3g}-{v.max():.3g}"})
+    return (f"The model's inputs as measured ({len(df)} rounds): per-phase costs from the trainer's own profile at "
+            "one worker, the buffer lock's holds from its `lock_stats`, probes for the rest.\n\n"
+            + md(pd.DataFrame(rows), ".3g") + "\n\n" + source(results, name) + "\n")
+
+
+def validation_block(results: Path) -> str:
+    from pal_bench.studies.simulate.validate import summary
+
+    name = "simulation_validation.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench simulate --validate")
+    v = pd.read_csv(results / name)
+    v["covered"] = v.covered.fillna("")
+    v["split"] = [f"{int(r.actors)} + {int(r.learners)}" if r.curve == "end_to_end" else
+                  str(int(r.actors or r.learners)) for r in v.itertuples()]
+    t = pd.DataFrame({"backend": v.backend, "curve": v.curve, "workers": v.split, "aggregation": v.aggregation,
+                      "measured": v.measured, "predicted": v.predicted,
+                      "error": [f"{e:+.0%}" if pd.notna(e) else c for e, c in zip(v.error, v.covered)],
+                      "oversubscribed": v.oversubscribed.map({True: "yes", False: ""})})
+    s = summary(v)
+    per = "; ".join(f"{b}: median {d['median_abs_error']:.0%}, worst {d['worst_abs_error']:.0%} ({d['points']})"
+                    for b, d in s["per_backend"].items())
+    return ("Every stored point on 1-3 workers predicted with itself left out of the fit (signed error, "
+            "(predicted - measured) / measured; a one-worker point is predicted from the measured phase costs "
+            f"alone).\n\n{md(t, '.0f')}\n\nOver {s['points']} points: median |error| {s['median_abs_error']:.0%}, "
+            f"worst {s['worst_abs_error']:.0%} ({per}); {s['not_covered']} points not covered by the model (reason "
+            "in the error column).\n\n" + source(results, name, "simulation_inputs.csv") + "\n")
+
+
+def predictions_block(results: Path) -> str:
+    files = sorted(results.glob("simulation_*.csv"))
+    files = [f for f in files if f.stem.split("_", 1)[1] in ("threads", "processes", "ray_node", "ray")]
+    if not files:
+        return missing("simulation_processes.csv", "pal-bench simulate --backend threads,processes,ray-node,ray")
+    rows = []
+    for f in files:
+        df = pd.read_csv(f)
+        for n in (8, 16, 32, 64):
+            at = df[df.cores == n].set_index("curve")
+            if "end_to_end" not in at.index:
+                continue
+            e = at.loc["end_to_end"]
+            band = lambda r: f"{r.lo:.0f}-{r.hi:.0f}" if "lo" in r and pd.notna(r.lo) else ""   # noqa: E731
+            rows.append({"backend": e.backend, "cores": n, "f_a": at.loc["f_a"].predicted,
+                         "f_a interval": band(at.loc["f_a"]), "f_l": at.loc["f_l"].predicted,
+                         "f_l interval": band(at.loc["f_l"]), "split (actors + learners)":
+                         f"{int(e.actors)} + {int(e.learners)}", "env steps/s": e.predicted,
+                         "interval": band(e), "limit": "; ".join(x for x in at.limit.fillna("") if x)})
+    return ("Predicted (not measured): f_a (env steps/s, actors only), f_l (updates/s, learners only) and the whole "
+            "trainer at the split the paper's exhaustive search picks from the predicted curves (0.25 updates per "
+            "env step); intervals: 5th-95th percentile over inputs resampled from the measured rounds; limit: a "
+            "shared resource held 85% of the run or more (the prediction is past its knee).\n\n"
+            + md(pd.DataFrame(rows), ".0f") + "\n\n" + source(results, *(f.name for f in files)) + "\n")
+
+
+def sensitivity_block(results: Path) -> str:
+    name = "simulation_sensitivity.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench simulate --sensitivity 64 --backend threads,processes")
+    df = pd.read_csv(results / name)
+    parts = []
+    for (b, n), d in df.groupby(["backend", "cores"], sort=False):
+        t = d.drop(columns=["backend", "cores"]).head(6).copy()
+        for c in t.columns[1:]:
+            t[c] = t[c].map(lambda x: f"{x:+.1%}")
+        parts.append(f"{b}, {n} cores: the change in each prediction for +10% on one input (largest first).\n\n"
+                     + md(t))
+    return "\n\n".join(parts) + "\n\n" + source(results, name) + "\n"
+
+
+def design_block(results: Path) -> str:
+    name = "simulation_design.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench simulate --design")
+    df = pd.read_csv(results / name)
+    parts = []
+    for q, d in df.groupby("question", sort=False):
+        t = pd.DataFrame({"variant": d.variant, "workers": [f"{a} actors" if m != "f_l" else f"{lr} learners"
+                                                            for a, lr, m in zip(d.actors, d.learners, d["mode"])],
+                          "throughput": d.throughput, "busiest resource": [f"{b} {s:.0%}" for b, s in
+                                                                           zip(d.busiest, d.busiest_share)]})
+        parts.append(f"**{q}** (simulated; env steps/s for f_a, updates/s for f_l)\n\n" + md(t, ".0f"))
+    return "\n\n".join(parts) + "\n\n" + source(results, name, "simulation_inputs.csv") + "\n"
+
+
+def outputs(results: Path, figures: bool) -> list[Path]:
+    if not figures:
+        return []
+    from pal_bench.studies.simulate.figures import draw_predictions
+
+    out = []
+    for b in ("threads", "processes", "ray-node", "ray"):
+        path = results / f"simulation_{b.replace('-', '_')}.csv"
+        if path.exists():
+            out.append(draw_predictions(pd.read_csv(path), results, b))
+    return out
+
+
+PUBLICATION = Publication("simulate", {
+    "simulation-inputs": inputs_block,
+    "simulation-validation": validation_block,
+    "simulation-predictions": predictions_block,
+    "simulation-sensitivity": sensitivity_block,
+    "simulation-design": design_block,
+}, outputs)

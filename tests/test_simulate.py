@@ -1,0 +1,193 @@
+"""The trainer's discrete-event model (pal_bench.studies.simulate): what each shared resource does to the
+throughput, the one-worker fit, the leave-one-out check on stored points, the split search, and the command on
+small inputs. Everything here runs the model on made-up inputs (no measurement)."""
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from pal_bench.studies.simulate.calibrate import fit, inputs_for
+from pal_bench.studies.simulate.model import Inputs, Workload, simulate, throughput
+from pal_bench.studies.simulate.predict import best_split, parse_cores
+
+BASE = dict(act_us=60.0, env_us=40.0, insert_us=20.0, insert_lock_us=2.0, sample_us=150.0, sample_lock_us=60.0,
+            grad_us=600.0, prio_us=60.0, prio_lock_us=30.0, apply_us=150.0, weight_bytes=2 * 4 * 5_000,
+            publish_us=20.0, pull_us=30.0, mem_bw_total=8e9)
+INP = Inputs(**BASE)
+
+# one measured round, as inputs.measure writes it (made up)
+ROUND = {"cores": 2, "weight_bytes": 40_000, "publish_us": 20.0, "pull_us": 30.0, "mem_bw_core": 5e9,
+         "mem_bw_total": 8e9, "gil_handoff_us": 5.0,
+         "ray_call_us": 300.0, "insert_lock_us": 2.0, "sample_lock_us": 60.0, "prio_lock_us": 30.0,
+         "sample_us": 150.0, "grad_us": 600.0, "prio_us": 60.0, "apply_us": 150.0,
+         "threads.act_us": 60.0, "threads.env_us": 40.0, "threads.insert_us": 20.0,
+         "processes.act_us": 62.0, "processes.env_us": 41.0, "processes.insert_us": 12.0,
+         "gil.act": 0.6, "gil.env": 1.0, "gil.sample": 0.5, "gil.grad": 0.4, "gil.apply": 0.5}
+
+
+def fa(backend, actors, cores=2, inp=INP, steps=3_000):
+    return throughput(inp, Workload(backend, cores, actors, 1, "f_a", steps=steps))
+
+
+def test_actor_processes_scale_with_cores_and_threads_share_the_gil():
+    one = fa("processes", 1)
+    assert one == pytest.approx(1e6 / (60 + 40 + 20), rel=0.01)   # one actor: its phases (insert holds the lock)
+    assert fa("processes", 2) == pytest.approx(2 * one, rel=0.02)          # two cores, no shared resource
+    assert fa("processes", 4) == pytest.approx(2 * one, rel=0.05)          # oversubscribed: still two cores
+    # threads: the env step and insert hold the GIL entirely, inference 60%: two threads gain at most the
+    # GIL-free share, and the handoffs cost
+    two = fa("threads", 2)
+    assert fa("threads", 1) == pytest.approx(one, rel=0.01)
+    assert two < 1.3 * one
+
+
+def test_the_buffer_lock_caps_the_actors():
+    slow = Inputs(**BASE | {"insert_lock_us": 100.0, "insert_us": 100.0})
+    r = simulate(slow, Workload("processes", 16, 16, 1, "f_a", steps=8_000))
+    assert r["env_steps_per_s"] == pytest.approx(1e4, rel=0.05)            # one row per 100 µs of lock
+    assert r["busy"]["lock"] > 0.95
+
+
+def test_end_to_end_keeps_the_rate_rule():
+    w = Workload("processes", 2, 1, 1, "end_to_end", steps=3_000, learning_starts=500, updates_per_step=0.25)
+    r = simulate(INP, w)
+    assert r["updates"] == (3_000 - 500) * 0.25 and r["env_steps"] == 3_000
+    w2 = Workload("threads", 2, 1, 2, "end_to_end", steps=3_000, learning_starts=500, aggregation="async")
+    assert simulate(INP, w2)["updates"] == 625
+
+
+def test_bad_workloads_are_refused():
+    with pytest.raises(ValueError, match="backend"):
+        simulate(INP, Workload("mpi", 2))
+    with pytest.raises(ValueError, match="mode"):
+        simulate(INP, Workload("threads", 2, mode="f_x"))
+
+
+def test_fit_matches_the_one_worker_points():
+    inp, factors = fit(inputs_for(ROUND, "processes"), "processes", 5_000.0, 800.0, 2)
+    assert fa("processes", 1, inp=inp) == pytest.approx(5_000, rel=0.02)
+    assert throughput(inp, Workload("processes", 2, 1, 1, "f_l", updates=400)) == pytest.approx(800, rel=0.02)
+    assert factors["actor"] > 1 and factors["learner"] > 1                   # measured faster than the points
+
+
+def test_leave_one_out_recovers_points_the_model_made(tmp_path):
+    """Stored points made by the model itself on known inputs are predicted back within a few percent (the
+    check's plumbing: each point left out, the fit on the others)."""
+    from pal_bench.studies.simulate.validate import measured_points, summary, validate
+
+    inp = inputs_for(ROUND, "processes")
+    rows = []
+    for curve in ("f_a", "f_l"):
+        for n in (1, 2):
+            w = Workload("processes", 2, n, n, curve, steps=6_000, updates=600, learning_starts=1_000)
+            rows.append({"curve": curve, "threads": n, "throughput": throughput(inp, w), "oversubscribed": False,
+                         "env_backend": "sync"})
+    pd.DataFrame(rows).to_csv(tmp_path / "scaling_processes.csv", index=False)
+    r = simulate(inp, Workload("processes", 2, 1, 1, "end_to_end", steps=9_000, learning_starts=1_000))
+    pd.DataFrame([{"actors": 1, "learners": 1, "measured_transitions_per_s": r["env_steps_per_s"],
+                   "wall_s": 9_000 / r["env_steps_per_s"], "aggregation": "sync", "env_backend": "sync",
+                   "oversubscribed": False},
+                  {"actors": 1, "learners": 1, "measured_transitions_per_s": 100.0, "wall_s": 90.0,
+                   "aggregation": "sync", "env_backend": "async", "oversubscribed": False}]).to_csv(
+        tmp_path / "end_to_end_processes.csv", index=False)
+    assert len(measured_points(tmp_path)) == 6
+    v = validate(tmp_path, pd.DataFrame([ROUND]), progress=lambda m: None)
+    s = summary(v)
+    assert s["points"] == 5 and s["not_covered"] == 1                        # env in subprocesses: not modelled
+    assert s["worst_abs_error"] < 0.05, v
+
+
+def test_best_split_is_the_exhaustive_search_on_the_curves():
+    fa_ = {1: 100.0, 2: 200.0, 3: 300.0}
+    fl_ = {1: 25.0, 2: 50.0, 3: 60.0}
+    assert best_split(fa_, fl_, 4, 0.25) == (2, 2)        # min(200, 200) beats (3, 1): min(300, 100)
+    # interpolated: f_a(2) = 200, f_l(3) = 30 -> 120 env steps/s, the best of the 4 splits of 5 cores
+    assert best_split({1: 100.0, 4: 400.0}, {1: 10.0, 4: 40.0}, 5, 0.25) == (2, 3)
+
+
+def test_cores_parse_ranges_and_lists():
+    assert parse_cores("1-4,8") == [1, 2, 3, 4, 8]
+    for bad in ("0-4", "4-2", "x"):
+        with pytest.raises(ValueError):
+            parse_cores(bad)
+
+
+def test_simulate_command_predicts_from_stored_inputs(tmp_path, capsys):
+    from pal_bench.studies.simulate.cli import main
+
+    pd.DataFrame([ROUND | {"round": 0}, ROUND | {"round": 1, "grad_us": 660.0}]).to_csv(
+        tmp_path / "simulation_inputs.csv", index=False)
+    assert main(["--backend", "processes", "--cores", "1,2,4", "--samples", "2", "--out", str(tmp_path),
+                 "--no-figure"]) == 0
+    df = pd.read_csv(tmp_path / "simulation_processes.csv")
+    assert set(df.curve) == {"f_a", "f_l", "end_to_end"} and set(df.cores) == {1, 2, 4}
+    assert (df.lo <= df.hi).all()
+    f_a, f_l = df[df.curve == "f_a"], df[df.curve == "f_l"]
+    assert (f_a.lo == f_a.hi).all()                 # the two rounds differ only in the learner's backward
+    one = f_l[f_l.cores == 1].iloc[0]               # between the two rounds' own predictions (1020 and 962)
+    assert 961 <= one.lo <= one.predicted <= one.hi <= 1021
+    e2e = df[df.curve == "end_to_end"]
+    assert ((e2e.actors + e2e.learners) <= e2e.cores).all()
+    with pytest.raises(SystemExit):
+        main(["--backend", "mpi", "--out", str(tmp_path)])
+
+
+def test_sharding_batching_and_optimistic_readers_relieve_the_lock():
+    slow = Inputs(**BASE | {"insert_lock_us": 50.0, "insert_us": 50.0})
+    one = simulate(slow, Workload("processes", 16, 16, 1, "f_a", steps=6_000))
+    four = simulate(slow, Workload("processes", 16, 16, 1, "f_a", steps=6_000, lock_shards=4))
+    assert one["env_steps_per_s"] == pytest.approx(2e4, rel=0.05)           # one row per 50 µs of lock
+    assert four["env_steps_per_s"] > 3 * one["env_steps_per_s"]
+    heavy = Inputs(**BASE | {"sample_lock_us": 140.0})
+    locked = simulate(heavy, Workload("processes", 8, 1, 8, "f_l", updates=800, aggregation="async"))
+    optimistic = simulate(heavy, Workload("processes", 8, 1, 8, "f_l", updates=800, aggregation="async",
+                                          seqlock_sampling=True))
+    assert optimistic["busy"]["lock"] < locked["busy"]["lock"]
+
+
+def test_allreduce_learners_all_apply_each_round():
+    inp = Inputs(**BASE | {"allreduce_alpha_us": 100.0, "allreduce_bw": 1e9})
+    r = simulate(inp, Workload("processes", 4, 1, 4, "f_l", updates=400, aggregation="allreduce"))
+    assert r["updates"] == 400 and r["busy"]["ps"] == 0
+    with pytest.raises(ValueError, match="aggregation"):
+        simulate(INP, Workload("processes", 2, aggregation="ring"))
+
+
+def test_remote_actors_are_capped_by_the_inserter():
+    """Actors on other nodes send chunks to one inserter: past its ceiling (here 256 rows per 256 x 4 µs plus
+    the lock) more nodes add nothing."""
+    inp = Inputs(**BASE | {"inserter_row_us": 4.0, "inserter_call_us": 500.0, "ray_call_us": 300.0})
+    rates = [simulate(inp, Workload("ray-node", 4, 4 * n, 1, "f_a", steps=40_000, chunk=256, nodes=n))[
+        "env_steps_per_s"] for n in (1, 8)]
+    ceiling = 1e6 / (4.0 + BASE["insert_lock_us"])
+    assert rates[0] < 0.5 * ceiling and 0.8 * ceiling < rates[1] <= ceiling     # (the run's start and end ramp)
+
+
+def test_design_at_scale_answers_each_question(tmp_path):
+    from pal_bench.studies.simulate.design import allreduce_inputs, design_at_scale, inserter_inputs
+
+    pd.DataFrame([{"scheme": "allreduce", "learners": 2, "params": p, "communicate_s": c}
+                  for p, c in ((10_000, 0.002), (1_010_000, 0.010))]).to_csv(tmp_path / "aggregation.csv")
+    a = allreduce_inputs(tmp_path)       # 2 alpha + 4 P / bw: 8 ms more for 4 MB more -> 0.5 GB/s, alpha 0.96 ms
+    assert a["allreduce_bw"] == pytest.approx(5e8) and a["allreduce_alpha_us"] == pytest.approx(960)
+    pd.DataFrame([{"placement": "ceiling, 1 in flight", "rows_per_s": 200_000.0},
+                  {"placement": "ceiling, 4 in flight", "rows_per_s": 400_000.0}]).to_csv(
+        tmp_path / "end_to_end_ray_two_nodes.csv")
+    i = inserter_inputs(tmp_path)        # 2.5 µs a row; 256 x (5 - 2.5) µs a chunk's round trip
+    assert i == {"inserter_row_us": pytest.approx(2.5), "inserter_call_us": pytest.approx(640)}
+    df = design_at_scale(replace(INP, insert_lock_call_us=3.0), tmp_path, progress=lambda m: None, length=0.2)
+    assert df.question.nunique() == 4 and (df.throughput > 0).all()
+    lock = df[df.question.str.contains("64 actors")].set_index("variant").throughput
+    assert lock.filter(like="batched").iloc[0] >= lock.filter(like="today").iloc[0]
+
+
+def test_ray_end_to_end_runs_its_chunks_and_background_load_slows_every_core():
+    """The Ray backend's actors send 256-row chunks: the rate rule's slack is the trainer's own (two chunks per
+    actor), so a run with chunks larger than the old fixed slack ends with its budget; background load (Ray's
+    own processes) takes its share off every core rather than adding speed."""
+    inp = Inputs(**BASE | {"ray_call_us": 300.0})
+    r = simulate(inp, Workload("ray", 2, 1, 1, "end_to_end", steps=6_000, chunk=256, learning_starts=1_000))
+    assert r["env_steps"] == 6_000 and r["updates"] == 1_250
+    busy = replace(inp, background_cores=1.0)
+    assert fa("processes", 1, inp=busy) == pytest.approx(fa("processes", 1) / 2, rel=0.02)    # 2 cores, 1 taken
