@@ -142,6 +142,8 @@ def test_remote_actor_training_error_ends_the_run_other_errors_restart_it():
 
     tr = object.__new__(RayNodeTrainer)         # only the supervisor's records, no run
     tr._training_errors, tr._last_error = {}, {}
+    tr._messages = [type("Inbox", (), {"force": False})() for _ in range(2)]
+    tr._sync = lambda: None                     # (no message arrived from the actors themselves)
     diverged = type("P", (), {"error": "Traceback ...\nDiverged: loss is nan", "training_error": (
         "Diverged", "loss is nan at update 12 (learner0, td)")})()
     crashed = type("P", (), {"error": "Traceback ...\nRayActorError: the actor died", "training_error": None})()
@@ -149,6 +151,7 @@ def test_remote_actor_training_error_ends_the_run_other_errors_restart_it():
     tr._process_ended(1, crashed)
     assert isinstance(training_error(tr._training_errors[0]), Diverged)
     assert 1 not in tr._training_errors and tr._last_error[1].endswith("the actor died")
+    assert 0 not in tr._last_error and all(q.force for q in tr._messages)       # inboxes drained first
 
 
 @pytest.fixture(scope="class")
@@ -436,8 +439,9 @@ def _pal_shm() -> set[str]:
 
 def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path):
     """A driver on the default placement SIGKILLed mid-run (its own local Ray, its actor processes started by
-    Ray): the Ray processes it started and its actors go with it, its shared segments stay until the next run in
-    the same run directory, which replaces them and leaves /dev/shm as it found it."""
+    Ray): its actor processes and the Ray processes it started go with it (Ray's dashboard and runtime-env agents
+    only once they notice their raylet is gone, about 60 s on: Ray's own timeout), its shared segments stay until
+    the next run in the same run directory, which replaces them and leaves /dev/shm as it found it."""
     assert not ray.is_initialized()
     before = _pal_shm()
     script = tmp_path / "driver.py"
@@ -456,7 +460,9 @@ def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path
     finally:
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
-    assert _wait_gone(started, 60) == set(), "processes of the killed run are still running"
+    procs = _processes()
+    agents = {q for q in started if re.search(r"ray::(DashboardAgent|RuntimeEnvAgent)", procs.get(q, (0, ""))[1])}
+    assert _wait_gone(started - agents, 20) == set(), "processes of the killed run are still running"
     assert _pal_shm() - before                                   # the killed run's segments are still there
     cfg = make_config("dqn", "CartPole-v1", steps=1_000, actors=2, learners=1, backend="ray", out_dir=str(tmp_path),
                       name="n", progress=False, eval_episodes=0, learning_starts=500, batch_size=32, hidden=(32, 32))
@@ -464,6 +470,7 @@ def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path
         assert tr.run()["env_steps"] == 1_000
     assert _pal_shm() <= before
     assert not ray.is_initialized()
+    assert _wait_gone(agents, 90) == set(), "Ray's agents outlived their raylet by more than 90 s"
 
 
 def _free_port() -> int:
