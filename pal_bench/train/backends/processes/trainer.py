@@ -492,4 +492,12 @@ class ProcessTrainer(Trainer):
             self._weights.close()
         self.buffer.close()
         if getattr(self, "_control", None) is not None:
+            # the counters stay readable (summary, rate) as a copy: a view would keep the block's mapping, and
+            # the file descriptor the mapping holds, for as long as this trainer lives
+            self.counters = self.counters.copy()
+            if isinstance(self.rate, SharedRate):
+                self.rate._c = self.counters
             self._control.close()
+        # the message queues' pipes: a queue this process never put to has no feeder thread for close() to stop,
+        # and its two connections close when the queue is dropped
+        self._messages, self._lmessages = [], []
