@@ -294,3 +294,38 @@ def test_a_speed_round_of_pal_times_its_span(tmp_path):
     run = run_one("pal", "matched", "smoke", 0, mode="speed")
     assert run["span"]["start_steps"] >= SMOKE.learning_starts and run["env_steps_per_s"] > 0
     assert run["updates_per_s"] == pytest.approx(run["env_steps_per_s"] * run["updates_per_env_step"])
+
+
+def test_a_terminated_race_takes_its_run_in_flight_with_it(tmp_path):
+    """SIGTERM to the race (as `kill` or a batch system sends it) stops it like Ctrl-C: the worker process it
+    waits on is killed too, not left running as an orphan."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "race.py"
+    script.write_text("import subprocess, sys\nfrom pal_bench.studies.race import stop_on_termination\n"
+                      "stop_on_termination()\n"
+                      "subprocess.run([sys.executable, '-c', 'import time; time.sleep(120)'])\n")
+    p = subprocess.Popen([sys.executable, str(script)], start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline, kids = time.monotonic() + 60, []
+    while not kids and time.monotonic() < deadline:
+        kids = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _parent(d) == p.pid]
+        time.sleep(0.1)
+    assert kids, "the worker never started"
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(30) != 0
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{k}").exists() for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{k}").exists() for k in kids), "the worker outlived the race"
+
+
+def _parent(proc_dir) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rebuild:
         return rebuild(args.out, task_name)
+    stop_on_termination()
     if refuse_if_busy("pal-bench race", args.force):
         return 2
     from pal_bench.studies.race import orchestrate
@@ -146,7 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     return rebuild(args.out, task_name)
 
 
-__all__ = ["CONTESTANTS", "TASKS", "TRACKS", "main", "rebuild"]
+def stop_on_termination() -> None:
+    """SIGTERM and SIGHUP stop the race as Ctrl-C does (KeyboardInterrupt): the run in flight is killed with the
+    worker process ``subprocess.run`` waits on (by default a terminated orchestrator would leave it running)."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
+__all__ = ["CONTESTANTS", "TASKS", "TRACKS", "main", "rebuild", "stop_on_termination"]
 
 if __name__ == "__main__":
     sys.exit(main())
