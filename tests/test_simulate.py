@@ -11,14 +11,14 @@ from pal_bench.studies.simulate.calibrate import fit, inputs_for
 from pal_bench.studies.simulate.model import Inputs, Workload, simulate, throughput
 from pal_bench.studies.simulate.predict import best_split, parse_cores
 
-BASE = dict(act_us=60.0, env_us=40.0, insert_us=20.0, insert_lock_us=2.0, sample_us=150.0, sample_lock_us=60.0,
+BASE = dict(gil_handoff={"act": 5.0}, act_us=60.0, env_us=40.0, insert_us=20.0, insert_lock_us=2.0, sample_us=150.0, sample_lock_us=60.0,
             grad_us=600.0, prio_us=60.0, prio_lock_us=30.0, apply_us=150.0, weight_bytes=2 * 4 * 5_000,
             publish_us=20.0, pull_us=30.0, mem_bw_total=8e9)
 INP = Inputs(**BASE)
 
 # one measured round, as inputs.measure writes it (made up)
 ROUND = {"cores": 2, "weight_bytes": 40_000, "publish_us": 20.0, "pull_us": 30.0, "mem_bw_core": 5e9,
-         "mem_bw_total": 8e9, "gil_handoff_us": 5.0,
+         "mem_bw_total": 8e9, "gil_handoff.act": 5.0,
          "ray_call_us": 300.0, "insert_lock_us": 2.0, "sample_lock_us": 60.0, "prio_lock_us": 30.0,
          "sample_us": 150.0, "grad_us": 600.0, "prio_us": 60.0, "apply_us": 150.0,
          "threads.act_us": 60.0, "threads.env_us": 40.0, "threads.insert_us": 20.0,
@@ -191,3 +191,15 @@ def test_ray_end_to_end_runs_its_chunks_and_background_load_slows_every_core():
     assert r["env_steps"] == 6_000 and r["updates"] == 1_250
     busy = replace(inp, background_cores=1.0)
     assert fa("processes", 1, inp=busy) == pytest.approx(fa("processes", 1) / 2, rel=0.02)    # 2 cores, 1 taken
+
+
+def test_gil_share_and_handoff_from_the_two_thread_speedup():
+    from pal_bench.studies.simulate.inputs import gil_from_speedup
+
+    assert gil_from_speedup(2.0, 100.0, 8) == (0.0, 0.0)          # two threads, twice the calls: never held
+    assert gil_from_speedup(1.25, 100.0, 8) == (0.8, 0.0)         # held 80%: two threads serialise on it
+    g, h = gil_from_speedup(0.5, 100.0, 10)                        # half the calls: every handoff costs 10 µs
+    assert g == 1.0 and h == pytest.approx(10.0)
+    inp = Inputs(**BASE | {"gil": {"act": 1.0, "env": 1.0, "insert": 1.0}, "gil_handoff": {"act": 10.0},
+                           "gil_segments": {"act": 6}})
+    assert fa("threads", 2, inp=inp) < fa("threads", 1, inp=inp)   # the handoffs make two threads slower than one

@@ -5,7 +5,7 @@ one-worker points (``fit``). Everything else (two workers, every split, other co
 The inputs file (``results/simulation_inputs.csv``, one row per measurement round) holds flat columns:
 ``threads.act_us`` / ``processes.act_us`` ... (actor phases per backend), ``sample_us`` ... (learner phases),
 ``insert_lock_us`` ..., ``publish_us``, ``pull_us``, ``mem_bw_core``, ``mem_bw_total``, ``gil.act`` ...,
-``gil_handoff_us``, ``ray_call_us``.
+``gil_handoff.act`` ..., ``ray_call_us``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
             "prio_lock_us": row["prio_lock_us"]}
     gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": 1.0, "sample": row["gil.sample"],
            "grad": row["gil.grad"], "prio": row["gil.sample"], "apply": row["gil.apply"], "copy": 0.0}
+    handoff = {p: float(row.get(f"gil_handoff.{p}", 0.0) or 0.0) for p in ("act", "env", "sample", "grad", "apply")}
+    handoff["prio"] = handoff["sample"]
     call = row.get("ray_call_us")
     return Inputs(
         act_us=row[f"{actor}.act_us"], env_us=row[f"{actor}.env_us"],
@@ -44,7 +46,7 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
         ps_grad_us=float(row.get("ps_grad_us", 0.0) or 0.0),
         insert_lock_call_us=float(row.get("insert_lock_call_us", 0.0) or 0.0),
-        gil_handoff_us=row["gil_handoff_us"], background_cores=BACKGROUND_CORES[backend], **lock)
+        gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend], **lock)
 
 
 def median_inputs(rounds: pd.DataFrame) -> dict:

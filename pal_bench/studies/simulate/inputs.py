@@ -9,9 +9,8 @@
 - **weights**: one version published into a ``SharedWeights`` block and read out of it into an actor's networks,
   its size, and the memory bandwidth: one core alone, and every core copying at once (a STREAM-like copy of 64 MB
   arrays, one process per core);
-- **the GIL**: the share of each phase a thread holds it (the phase run in a loop on one thread while another
-  thread counts in pure Python: what the counter loses is what the phase held), and a GIL handoff's cost (two
-  threads handing it over as fast as they can, against one);
+- **the GIL**: each phase a thread runs, in a loop on one thread and on two at once: the two-thread speedup
+  gives the phase's GIL share (two threads serialise on it) or, below 1, what each GIL handoff costs;
 - **Ray**: one remote call's round trip (a no-op actor method, ``ray.get``), where Ray is installed.
 
 ``measure(rounds)`` returns one dict of inputs per round; the rounds are the samples the predictions resample.
@@ -187,64 +186,50 @@ def _count_while(stop: threading.Event) -> int:
     return n
 
 
-def gil_share(fn, seconds: float = PROBE_S) -> float:
-    """The share of ``fn``'s time it holds the GIL. A pure-Python counter thread runs beside ``fn`` in a loop with
-    a fine switch interval (10 µs: the two share the GIL fairly while both want it). Per unit of ``fn``'s work, its
-    GIL part g runs at half speed and the counter gets half of it, the rest (1 - g) the counter has alone: the
-    counter's rate falls to 1 / (1 + g) of its rate alone, so g = alone / beside - 1 (0: ``fn`` never holds the
-    GIL; 1: always)."""
-    import sys
+def two_thread_speedup(fn, seconds: float = PROBE_S) -> tuple[float, float]:
+    """``fn`` in a loop on one thread, then on two threads at once: (the two threads' calls/s over one thread's,
+    µs per call on one thread). 2: the GIL never in the way; 1: fully serialised; below 1: the handoffs cost."""
+    def rate(threads: int) -> float:
+        stop, counts = threading.Event(), [0] * threads
 
-    def counted(with_fn: bool) -> float:
-        stop, out = threading.Event(), {}
-        t = threading.Thread(target=lambda: out.setdefault("n", _count_while(stop)))
-        t0 = time.perf_counter()
-        t.start()
-        while time.perf_counter() - t0 < seconds:
-            if with_fn:
+        def loop(k: int) -> None:
+            while not stop.is_set():
                 fn()
-            else:
-                time.sleep(0.001)
+                counts[k] += 1
+
+        ts = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        time.sleep(seconds)
         stop.set()
-        t.join()
-        return out["n"] / (time.perf_counter() - t0)
+        for t in ts:
+            t.join()
+        return sum(counts) / (time.perf_counter() - t0)
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        alone, beside = counted(False), counted(True)
-    finally:
-        sys.setswitchinterval(interval)
-    return float(min(1.0, max(0.0, alone / max(beside, 1e-9) - 1)))
+    one = rate(1)
+    return rate(2) / one, 1e6 / one
 
 
-def gil_handoff_us(n: int = 20_000) -> float:
-    """µs one GIL handoff adds: two threads each releasing the GIL every iteration (``time.sleep(0)``), against
-    one thread doing both loops."""
-    def loop(k: int) -> None:
-        for _ in range(k):
-            time.sleep(0)
-
-    t0 = time.perf_counter()
-    loop(2 * n)
-    alone = time.perf_counter() - t0
-    ts = [threading.Thread(target=loop, args=(n,)) for _ in range(2)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    both = time.perf_counter() - t0
-    return max(0.0, (both - alone) / (2 * n) * 1e6)
+def gil_from_speedup(s2: float, us: float, segments: int) -> tuple[float, float]:
+    """The model's GIL share and handoff cost (µs) of a phase whose two-thread speedup is ``s2`` and one call
+    ``us``: with g >= 1/2 two threads serialise on the GIL (speedup 1/g); a speedup below 1 means g = 1 and each
+    of the call's ``segments`` GIL acquisitions costs the handoff h that makes T / (T + segments h) = s2."""
+    if s2 >= 1:
+        return min(1.0, 1 / min(s2, 2.0)) if s2 < 2 else 0.0, 0.0
+    return 1.0, us * (1 / s2 - 1) / max(1, segments)
 
 
 def gil_shares(cfg) -> dict:
-    """``gil_share`` of the phases a thread runs: inference on one observation, the environment's step, a sample
-    of one batch, forward/backward of one batch, one optimizer step (the run's own networks and buffer)."""
+    """Per phase a thread runs (inference on one observation, the environment's step, a sample of one batch,
+    forward/backward of one batch, one optimizer step; the run's own networks and buffer): its GIL share
+    ``gil.<phase>`` and handoff cost ``gil_handoff.<phase>`` from its two-thread speedup (``gil_from_speedup``,
+    with the model's GIL pieces per phase), and the speedup itself (``speedup2.<phase>``)."""
     import gymnasium as gym
     import torch
 
     from pal_bench.studies.scaling.measure import transitions
+    from pal_bench.studies.simulate.model import Inputs
     from pal_bench.train.core import RunCore
     from pal_bench.train.replay_spec import make_buffer
 
@@ -268,15 +253,21 @@ def gil_shares(cfg) -> dict:
 
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     grad()
-    try:
+    def infer():
         with torch.no_grad():
-            shares = {"act": gil_share(lambda: net(obs)), "env": gil_share(step),
-                      "sample": gil_share(lambda: buf.sample(cfg.batch_size))}
-        shares["grad"] = gil_share(grad)
-        shares["apply"] = gil_share(opt.step)
+            net(obs)
+
+    segments = Inputs.__dataclass_fields__["gil_segments"].default_factory()
+    out = {}
+    try:
+        for phase, fn in (("act", infer), ("env", step), ("sample", lambda: buf.sample(cfg.batch_size)),
+                          ("grad", grad), ("apply", opt.step)):
+            s2, us = two_thread_speedup(fn)
+            g, h = gil_from_speedup(s2, us, segments.get(phase, 1))
+            out |= {f"gil.{phase}": g, f"gil_handoff.{phase}": h, f"speedup2.{phase}": s2}
     finally:
         env.close()
-    return shares
+    return out
 
 
 def ray_call_us(n: int = 300) -> float | None:
@@ -328,8 +319,7 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
         row |= weight_copies(cfg)
         row["ps_grad_us"] = ps_grad_us(cfg)
         row |= memory_bandwidth(cores)
-        row |= {f"gil.{k}": v for k, v in gil_shares(cfg).items()}
-        row["gil_handoff_us"] = gil_handoff_us()
+        row |= gil_shares(cfg)
         row["ray_call_us"] = ray_call_us()
         out.append(row)
     return out

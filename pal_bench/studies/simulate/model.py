@@ -9,7 +9,7 @@ also holds:
 
 - **threads**: every worker is a thread of one process. A phase's GIL share (``Inputs.gil``) runs holding the GIL
   (a ``Resource`` of one), in ``gil_segments`` pieces with the GIL released between them (torch releases it around
-  each operator); a GIL that changes hands costs ``gil_handoff_us`` (the waiting thread's wake-up);
+  each operator); a GIL that changes hands costs the phase's measured ``gil_handoff``;
 - **processes** (and Ray's one-node placement, "ray-node"): actors are processes (no GIL among them); learners
   and the parameter server are threads of the driver and share its GIL, as on the thread backend;
 - **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
@@ -76,7 +76,7 @@ class Inputs:
     gil: dict = field(default_factory=lambda: {"act": 0.6, "env": 1.0, "insert": 1.0, "sample": 0.5,
                                                "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2})
     gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12})
-    gil_handoff_us: float = 5.0      # a GIL changing hands: the waiting thread's wake-up (µs)
+    gil_handoff: dict = field(default_factory=dict)   # µs a GIL changing hands costs, per phase (measured)
     background_cores: float = 0.0    # cores other processes keep busy (Ray's raylet and GCS, the driver)
 
     def scaled(self, **factors: float) -> Inputs:
@@ -170,8 +170,8 @@ class _Machine:
                 yield req
                 t0 = self.env.now
                 if self.gil_owner != who:
-                    if self.gil_owner is not None:
-                        yield self.env.timeout(self.inp.gil_handoff_us)
+                    if self.gil_owner is not None and (h := self.inp.gil_handoff.get(phase, 0.0)) > 0:
+                        yield self.env.timeout(h)
                     self.gil_owner = who
                 yield from self.cpu(held, node)
                 self.busy["gil"] += self.env.now - t0

@@ -24,7 +24,11 @@ INPUT_UNITS = {
     "mem_bw_core": "copy bandwidth, one core (GB/s)", "mem_bw_total": "copy bandwidth, every core (GB/s)",
     "gil.act": "GIL share of inference", "gil.env": "GIL share of the env step", "gil.sample": "GIL share of sample",
     "gil.grad": "GIL share of forward/backward", "gil.apply": "GIL share of the optimizer step",
-    "gil_handoff_us": "one GIL handoff (µs)", "ray_call_us": "one Ray remote call, round trip (µs)",
+    "speedup2.act": "inference on 2 threads / 1", "speedup2.env": "env step on 2 threads / 1",
+    "speedup2.sample": "sample on 2 threads / 1", "speedup2.grad": "forward/backward on 2 threads / 1",
+    "speedup2.apply": "optimizer step on 2 threads / 1",
+    "gil_handoff.act": "GIL handoff, inference (µs)", "gil_handoff.grad": "GIL handoff, forward/backward (µs)",
+    "ray_call_us": "one Ray remote call, round trip (µs)",
     "ps_grad_us": "parameter server: average in one gradient (µs)",
 }
 
