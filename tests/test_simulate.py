@@ -11,7 +11,8 @@ from pal_bench.studies.simulate.calibrate import fit, inputs_for
 from pal_bench.studies.simulate.model import Inputs, Workload, simulate, throughput
 from pal_bench.studies.simulate.predict import best_split, parse_cores
 
-BASE = dict(gil_handoff={"act": 5.0}, act_us=60.0, env_us=40.0, insert_us=20.0, insert_lock_us=2.0, sample_us=150.0, sample_lock_us=60.0,
+BASE = dict(gil_handoff={"act": 5.0},
+            act_us=60.0, env_us=40.0, insert_us=20.0, insert_lock_us=2.0, sample_us=150.0, sample_lock_us=60.0,
             grad_us=600.0, prio_us=60.0, prio_lock_us=30.0, apply_us=150.0, weight_bytes=2 * 4 * 5_000,
             publish_us=20.0, pull_us=30.0, mem_bw_total=8e9)
 INP = Inputs(**BASE)

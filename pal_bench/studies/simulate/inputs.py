@@ -186,13 +186,16 @@ def _count_while(stop: threading.Event) -> int:
     return n
 
 
-def two_thread_speedup(fn, seconds: float = PROBE_S) -> tuple[float, float]:
-    """``fn`` in a loop on one thread, then on two threads at once: (the two threads' calls/s over one thread's,
-    µs per call on one thread). 2: the GIL never in the way; 1: fully serialised; below 1: the handoffs cost."""
+def two_thread_speedup(make, seconds: float = PROBE_S) -> tuple[float, float]:
+    """A call (``make()`` builds one with its own objects: each thread gets its own) in a loop on one thread, then
+    on two threads at once: (the two threads' calls/s over one thread's, µs per call on one thread). 2: the GIL
+    never in the way; 1: fully serialised; below 1: the handoffs cost."""
     def rate(threads: int) -> float:
         stop, counts = threading.Event(), [0] * threads
+        fns = [make() for _ in range(threads)]
 
         def loop(k: int) -> None:
+            fn = fns[k]
             while not stop.is_set():
                 fn()
                 counts[k] += 1
@@ -222,9 +225,10 @@ def gil_from_speedup(s2: float, us: float, segments: int) -> tuple[float, float]
 
 def gil_shares(cfg) -> dict:
     """Per phase a thread runs (inference on one observation, the environment's step, a sample of one batch,
-    forward/backward of one batch, one optimizer step; the run's own networks and buffer): its GIL share
-    ``gil.<phase>`` and handoff cost ``gil_handoff.<phase>`` from its two-thread speedup (``gil_from_speedup``,
-    with the model's GIL pieces per phase), and the speedup itself (``speedup2.<phase>``)."""
+    forward/backward of one batch, one optimizer step; the run's own networks, environment and buffer, one of each
+    per thread): its GIL share ``gil.<phase>`` and handoff cost ``gil_handoff.<phase>`` from its two-thread
+    speedup (``gil_from_speedup``, with the model's GIL pieces per phase), and the speedup itself
+    (``speedup2.<phase>``)."""
     import gymnasium as gym
     import torch
 
@@ -234,39 +238,55 @@ def gil_shares(cfg) -> dict:
     from pal_bench.train.replay_spec import make_buffer
 
     core = RunCore(cfg)
-    buf = make_buffer(dataclasses.replace(cfg, buffer_capacity=10_000), core.fields())
+    buf = make_buffer(dataclasses.replace(cfg, buffer_capacity=10_000), core.fields())   # thread-safe: shared
     buf.add_batch(**transitions(core, 5_000))
-    net = next(iter(core.networks().values()))
-    obs = torch.zeros(1, core.obs_dim)
     batch = torch.as_tensor(buf.sample(cfg.batch_size)["obs"])
-    env = gym.make(cfg.env, **cfg.env_kwargs)
-    env.reset(seed=0)
+    envs = []
+
+    def infer():
+        net, obs = next(iter(core.networks().values())), torch.zeros(1, core.obs_dim)
+
+        def call():
+            with torch.no_grad():
+                net(obs)
+        return call
 
     def step():
-        _, _, term, trunc, _ = env.step(env.action_space.sample())
-        if term or trunc:
-            env.reset()
+        env = gym.make(cfg.env, **cfg.env_kwargs)
+        env.reset(seed=len(envs))
+        envs.append(env)
+
+        def call():
+            _, _, term, trunc, _ = env.step(env.action_space.sample())
+            if term or trunc:
+                env.reset()
+        return call
 
     def grad():
-        net.zero_grad()
-        net(batch).sum().backward()
+        net = next(iter(core.networks().values()))
 
-    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
-    grad()
-    def infer():
-        with torch.no_grad():
-            net(obs)
+        def call():
+            net.zero_grad()
+            net(batch).sum().backward()
+        return call
+
+    def apply():
+        net = next(iter(core.networks().values()))
+        opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+        net(batch).sum().backward()
+        return opt.step
 
     segments = Inputs.__dataclass_fields__["gil_segments"].default_factory()
     out = {}
     try:
-        for phase, fn in (("act", infer), ("env", step), ("sample", lambda: buf.sample(cfg.batch_size)),
-                          ("grad", grad), ("apply", opt.step)):
-            s2, us = two_thread_speedup(fn)
+        for phase, make in (("act", infer), ("env", step), ("sample", lambda: lambda: buf.sample(cfg.batch_size)),
+                            ("grad", grad), ("apply", apply)):
+            s2, us = two_thread_speedup(make)
             g, h = gil_from_speedup(s2, us, segments.get(phase, 1))
             out |= {f"gil.{phase}": g, f"gil_handoff.{phase}": h, f"speedup2.{phase}": s2}
     finally:
-        env.close()
+        for env in envs:
+            env.close()
     return out
 
 
