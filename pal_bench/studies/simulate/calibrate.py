@@ -46,7 +46,8 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
         ps_grad_us=float(row.get("ps_grad_us", 0.0) or 0.0),
         insert_lock_call_us=float(row.get("insert_lock_call_us", 0.0) or 0.0),
-        gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend], **lock)
+        gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
+        corun_slowdown=float(row.get("corun_slowdown", 0.0) or 0.0), **lock)
 
 
 def median_inputs(rounds: pd.DataFrame) -> dict:

@@ -148,6 +148,51 @@ def ps_grad_us(cfg, n: int = 500) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def _actor_work_rate(seconds: float, out=None, start=None) -> float:
+    """Calls/s of an actor's own work (a small MLP's forward and a CartPole step) in this process, one torch
+    thread."""
+    import gymnasium as gym
+    import torch
+
+    torch.set_num_threads(1)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 2))
+    env, obs = gym.make("CartPole-v1"), torch.zeros(1, 4)
+    env.reset(seed=0)
+    if start is not None:
+        start.wait(120)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        with torch.no_grad():
+            net(obs)
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            env.reset()
+        n += 1
+    rate = n / (time.perf_counter() - t0)
+    if out is not None:
+        out.put(rate)
+    return rate
+
+
+def corun_slowdown(cores: int, seconds: float = 2.0) -> float:
+    """How much slower one process's CPU-bound work runs with every core busy (one such process per core) than
+    alone: 1 - (each one's rate beside the others) / (its rate alone). Caches, memory, the clock and the host
+    shared by the cores, measured with an actor's own work."""
+    alone = _actor_work_rate(seconds)
+    ctx = mp.get_context("spawn")
+    q, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_actor_work_rate, args=(seconds, q, start)) for _ in range(cores)]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)                       # spawned, torch imported
+    start.set()
+    rates = [q.get(timeout=180) for _ in procs]
+    for p in procs:
+        p.join()
+    return max(0.0, 1 - statistics.mean(rates) / alone)
+
+
 def _copy_rate(seconds: float, out=None, start=None) -> float:
     a = np.ones(COPY_MB * 2**20 // 8)
     b = np.empty_like(a)
@@ -323,8 +368,11 @@ def ray_call_us(n: int = 300) -> float | None:
 def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progress=print) -> list[dict]:
     """Every input, ``rounds`` times (each round one sample of each): a list of flat dicts. Thread and process
     actors' phases are stored as ``threads.act_us`` ... and ``processes.act_us`` ..."""
+    import torch
+
     from pal_bench.conditions import usable_cores
 
+    torch.set_num_threads(1)              # as every worker of the trainer runs: one torch thread
     cores = usable_cores()
     out = []
     for r in range(rounds):
@@ -339,6 +387,7 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
         row |= weight_copies(cfg)
         row["ps_grad_us"] = ps_grad_us(cfg)
         row |= memory_bandwidth(cores)
+        row["corun_slowdown"] = corun_slowdown(cores)
         row |= gil_shares(cfg)
         row["ray_call_us"] = ray_call_us()
         out.append(row)

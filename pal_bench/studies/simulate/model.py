@@ -78,6 +78,7 @@ class Inputs:
     gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12})
     gil_handoff: dict = field(default_factory=dict)   # µs a GIL changing hands costs, per phase (measured)
     background_cores: float = 0.0    # cores other processes keep busy (Ray's raylet and GCS, the driver)
+    corun_slowdown: float = 0.0      # one core's slowdown with every core busy (measured on this machine's cores)
 
     def scaled(self, **factors: float) -> Inputs:
         """A copy with some inputs multiplied (sensitivity analysis): ``scaled(env_us=1.1)``."""
@@ -110,21 +111,24 @@ class Workload:
 
 
 class _Node:
-    """One machine's cores (background load, e.g. Ray's own processes, makes every core a bit slower)."""
+    """One machine's cores (background load, e.g. Ray's own processes, makes every core a bit slower; so does
+    every other busy core: ``corun`` with all of them busy, in proportion below that)."""
 
-    def __init__(self, env: simpy.Environment, cores: int, background: float, quantum_us: float):
-        self.env, self.quantum_us = env, quantum_us
+    def __init__(self, env: simpy.Environment, cores: int, background: float, quantum_us: float,
+                 corun: float = 0.0):
+        self.env, self.quantum_us, self.n, self.corun = env, quantum_us, cores, corun
         self.cores = simpy.Resource(env, capacity=cores)
         self.speed = max(0.05, cores - background) / cores    # the background load's share taken off every core
 
     def cpu(self, us: float):
         """``us`` of one core's time, in slices of at most the quantum."""
-        left = us / self.speed
+        left = us
         while left > 1e-9:
             piece = min(left, self.quantum_us)
             with self.cores.request() as req:
                 yield req
-                yield self.env.timeout(piece)
+                busy = (self.cores.count - 1) / (self.n - 1) if self.n > 1 else 0.0
+                yield self.env.timeout(piece / (self.speed * (1 - self.corun * busy)))
             left -= piece
 
 
@@ -134,8 +138,9 @@ class _Machine:
 
     def __init__(self, env: simpy.Environment, inp: Inputs, w: Workload):
         self.env, self.inp, self.w = env, inp, w
-        self.node = _Node(env, w.cores, inp.background_cores, w.quantum_us)
-        self.remote = [_Node(env, w.cores, inp.background_cores, w.quantum_us) for _ in range(w.nodes)]
+        self.node = _Node(env, w.cores, inp.background_cores, w.quantum_us, inp.corun_slowdown)
+        self.remote = [_Node(env, w.cores, inp.background_cores, w.quantum_us, inp.corun_slowdown)
+                       for _ in range(w.nodes)]
         self.gil = simpy.Resource(env, capacity=1)
         self.gil_owner = None
         self.locks = [simpy.Resource(env, capacity=1) for _ in range(max(1, w.lock_shards))]
@@ -319,9 +324,10 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
             if ray and w.aggregation != "allreduce":
                 yield env.timeout(inp.ray_call_us)       # the gradient to the parameter-server actor
-            if w.learners == 1 or w.aggregation == "async":
+            direct = w.learners == 1 and w.aggregation == "sync"
+            if direct or w.aggregation == "async":
                 run.pending -= 1
-            if w.learners == 1:                          # the sole learner applies its own gradient
+            if direct:                                   # the sole sync learner applies its own gradient
                 yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
                 yield from publish(("l", j))
             elif w.aggregation == "async":               # the parameter server applies each gradient in turn;

@@ -29,6 +29,7 @@ INPUT_UNITS = {
     "speedup2.apply": "optimizer step on 2 threads / 1",
     "gil_handoff.act": "GIL handoff, inference (µs)", "gil_handoff.grad": "GIL handoff, forward/backward (µs)",
     "ray_call_us": "one Ray remote call, round trip (µs)",
+    "corun_slowdown": "one core's slowdown with every core busy",
     "ps_grad_us": "parameter server: average in one gradient (µs)",
 }
 
