@@ -75,6 +75,9 @@ class _Inbox:
     def put(self, item) -> None:
         self.items.append(item)
 
+    def put_many(self, items: list) -> None:
+        self.items.extend(items)
+
     def drain(self) -> list:
         out, self.items = self.items, []
         return out
@@ -95,16 +98,25 @@ class InboxQueue:
         self._held: list = []
         self._drained = 0.0
         self.force = False              # the next ``get_nowait`` drains whatever the period (the actor has ended)
+        self._pending: list = []        # (writer) episodes not sent yet
+        self._sent = 0.0
 
     def __getstate__(self):
         return {"inbox": self.inbox}
 
     def __setstate__(self, state):
         self.inbox, self._last, self._held, self._drained, self.force = state["inbox"], None, [], 0.0, False
+        self._pending, self._sent = [], 0.0
 
     # writer (the actor process)
     def put(self, item) -> None:
-        self._last = self.inbox.put.remote(item)
+        """Episodes wait to go with the next message, at most ``DRAIN_S`` (one remote call per batch, not per
+        episode: Ray's own processes share the cores with the actors); anything else goes at once, with them."""
+        self._pending.append(item)
+        now = time.monotonic()
+        if item[0] != "episodes" or now - self._sent >= DRAIN_S:
+            self._last = self.inbox.put_many.remote(self._pending)
+            self._pending, self._sent = [], now
 
     def close(self) -> None:
         pass
@@ -112,6 +124,9 @@ class InboxQueue:
     def join_thread(self) -> None:
         import ray
 
+        if self._pending:
+            self._last = self.inbox.put_many.remote(self._pending)
+            self._pending = []
         if self._last is not None:
             ray.get(self._last)
 
