@@ -34,6 +34,12 @@ INPUT_UNITS = {
 }
 
 
+def _simulated(results: Path, *names: str) -> str:
+    """The caption's last line of a simulated table: its files, and the measured inputs it was simulated from."""
+    files = ", ".join(f"`results/{n}`" for n in names)
+    return f"Simulated ({files}) from the measured inputs. " + source(results, "simulation_inputs.csv")
+
+
 def inputs_block(results: Path) -> str:
     name = "simulation_inputs.csv"
     if not (results / name).exists():
@@ -70,7 +76,7 @@ def validation_block(results: Path) -> str:
             "(predicted - measured) / measured; a one-worker point is predicted from the measured phase costs "
             f"alone).\n\n{md(t, '.0f')}\n\nOver {s['points']} points: median |error| {s['median_abs_error']:.0%}, "
             f"worst {s['worst_abs_error']:.0%} ({per}); {s['not_covered']} points not covered by the model (reason "
-            "in the error column).\n\n" + source(results, name, "simulation_inputs.csv") + "\n")
+            "in the error column).\n\n" + _simulated(results, name) + "\n")
 
 
 def predictions_block(results: Path) -> str:
@@ -96,7 +102,7 @@ def predictions_block(results: Path) -> str:
             "trainer at the split the paper's exhaustive search picks from the predicted curves (0.25 updates per "
             "env step); intervals: 5th-95th percentile over inputs resampled from the measured rounds; limit: a "
             "shared resource held 85% of the run or more (the prediction is past its knee).\n\n"
-            + md(pd.DataFrame(rows), ".0f") + "\n\n" + source(results, *(f.name for f in files)) + "\n")
+            + md(pd.DataFrame(rows), ".0f") + "\n\n" + _simulated(results, *(f.name for f in files)) + "\n")
 
 
 def sensitivity_block(results: Path) -> str:
@@ -111,7 +117,7 @@ def sensitivity_block(results: Path) -> str:
             t[c] = t[c].map(lambda x: f"{x:+.1%}")
         parts.append(f"{b}, {n} cores: the change in each prediction for +10% on one input (largest first).\n\n"
                      + md(t))
-    return "\n\n".join(parts) + "\n\n" + source(results, name) + "\n"
+    return "\n\n".join(parts) + "\n\n" + _simulated(results, name) + "\n"
 
 
 def design_block(results: Path) -> str:
@@ -126,7 +132,7 @@ def design_block(results: Path) -> str:
                           "throughput": d.throughput, "busiest resource": [f"{b} {s:.0%}" for b, s in
                                                                            zip(d.busiest, d.busiest_share)]})
         parts.append(f"**{q}** (simulated; env steps/s for f_a, updates/s for f_l)\n\n" + md(t, ".0f"))
-    return "\n\n".join(parts) + "\n\n" + source(results, name, "simulation_inputs.csv") + "\n"
+    return "\n\n".join(parts) + "\n\n" + _simulated(results, name) + "\n"
 
 
 def outputs(results: Path, figures: bool) -> list[Path]:
