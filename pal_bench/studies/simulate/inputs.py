@@ -148,6 +148,27 @@ def ps_grad_us(cfg, n: int = 500) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def _on_every_core(target, cores: int, seconds: float, settle_s: float) -> list[float]:
+    """``target(seconds, out, start)`` in one spawned process per core, all released at once after ``settle_s``:
+    the rate each one puts on ``out``. The processes are killed if one of them does not answer."""
+    ctx = mp.get_context("spawn")
+    q, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=target, args=(seconds, q, start)) for _ in range(cores)]
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(settle_s)
+        start.set()
+        return [q.get(timeout=180 + seconds) for _ in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
 def _actor_work_rate(seconds: float, out=None, start=None) -> float:
     """Calls/s of an actor's own work (a small MLP's forward and a CartPole step) in this process, one torch
     thread."""
@@ -180,16 +201,7 @@ def corun_slowdown(cores: int, seconds: float = 2.0) -> float:
     alone: 1 - (each one's rate beside the others) / (its rate alone). Caches, memory, the clock and the host
     shared by the cores, measured with an actor's own work."""
     alone = _actor_work_rate(seconds)
-    ctx = mp.get_context("spawn")
-    q, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_actor_work_rate, args=(seconds, q, start)) for _ in range(cores)]
-    for p in procs:
-        p.start()
-    time.sleep(3.0)                       # spawned, torch imported
-    start.set()
-    rates = [q.get(timeout=180) for _ in procs]
-    for p in procs:
-        p.join()
+    rates = _on_every_core(_actor_work_rate, cores, seconds, settle_s=3.0)     # spawned, torch imported
     return max(0.0, 1 - statistics.mean(rates) / alone)
 
 
@@ -211,16 +223,7 @@ def _copy_rate(seconds: float, out=None, start=None) -> float:
 def memory_bandwidth(cores: int, seconds: float = 1.0) -> dict:
     """Bytes/s one core copies, and all ``cores`` copying at once (one process each)."""
     one = _copy_rate(seconds)
-    ctx = mp.get_context("spawn")
-    q, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_copy_rate, args=(seconds, q, start)) for _ in range(cores)]
-    for p in procs:
-        p.start()
-    time.sleep(2.0)                       # spawned and their arrays allocated
-    start.set()
-    rates = [q.get(timeout=120 + seconds) for _ in procs]
-    for p in procs:
-        p.join()
+    rates = _on_every_core(_copy_rate, cores, seconds, settle_s=2.0)          # spawned, arrays allocated
     return {"mem_bw_core": one, "mem_bw_total": sum(rates)}
 
 
