@@ -204,3 +204,20 @@ def test_gil_share_and_handoff_from_the_two_thread_speedup():
     inp = Inputs(**BASE | {"gil": {"act": 1.0, "env": 1.0, "insert": 1.0}, "gil_handoff": {"act": 10.0},
                            "gil_segments": {"act": 6}})
     assert fa("threads", 2, inp=inp) < fa("threads", 1, inp=inp)   # the handoffs make two threads slower than one
+
+
+def test_the_cheapest_candidate_is_measured_beside_its_prediction(tmp_path):
+    """Real actor processes (short runs): each variant measured in every round, order alternating, the model's
+    prediction beside it; the published block gives the measured and the simulated ratio."""
+    from pal_bench.studies.simulate.design import CANDIDATE, candidate_check
+    from pal_bench.studies.simulate.publish import candidate_block
+    from pal_bench.train import make_config
+
+    cfg = make_config("dqn", "CartPole-v1", hidden=(16,))
+    df = candidate_check(INP, cfg, rounds=2, steps=1_500, progress=lambda m: None)
+    assert len(df) == 2 * len(CANDIDATE) and (df.measured > 0).all() and (df.simulated > 0).all()
+    assert list(df.variant[:2]) == list(CANDIDATE) and list(df.variant[2:]) == list(CANDIDATE)[::-1]
+    assert set(df.local_buffer) == {1, 64}
+    df.to_csv(tmp_path / "simulation_candidate.csv", index=False)
+    text = candidate_block(tmp_path)
+    assert "measured" in text and "simulated" in text and "2 interleaved rounds" in text

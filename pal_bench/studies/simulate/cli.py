@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", action="store_true",
                     help="the design at scale: the buffer's lock at 64 actors (batched inserts, shards, seqlock "
                          "samplers), 16 learners (parameter server or all-reduce), Ray on 1-8 nodes")
+    ap.add_argument("--candidate", action="store_true",
+                    help="measure the cheapest design candidate (batched inserts) on this machine's cores beside its "
+                         "prediction (results/simulation_candidate.csv; quiet machine, about 2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-figure", action="store_true")
     from pal_bench.conditions import add_force_flag
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_csv(df, args.out / "simulation_design.csv")
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         return 0
+    if args.candidate:
+        return _candidate(args, rounds, log)
     if args.sensitivity:
         from pal_bench.studies.simulate.predict import fitted, sensitivity
 
@@ -130,6 +135,22 @@ def main(argv: list[str] | None = None) -> int:
             from pal_bench.studies.simulate.figures import draw_predictions
 
             print(f"figure: {draw_predictions(df, args.out, b)}")
+    return 0
+
+
+def _candidate(args, rounds: pd.DataFrame, log) -> int:
+    from pal_bench.conditions import Conditions, refuse_if_busy
+    from pal_bench.studies.simulate.design import candidate_check
+    from pal_bench.studies.simulate.predict import fitted
+    from pal_bench.train import make_config
+
+    if refuse_if_busy("pal-bench simulate --candidate", args.force):
+        return 2
+    inp = fitted(rounds, "processes", one_worker_points(args.out, "processes"), int(rounds.cores.iloc[0]))
+    with Conditions("simulation candidate (batched inserts, measured)") as c:
+        df = candidate_check(inp, make_config("dqn", "CartPole-v1"), progress=log)
+    _write_csv(df, args.out / "simulation_candidate.csv", c)
+    print(df.groupby("variant", sort=False)[["measured", "simulated"]].median().to_string(float_format="%.0f"))
     return 0
 
 

@@ -87,3 +87,31 @@ def design_at_scale(inp: Inputs, results: Path, progress=print, length: float = 
         run(nodes, f"{n} node(s)", Workload("ray-node", NODE_CORES, NODE_CORES * n, 1, "f_a",
                                             steps=min(20_000 * n, 120_000), chunk=256, nodes=n))
     return pd.DataFrame(rows)
+
+
+# The cheapest design candidate, measured where it can be: batched inserts are a setting already (``local_buffer``),
+# so f_a of two actor processes with one row per insert against 64 rows per insert, on this machine's cores, is
+# set beside what the model predicted for the same two workloads.
+CANDIDATE = {"one row per insert (local_buffer 1)": 1, "batched inserts (local_buffer 64)": 64}
+
+
+def candidate_check(inp: Inputs, cfg, rounds: int = 10, steps: int = 20_000, actors: int = 2,
+                    progress=print) -> pd.DataFrame:
+    """f_a (env steps/s) of ``actors`` actor processes at each ``CANDIDATE`` setting, measured in ``rounds``
+    interleaved rounds (the order alternates), with the model's prediction for the same workload on the same cores.
+    One row per (round, variant)."""
+    from pal_bench.conditions import usable_cores
+    from pal_bench.studies.scaling.measure import measure_fa
+
+    cores = usable_cores()
+    simulated = {name: simulate(inp, Workload("processes", cores, actors, 1, "f_a", steps=steps, chunk=k))
+                 ["env_steps_per_s"] for name, k in CANDIDATE.items()}
+    rows = []
+    for r in range(rounds):
+        names = list(CANDIDATE)[:: 1 if r % 2 == 0 else -1]
+        for name in names:
+            v = measure_fa(replace(cfg, backend="processes", local_buffer=CANDIDATE[name]), actors, steps)
+            rows.append({"round": r, "variant": name, "local_buffer": CANDIDATE[name], "actors": actors,
+                         "cores": cores, "measured": v, "simulated": simulated[name]})
+            progress(f"[round {r + 1}/{rounds}] {name}: {v:.0f} env steps/s (simulated {simulated[name]:.0f})")
+    return pd.DataFrame(rows)

@@ -135,6 +135,27 @@ def design_block(results: Path) -> str:
     return "\n\n".join(parts) + "\n\n" + _simulated(results, name) + "\n"
 
 
+def candidate_block(results: Path) -> str:
+    """The cheapest design candidate measured on this machine's cores beside the model's prediction."""
+    from pal_bench.bench.stats import fmt_ci, median_ci, ratio_ci
+
+    name = "simulation_candidate.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench simulate --candidate")
+    df = pd.read_csv(results / name)
+    groups = dict(list(df.groupby("variant", sort=False)))
+    rows = [{"variant": v, "measured f_a (median [95% CI])": fmt_ci(*median_ci(d.measured), 0),
+             "simulated f_a": d.simulated.iloc[0]} for v, d in groups.items()]
+    (base, b), (other, o) = list(groups.items())[:2]
+    measured = fmt_ci(*ratio_ci(o.measured, b.measured), 3)
+    simulated = o.simulated.iloc[0] / b.simulated.iloc[0]
+    return (f"f_a (env steps/s) of {int(df.actors.iloc[0])} actor processes on {int(df.cores.iloc[0])} cores, "
+            f"measured in {df['round'].nunique()} interleaved rounds, beside the model's prediction for the same "
+            f"workload.\n\n{md(pd.DataFrame(rows), '.0f')}\n\n{other} against {base}: measured "
+            f"{measured}x (ratio of medians, bootstrap interval), simulated {simulated:.3f}x.\n\n"
+            + source(results, name) + "\n")
+
+
 def outputs(results: Path, figures: bool) -> list[Path]:
     if not figures:
         return []
@@ -154,4 +175,5 @@ PUBLICATION = Publication("simulate", {
     "simulation-predictions": predictions_block,
     "simulation-sensitivity": sensitivity_block,
     "simulation-design": design_block,
+    "simulation-candidate": candidate_block,
 }, outputs)

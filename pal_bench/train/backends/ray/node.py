@@ -7,24 +7,23 @@ driver's node (``NodeAffinitySchedulingStrategy``) running the same ``actor_proc
 to the shared replay segment (``add_batch`` straight into it), the ``SharedWeights`` block (weights read straight
 into its networks) and the ``SharedControl`` block (the rate counters and their lock). The learners are the
 driver's threads next to the parameter server, reading the segment in this process (no remote call per batch;
-a sole learner applies its own gradient). What goes through Ray is the start-up and each actor's small messages
-(episodes, timers, errors) to an inbox actor, drained by the driver every ``DRAIN_S``.
+a sole learner applies its own gradient). An actor's small messages (episodes, timers, errors) go over a Unix
+socket the driver listens on (``SocketInbox``). What goes through Ray is the placement, the start-up and each
+process's end.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import time
 
 from pal_bench.train.backends.processes.actor import actor_process
+from pal_bench.train.backends.processes.inbox import SocketInbox
 from pal_bench.train.backends.processes.shared import DriverAlive
 from pal_bench.train.backends.processes.trainer import ProcessTrainer
 from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.driver import WorkerError
 from pal_bench.train.errors import TrainingError
 
-DRAIN_S = 0.05            # the driver reads an actor's messages at most this often (a remote call each)
 START_TIMEOUT_S = 120.0   # longest wait for Ray to start an actor process
 INSERTER_PING_S = 30.0    # a remote actor is (re)started only once the inserter answers within this (s)
 
@@ -43,10 +42,7 @@ class _Host:
         return os.getpid()
 
     def run(self, args: tuple) -> None:
-        try:
-            actor_process(*args)
-        finally:
-            args[8].join_thread()           # its last messages are in the inbox before the driver sees it end
+        actor_process(*args)
 
 
 class _RemoteHost:
@@ -64,97 +60,6 @@ class _RemoteHost:
         cfg, actor, incarnation, resumed_steps, inserter = args
         out = ActorWorker(cfg, actor, inserter, inserter).run(incarnation, resumed_steps)
         ray.get(inserter.finish.remote(actor, out["seconds"]))
-
-
-class _Inbox:
-    """An actor's messages, held for the driver (a Ray actor: one per actor process)."""
-
-    def __init__(self):
-        self.items: list = []
-
-    def put(self, item) -> None:
-        self.items.append(item)
-
-    def put_many(self, items: list) -> None:
-        self.items.extend(items)
-
-    def drain(self) -> list:
-        out, self.items = self.items, []
-        return out
-
-
-class InboxQueue:
-    """The process backend's message queue over an ``_Inbox`` actor: ``put`` sends without waiting (Ray keeps one
-    caller's calls in order), ``join_thread`` waits for the last one; the driver's ``get_nowait`` drains the inbox
-    at most every ``DRAIN_S``."""
-
-    def __init__(self, node_id: str):
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        self.inbox = ray.remote(_Inbox).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            node_id, soft=False)).remote()
-        self._last = None
-        self._held: list = []
-        self._drained = 0.0
-        self.force = False              # the next ``get_nowait`` drains whatever the period (the actor has ended)
-        self._pending: list = []        # (writer) episodes not sent yet
-        self._sent = 0.0
-
-    def __getstate__(self):
-        return {"inbox": self.inbox}
-
-    def __setstate__(self, state):
-        self.inbox, self._last, self._held, self._drained, self.force = state["inbox"], None, [], 0.0, False
-        self._pending, self._sent = [], 0.0
-
-    # writer (the actor process)
-    def put(self, item) -> None:
-        """Episodes wait to go with the next message, at most ``DRAIN_S`` (one remote call per batch, not per
-        episode: Ray's own processes share the cores with the actors); anything else goes at once, with them."""
-        self._pending.append(item)
-        now = time.monotonic()
-        if item[0] != "episodes" or now - self._sent >= DRAIN_S:
-            self._last = self.inbox.put_many.remote(self._pending)
-            self._pending, self._sent = [], now
-
-    def close(self) -> None:
-        pass
-
-    def join_thread(self) -> None:
-        import ray
-
-        if self._pending:
-            self._last = self.inbox.put_many.remote(self._pending)
-            self._pending = []
-        if self._last is not None:
-            ray.get(self._last)
-
-    # reader (the driver)
-    def get_nowait(self):
-        import ray
-
-        if not self._held and (self.force or time.monotonic() - self._drained >= DRAIN_S):
-            self._held = ray.get(self.inbox.drain.remote())
-            self._drained, self.force = time.monotonic(), False
-        if not self._held:
-            raise queue.Empty
-        return self._held.pop(0)
-
-    def get(self, timeout: float | None = None):
-        deadline = time.monotonic() + (timeout or 0.0)
-        while True:
-            try:
-                return self.get_nowait()
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(DRAIN_S)
-
-    def kill(self) -> None:
-        import ray
-
-        ray.kill(self.inbox, no_restart=True)
 
 
 class RayProcess:
@@ -228,7 +133,7 @@ class RayNodeTrainer(ProcessTrainer):
             self._disconnect()
             raise ConfigError("ray_remote_actors: the Ray cluster has no node besides the driver's")
         self._inserter = None
-        self._inboxes: list[InboxQueue] = []
+        self._inboxes: list[SocketInbox] = []
         self.placement: dict[str, dict] = {}       # actor -> {pid, node_id} of its current process
         self._hosts: list[RayProcess] = []          # every actor process started (killed at close)
         try:
@@ -237,8 +142,8 @@ class RayNodeTrainer(ProcessTrainer):
             self._disconnect()
             raise
 
-    def _new_queue(self) -> InboxQueue:
-        q = InboxQueue(self._node_id)
+    def _new_queue(self) -> SocketInbox:
+        q = SocketInbox()
         self._inboxes.append(q)
         return q
 
@@ -290,8 +195,7 @@ class RayNodeTrainer(ProcessTrainer):
     def _process_ended(self, i: int, p) -> None:
         """A remote actor's error comes with Ray's exception, not as a message: a ``TrainingError`` it raised
         (``Diverged``) ends the run as it would from an actor process; any other error is the restart's cause.
-        What the actor sent itself (read first: its inbox drained now, whatever the period) takes precedence."""
-        self._messages[i].force = True
+        What the actor sent itself (read first) takes precedence."""
         self._sync()
         if getattr(p, "training_error", None) and i not in self._training_errors:
             self._training_errors[i] = p.training_error
@@ -301,13 +205,6 @@ class RayNodeTrainer(ProcessTrainer):
     def _actor_cause(self, i: int, p) -> str:
         self._process_ended(i, p)
         return super()._actor_cause(i, p)
-
-    def _actors(self, i: int) -> None:
-        try:
-            super()._actors(i)
-        finally:
-            self._messages[i].force = True      # what the ended process sent last (its timers) is read now
-            self._sync()
 
     def summary(self) -> dict:
         out = super().summary()
