@@ -8,6 +8,7 @@ the last of them shuts it down and checks that no Ray process is left. The multi
 a fresh interpreter (see ``MULTINODE_DRIVER``).
 """
 
+import glob
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -424,6 +426,7 @@ def test_ray_started_by_the_trainer_is_shut_down(tmp_path, placement):
 
 RAY_NODE_DRIVER = """
 import sys
+import tempfile
 from pal_bench.train import make_config, make_trainer
 if __name__ == "__main__":
     cfg = make_config("dqn", "CartPole-v1", steps=10**6, actors=2, learners=1, backend="ray", out_dir=sys.argv[1],
@@ -441,7 +444,8 @@ def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path
     """A driver on the default placement SIGKILLed mid-run (its own local Ray, its actor processes started by
     Ray): its actor processes and the Ray processes it started go with it (Ray's dashboard and runtime-env agents
     only once they notice their raylet is gone, about 60 s on: Ray's own timeout), its shared segments stay until
-    the next run in the same run directory, which replaces them and leaves /dev/shm as it found it."""
+    the next run in the same run directory, which replaces them and leaves /dev/shm as it found it; its actors'
+    message sockets (``SocketInbox``) stay until the next run on the machine removes them."""
     assert not ray.is_initialized()
     before = _pal_shm()
     script = tmp_path / "driver.py"
@@ -464,11 +468,14 @@ def test_node_placement_killed_driver_leaves_nothing_after_the_next_run(tmp_path
     agents = {q for q in started if re.search(r"ray::(DashboardAgent|RuntimeEnvAgent)", procs.get(q, (0, ""))[1])}
     assert _wait_gone(started - agents, 20) == set(), "processes of the killed run are still running"
     assert _pal_shm() - before                                   # the killed run's segments are still there
+    inboxes = set(glob.glob(f"{tempfile.gettempdir()}/pal-inbox-{p.pid}-*"))
+    assert inboxes                                               # and its actors' message sockets
     cfg = make_config("dqn", "CartPole-v1", steps=1_000, actors=2, learners=1, backend="ray", out_dir=str(tmp_path),
                       name="n", progress=False, eval_episodes=0, learning_starts=500, batch_size=32, hidden=(32, 32))
     with make_trainer(cfg, overwrite=True) as tr:
         assert tr.run()["env_steps"] == 1_000
     assert _pal_shm() <= before
+    assert not any(os.path.exists(d) for d in inboxes)           # the next run removed the dead driver's sockets
     assert not ray.is_initialized()
     assert _wait_gone(agents, 90) == set(), "Ray's agents outlived their raylet by more than 90 s"
 

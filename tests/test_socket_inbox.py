@@ -79,3 +79,25 @@ def test_a_writer_whose_driver_is_gone_drops_its_messages_quietly():
     w.put(("timers", 0, {"env": 1.0}))             # no exception, as mp.Queue.put
     w.put(("timers", 0, {"env": 2.0}))
     w.close()
+
+
+def test_a_killed_drivers_sockets_go_with_the_next_inbox(tmp_path, monkeypatch):
+    """SIGKILL leaves a driver's socket directories behind; the next inbox made on the machine removes those whose
+    driver is gone, and leaves a live driver's alone."""
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / f"pal-inbox-{int(dead.stdout)}-abc"
+    alive = tmp_path / f"pal-inbox-{os.getppid()}-def"
+    for d in (gone, alive):
+        d.mkdir()
+        (d / "s").touch()
+    inbox = SocketInbox()
+    try:
+        assert not gone.exists() and alive.exists()
+        assert os.path.dirname(inbox.path).startswith(str(tmp_path / f"pal-inbox-{os.getpid()}-"))
+    finally:
+        inbox.kill()

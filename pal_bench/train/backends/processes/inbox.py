@@ -10,6 +10,7 @@ off, and what it sent before stays). The socket's directory is the driver's alon
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import queue
@@ -20,9 +21,25 @@ import threading
 import time
 from collections import deque
 
+PREFIX = "pal-inbox-"        # a socket's directory: <tmp>/pal-inbox-<driver pid>-<random>
 BATCH_S = 0.05              # episodes wait at most this long (s) to go together
 MAX_LINE = 1 << 20          # longest message line (bytes): a larger one is a broken writer, cut off
 POLL_S = 0.005              # ``get``'s wait between reads
+
+
+def _sweep_stale() -> None:
+    """Remove the socket directories of drivers that were killed (SIGKILL leaves them; their pid is gone): the
+    next run on the machine cleans up after them, as it replaces a killed run's shared segments."""
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-*")):
+        pid = os.path.basename(d)[len(PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:              # alive, another user's
+            pass
 
 
 def _plain(value):
@@ -37,7 +54,8 @@ class SocketInbox:
     Picklable (the writer gets the socket's path only)."""
 
     def __init__(self):
-        self._dir = tempfile.mkdtemp(prefix="pal-inbox-")       # 0700: only this user's processes can connect
+        _sweep_stale()
+        self._dir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")   # 0700: only this user's processes connect
         self.path = os.path.join(self._dir, "s")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
