@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import cProfile
+import json
 import pstats
 
 import numpy as np
@@ -43,15 +44,19 @@ def test_area_seconds_add_up_to_the_profile_and_charge_builtins_to_their_caller(
     assert table["share_%"].sum() == pytest.approx(100, abs=0.5) and list(table.seconds) == sorted(table.seconds)[::-1]
 
 
-def test_framework_contestant_gets_a_cprofile_area_table(capsys):
-    assert rp.main(["tianshou", "--task", "smoke", "--seconds", "5", "--top", "5"]) == 0
+def test_framework_contestant_gets_a_cprofile_area_table(capsys, tmp_path):
+    assert rp.main(["tianshou", "--task", "smoke", "--seconds", "5", "--top", "5", "--out", str(tmp_path)]) == 0
+    stored = json.loads((tmp_path / "race_profile_matched_tianshou_smoke.json").read_text())
+    assert stored["profiled"] and stored["task"] == "smoke" and stored["conditions"]["load_before"] is not None
     out = capsys.readouterr().out
     assert "under cProfile" in out and "own time per area" in out and "race evaluation" in out
     assert "torch (forward, backward, optimizer)" in out and "environment (gymnasium, Box2D)" in out
 
 
-def test_pal_contestant_reports_its_trainer_s_phase_times(capsys):
-    assert rp.main(["pal", "--task", "smoke", "--seconds", "5"]) == 0
+def test_pal_contestant_reports_its_trainer_s_phase_times(capsys, tmp_path):
+    assert rp.main(["pal", "--task", "smoke", "--seconds", "5", "--out", str(tmp_path)]) == 0
+    stored = json.loads((tmp_path / "race_profile_matched_pal_smoke.json").read_text())
+    assert not stored["profiled"] and "per-phase" in next(iter(stored["tables"]))
     out = capsys.readouterr().out
     assert "per-phase seconds per worker role" in out and "env_step" in out and "forward_backward" in out
 

@@ -23,13 +23,18 @@ import collections
 import cProfile
 import dataclasses
 import io
+import json
 import pstats
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 
 from pal_bench.argtypes import positive_float, positive_int, rng_seed
+from pal_bench.atomic import atomic_write_text
+from pal_bench.conditions import Conditions
+from pal_bench.paths import RESULTS
 from pal_bench.studies.race import CONTESTANTS, TASKS, TRACKS
 from pal_bench.studies.race.contestants import TRACK_CONTESTANTS
 from pal_bench.studies.race.contestants.pal import BACKENDS as PAL_BACKENDS
@@ -137,41 +142,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", choices=sorted(TASKS), default="full", help="the race's task (default: full)")
     ap.add_argument("--track", choices=TRACKS, default="matched", help="the race's track (default: matched)")
     ap.add_argument("--top", type=positive_int, default=25, help="cProfile entries to list by cumulative time")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="where the tables are stored as race_profile_<track>_<contestant>[_<task>].json "
+                         "(default results/)")
     args = ap.parse_args(argv)
     # the race's task, run for --seconds with a target no evaluation reaches
     task = dataclasses.replace(TASKS[args.task], max_wall_s=args.seconds, target=1e300)
     name = args.contestant
     if name not in TRACK_CONTESTANTS[args.track]:
         ap.error(f"{name} does not race in the {args.track} track ({', '.join(TRACK_CONTESTANTS[args.track])})")
-    t0 = time.perf_counter()
-    if name in PAL_BACKENDS:
+    with Conditions(f"race profile ({args.track}, {name})") as cond:
+        t0 = time.perf_counter()
+        if name in PAL_BACKENDS:
+            run = run_one(name, args.track, args.task, args.seed, task=task)
+            stats = None
+        else:
+            run, stats = profile_framework(name, args.track, args.task, task, args.seed)
+        wall = time.perf_counter() - t0
+    head = (f"{name} ({args.track}) on {task.env}, seed {args.seed}: {wall:.1f} s (set-up {run['setup_s']:.1f} s), "
+            f"{len(run['curve'])} evaluations, {run['env_steps']} env steps"
+            + (" (under cProfile)" if stats else f", {run['facts'].get('actors')} actor(s) + "
+               f"{run['facts'].get('learners')} learner(s)"))
+    print(head)
+    tables: dict[str, pd.DataFrame] = {}
+    if stats is None:
         from pal_bench.train.profile import phase_frame, role_table
 
-        run = run_one(name, args.track, args.task, args.seed, task=task)
-        stats = None
-    else:
-        run, stats = profile_framework(name, args.track, args.task, task, args.seed)
-    wall = time.perf_counter() - t0
-    print(f"{name} ({args.track}) on {task.env}, seed {args.seed}: {wall:.1f} s (set-up {run['setup_s']:.1f} s), "
-          f"{len(run['curve'])} evaluations, {run['env_steps']} env steps"
-          + (" (under cProfile)" if stats else f", {run['facts'].get('actors')} actor(s) + "
-             f"{run['facts'].get('learners')} learner(s)"))
-    if stats is None:
         t = role_table(phase_frame(run["phase_seconds"]))
         t["share_%"] = (t.pop("share") * 100).round(1)
-        print("\nper-phase seconds per worker role (mean over the role's workers):")
+        tables["per-phase seconds per worker role (mean over the role's workers)"] = t
+    else:
+        if name.startswith("rllib"):
+            tables["cumulative time per component of RLlib's DQN loop"] = component_table(stats, stats.total_tt)
+        tables["own time per area (built-ins charged to their caller's area)"] = area_table(stats)
+    for title, t in tables.items():
+        print(f"\n{title}:")
         print(t.to_markdown(index=False, floatfmt=".1f"))
-        return 0
-    if name.startswith("rllib"):
-        print("\ncumulative time per component of RLlib's DQN loop:")
-        print(component_table(stats, stats.total_tt).to_markdown(index=False, floatfmt=".1f"))
-    print("\nown time per area (built-ins charged to their caller's area):")
-    print(area_table(stats).to_markdown(index=False, floatfmt=".1f"))
-    print(f"\nrace evaluation (greedy_return, cumulative): {cumulative(stats, 'greedy_return'):.1f} s")
-    out = io.StringIO()
-    stats.stream = out
-    stats.sort_stats("cumulative").print_stats(args.top)
-    print(out.getvalue())
+    evaluation = cumulative(stats, "greedy_return") if stats else None
+    if stats is not None:
+        print(f"\nrace evaluation (greedy_return, cumulative): {evaluation:.1f} s")
+        out = io.StringIO()
+        stats.stream = out
+        stats.sort_stats("cumulative").print_stats(args.top)
+        print(out.getvalue())
+    path = args.out / f"race_profile_{args.track}_{name}{'' if args.task == 'full' else '_' + args.task}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({
+        "contestant": name, "track": args.track, "task": args.task, "seed": args.seed, "seconds": args.seconds,
+        "summary": head, "profiled": stats is not None, "evaluation_s": evaluation,
+        "tables": {k: v.to_dict(orient="records") for k, v in tables.items()}, "conditions": cond.as_dict()},
+        indent=1, default=float))
+    print(f"stored: {path}")
     return 0
 
 

@@ -81,6 +81,26 @@ def race_phases_block(results: Path, track: str = "matched", task_name: str = "f
             + f"\n\nSource: the run files in `results/{where.relative_to(results)}/`.\n")
 
 
+def race_profile_block(results: Path) -> str:
+    """The stored ``pal-bench race-profile`` tables: where a contestant's time went (cProfile for tianshou and
+    RLlib, the trainer's own phase timers for PAL)."""
+    import json
+
+    files = [f for f in sorted(results.glob("race_profile_*.json")) if json.loads(f.read_text()).get("task") == "full"]
+    if not files:
+        return missing("race_profile_matched_rllib.json", "pal-bench race-profile rllib --seconds 240")
+    parts = []
+    for f in files:
+        d = json.loads(f.read_text())
+        text = f"**{d['contestant']}** ({d['track']} track): {d['summary']}."
+        if d.get("evaluation_s") is not None:
+            text += f" The race's evaluation (cumulative, inside the areas below): {d['evaluation_s']:.1f} s."
+        for title, records in d["tables"].items():
+            text += f"\n\n{title[0].upper() + title[1:]}:\n\n" + md(pd.DataFrame(records), ".1f")
+        parts.append(text + "\n\n" + source(results, f.name))
+    return "\n\n".join(parts) + "\n"
+
+
 def race_headline_block(results: Path) -> str:
     """README's one sentence on the race: the matched track's best PAL contestant against each peer that raced."""
 
@@ -139,4 +159,5 @@ PUBLICATION = Publication("race", {
     "race-settings": race_settings_block,
     "race-settings-tuned": lambda results: race_settings_block(results, "tuned"),
     "race-phases": race_phases_block,
+    "race-profile": race_profile_block,
 }, outputs)
