@@ -284,8 +284,12 @@ def insert(ctx, buffer, stepper, items: list, nets, targets, timer: PhaseTimer) 
     if not items:
         return
     batch = stepper.batch(items)
-    priorities = ctx.actor_priorities(nets, targets, batch) if targets is not None else None
-    timer.lap("inference")
+    timer.lap("buffer_insert")                   # stacking the rows into columns is part of the insert
+    if targets is not None:
+        priorities = ctx.actor_priorities(nets, targets, batch)
+        timer.lap("inference")
+    else:
+        priorities = None
     buffer.add_batch(priorities=priorities, **batch)
     timer.lap("buffer_insert")
 

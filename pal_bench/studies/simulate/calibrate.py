@@ -17,12 +17,12 @@ import pandas as pd
 
 from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, throughput
 
-ACTOR_PHASES = ("act_us", "env_us", "insert_us")
+ACTOR_PHASES = ("act_us", "env_us", "insert_us", "insert_call_us")
 RAY_CALLS_PER_UPDATE = 2          # the Ray learner's remote calls per update: a sample, a gradient
 LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 
 # assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
-# GCS, the inbox actors) keep busy while a run goes
+# GCS, the Ray threads of the driver and the actor processes) keep busy while a run goes
 BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "ray-node": 0.1, "ray": 0.1}
 
 
@@ -45,9 +45,15 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         mem_bw_total=row["mem_bw_total"],
         ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
         ps_grad_us=float(row.get("ps_grad_us", 0.0) or 0.0),
+        insert_call_us=_number(row.get(f"{actor}.insert_call_us")),
         insert_lock_call_us=float(row.get("insert_lock_call_us", 0.0) or 0.0),
         gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
         corun_slowdown=float(row.get("corun_slowdown", 0.0) or 0.0), **lock)
+
+
+def _number(value) -> float:
+    """A stored input that older rounds may lack (None or NaN there): 0."""
+    return 0.0 if value is None or pd.isna(value) else float(value)
 
 
 def median_inputs(rounds: pd.DataFrame) -> dict:

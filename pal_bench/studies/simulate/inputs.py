@@ -1,7 +1,8 @@
 """The model's inputs, measured on this machine: each a short run of the real trainer or a probe of one cost.
 
 - **Per-phase service times** at one worker: the trainer's own per-phase profile (``phase_seconds``) of an
-  actors-only run with one actor (thread and process backends: inference, env step, buffer insert, per env step)
+  actors-only run with one actor (thread and process backends: inference, env step, buffer insert, per env step;
+  the insert at one row and at 64 rows per ``add_batch``, which splits it into a part per call and one per row)
   and of a learners-only run with one learner on a filled buffer (sample, forward/backward, priority update,
   apply, per update);
 - **the buffer's lock**: how long an insert (per row), a sample and a priority update hold it (the buffer's own
@@ -30,6 +31,7 @@ import numpy as np
 
 COPY_MB = 64                 # bytes per STREAM-like copy (MB): well past the caches
 PROBE_S = 0.4                # seconds per GIL probe side
+BATCHED = 64                 # rows per add_batch of the actor's second run (the insert's per-call part)
 
 
 def _per(phases: dict, n: int, *names: str) -> float:
@@ -38,13 +40,23 @@ def _per(phases: dict, n: int, *names: str) -> float:
 
 def actor_phases(cfg, backend: str, steps: int) -> dict:
     """µs per env step of one actor's phases (an actors-only run: ``learning_starts`` = ``steps``, so the rate rule
-    never holds it back and the weights never change)."""
+    never holds it back and the weights never change); the insert twice, at one row per ``add_batch`` and at
+    ``BATCHED`` rows, which splits it into a part per call and a part per row."""
+    one = _actor_run(cfg, backend, steps, 1)
+    batched = _actor_run(cfg, backend, steps, BATCHED)
+    # insert(1) = call + row, insert(B) = call / B + row
+    call = (one["insert_us"] - batched["insert_us"]) * BATCHED / (BATCHED - 1)
+    return one | {"insert_call_us": max(0.0, min(call, one["insert_us"]))}
+
+
+def _actor_run(cfg, backend: str, steps: int, local_buffer: int) -> dict:
     from pal_bench.train import make_trainer
 
     with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
         c = dataclasses.replace(cfg, backend=backend, actors=1, learners=1, steps=steps, learning_starts=steps,
                                 buffer_capacity=max(cfg.buffer_capacity, steps), progress=False, eval_episodes=0,
-                                eval_interval=0, checkpoint_interval=0, deterministic=False, out_dir=out)
+                                eval_interval=0, checkpoint_interval=0, deterministic=False, out_dir=out,
+                                local_buffer=local_buffer)
         with make_trainer(c) as tr:
             s = tr.run()
     p = s["phase_seconds"]["actor0"]

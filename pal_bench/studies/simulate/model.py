@@ -65,6 +65,7 @@ class Inputs:
     pull_us: float                   # one version out of it into an actor's networks (SharedWeights.read)
     mem_bw_total: float              # bytes/s all cores together (a STREAM-like copy on every core at once)
     insert_lock_call_us: float = 0.0  # the buffer's lock held per add_batch call beyond its rows
+    insert_call_us: float = 0.0      # of insert_us, the part paid once per add_batch call (lock included)
     # transports
     ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
     ps_grad_us: float = 0.0          # the parameter server's cost per gradient it averages (sync, >1 learner)
@@ -251,8 +252,11 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     def add_hold(rows: int) -> float:
         return inp.insert_lock_call_us + inp.insert_lock_us * rows
 
-    # the measured insert (one row per call) holds the lock for add_hold(1) of it; the rest is the actor's own
-    own_insert_us = max(0.0, inp.insert_us - add_hold(1))
+    # the measured insert (one row per call) holds the lock for add_hold(1) of it; the rest is the actor's own, a
+    # part per add_batch call (insert_call_us beyond the lock's hold per call) and a part per row
+    call_part = max(inp.insert_call_us, inp.insert_lock_call_us)
+    own_call_us = call_part - inp.insert_lock_call_us
+    own_insert_us = max(0.0, inp.insert_us - call_part - inp.insert_lock_us)
 
     def _inserter_rows(rows: int, i: int):
         yield from m.cpu(inp.inserter_row_us * rows)
@@ -279,11 +283,15 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             yield from m.work(("a", i), own_insert_us, "insert", threads, node)
             rows += 1
             if rows >= w.chunk or run.reserved >= w.steps:
+                if not ray and node is None and own_call_us > 0:     # add_batch's own cost, once per call
+                    yield from m.work(("a", i), own_call_us, "insert", threads, node)
                 yield from insert_chunk(i, rows, node)
                 run.inserted += rows
                 rows = 0
                 run.poke()
         if rows:                                        # another actor took the last steps: send what is held
+            if not ray and node is None and own_call_us > 0:
+                yield from m.work(("a", i), own_call_us, "insert", threads, node)
             yield from insert_chunk(i, rows, node)
             run.inserted += rows
             run.poke()

@@ -13,8 +13,8 @@ from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs,
 from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, simulate
 
 SATURATED = 0.85      # a shared resource held this share of the run or more: the point is past its knee
-SENSITIVE = ("act_us", "env_us", "insert_us", "insert_lock_us", "sample_us", "sample_lock_us", "grad_us", "prio_us",
-             "prio_lock_us", "apply_us", "mem_bw_total", "ray_call_us")
+SENSITIVE = ("act_us", "env_us", "insert_us", "insert_call_us", "insert_lock_us", "sample_us", "sample_lock_us",
+             "grad_us", "prio_us", "prio_lock_us", "apply_us", "mem_bw_total", "ray_call_us")
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}
 
 

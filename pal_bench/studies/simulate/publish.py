@@ -12,9 +12,11 @@ from pal_bench.bench.publishing import Publication, md, missing, source
 INPUT_UNITS = {
     "threads.act_us": "inference per env step, thread actor (µs)", "threads.env_us": "env step, thread actor (µs)",
     "threads.insert_us": "buffer insert per env step, thread actor (µs)",
+    "threads.insert_call_us": "of which per add_batch call, thread actor (µs)",
     "processes.act_us": "inference per env step, actor process (µs)",
     "processes.env_us": "env step, actor process (µs)",
     "processes.insert_us": "buffer insert per env step, actor process (µs)",
+    "processes.insert_call_us": "of which per add_batch call, actor process (µs)",
     "sample_us": "sample one batch (µs)", "grad_us": "forward/backward one batch (µs)",
     "prio_us": "priority update one batch (µs)", "apply_us": "optimizer step and weights (µs)",
     "insert_lock_us": "lock held per inserted row (µs)", "insert_lock_call_us": "lock held per add_batch call (µs)",
