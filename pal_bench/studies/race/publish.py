@@ -86,18 +86,18 @@ def race_profile_block(results: Path) -> str:
     RLlib, the trainer's own phase timers for PAL)."""
     import json
 
-    files = [f for f in sorted(results.glob("race_profile_*.json")) if json.loads(f.read_text()).get("task") == "full"]
-    if not files:
+    stored = {f.name: json.loads(f.read_text()) for f in sorted(results.glob("race_profile_*.json"))}
+    stored = {name: d for name, d in stored.items() if d.get("task") == "full"}
+    if not stored:
         return missing("race_profile_matched_rllib.json", "pal-bench race-profile rllib --seconds 240")
     parts = []
-    for f in files:
-        d = json.loads(f.read_text())
+    for name, d in stored.items():
         text = f"**{d['contestant']}** ({d['track']} track): {d['summary']}."
         if d.get("evaluation_s") is not None:
             text += f" The race's evaluation (cumulative, inside the areas below): {d['evaluation_s']:.1f} s."
         for title, records in d["tables"].items():
             text += f"\n\n{title[0].upper() + title[1:]}:\n\n" + md(pd.DataFrame(records), ".1f")
-        parts.append(text + "\n\n" + source(results, f.name))
+        parts.append(text + "\n\n" + source(results, name))
     return "\n\n".join(parts) + "\n"
 
 

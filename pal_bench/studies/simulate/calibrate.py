@@ -33,9 +33,8 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
             "prio_lock_us": row["prio_lock_us"]}
     gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": 1.0, "sample": row["gil.sample"],
            "grad": row["gil.grad"], "prio": row["gil.sample"], "apply": row["gil.apply"], "copy": 0.0}
-    handoff = {p: float(row.get(f"gil_handoff.{p}", 0.0) or 0.0) for p in ("act", "env", "sample", "grad", "apply")}
+    handoff = {p: _number(row.get(f"gil_handoff.{p}")) for p in ("act", "env", "sample", "grad", "apply")}
     handoff["prio"] = handoff["sample"]
-    call = row.get("ray_call_us")
     return Inputs(
         act_us=row[f"{actor}.act_us"], env_us=row[f"{actor}.env_us"],
         insert_us=max(row[f"{actor}.insert_us"], lock["insert_lock_us"]),
@@ -43,12 +42,11 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         prio_us=max(row["prio_us"], lock["prio_lock_us"]), apply_us=row["apply_us"],
         weight_bytes=int(row["weight_bytes"]), publish_us=row["publish_us"], pull_us=row["pull_us"],
         mem_bw_total=row["mem_bw_total"],
-        ray_call_us=0.0 if call is None or pd.isna(call) else float(call), gil=gil,
-        ps_grad_us=float(row.get("ps_grad_us", 0.0) or 0.0),
+        ray_call_us=_number(row.get("ray_call_us")), gil=gil, ps_grad_us=_number(row.get("ps_grad_us")),
         insert_call_us=_number(row.get(f"{actor}.insert_call_us")),
-        insert_lock_call_us=float(row.get("insert_lock_call_us", 0.0) or 0.0),
+        insert_lock_call_us=_number(row.get("insert_lock_call_us")),
         gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
-        corun_slowdown=float(row.get("corun_slowdown", 0.0) or 0.0), **lock)
+        corun_slowdown=_number(row.get("corun_slowdown")), **lock)
 
 
 def _number(value) -> float:
