@@ -155,6 +155,12 @@ def _machine_busy_seconds() -> float | None:
     return busy / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every process of the machine has kept cores busy since boot (/proc/stat), or None: the
+    difference over a run counts work in processes this one never reaps (Ray's workers)."""
+    return _machine_busy_seconds()
+
+
 def _cpu_seconds() -> float:
     """CPU seconds used by this process and its reaped children so far."""
     import resource

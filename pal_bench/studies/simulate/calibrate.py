@@ -5,7 +5,7 @@ one-worker points (``fit``). Everything else (two workers, every split, other co
 The inputs file (``results/simulation_inputs.csv``, one row per measurement round) holds flat columns:
 ``threads.act_us`` / ``processes.act_us`` ... (actor phases per backend), ``sample_us`` ... (learner phases),
 ``insert_lock_us`` ..., ``publish_us``, ``pull_us``, ``mem_bw_core``, ``mem_bw_total``, ``gil.act`` ...,
-``gil_handoff.act`` ..., ``ray_call_us``.
+``gil_handoff.act`` ..., ``ray_call_us``, ``ray_call_cpu_us``, ``ray.learner_remote_us`` ...
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pandas as pd
 from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, throughput
 
 ACTOR_PHASES = ("act_us", "env_us", "insert_us", "insert_call_us")
-RAY_CALLS_PER_UPDATE = 2          # the Ray learner's remote calls per update: a sample, a gradient
 LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 
 # assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
@@ -31,9 +30,12 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
     actor = "threads" if backend == "threads" else "processes"
     lock = {"insert_lock_us": row["insert_lock_us"], "sample_lock_us": row["sample_lock_us"],
             "prio_lock_us": row["prio_lock_us"]}
-    gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": 1.0, "sample": row["gil.sample"],
-           "grad": row["gil.grad"], "prio": row["gil.sample"], "apply": row["gil.apply"], "copy": 0.0}
-    handoff = {p: _number(row.get(f"gil_handoff.{p}")) for p in ("act", "env", "sample", "grad", "apply")}
+    insert = row.get("gil.insert")                   # (older rounds did not probe the insert: all under the GIL)
+    gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": 1.0 if insert is None or pd.isna(insert) else
+           float(insert), "sample": row["gil.sample"], "grad": row["gil.grad"], "prio": row["gil.sample"],
+           "apply": row["gil.apply"], "copy": 0.0, "load": _number(row.get("gil.load"))}
+    handoff = {p: _number(row.get(f"gil_handoff.{p}")) for p in ("act", "env", "insert", "sample", "grad", "apply",
+                                                                 "load")}
     handoff["prio"] = handoff["sample"]
     return Inputs(
         act_us=row[f"{actor}.act_us"], env_us=row[f"{actor}.env_us"],
@@ -41,8 +43,11 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         sample_us=max(row["sample_us"], lock["sample_lock_us"]), grad_us=row["grad_us"],
         prio_us=max(row["prio_us"], lock["prio_lock_us"]), apply_us=row["apply_us"],
         weight_bytes=int(row["weight_bytes"]), publish_us=row["publish_us"], pull_us=row["pull_us"],
+        snapshot_load_us=_number(row.get("snapshot_load_us")),
         mem_bw_total=row["mem_bw_total"],
-        ray_call_us=_number(row.get("ray_call_us")), gil=gil, ps_grad_us=_number(row.get("ps_grad_us")),
+        ray_call_us=_number(row.get("ray_call_us")), ray_call_cpu_us=_number(row.get("ray_call_cpu_us")),
+        ray_learner_remote_us=_number(row.get("ray.learner_remote_us")),
+        ray_learner_remote_cpu_us=_number(row.get("ray.learner_remote_cpu_us")), gil=gil, ps_grad_us=_number(row.get("ps_grad_us")),
         insert_call_us=_number(row.get(f"{actor}.insert_call_us")),
         insert_lock_call_us=_number(row.get("insert_lock_call_us")),
         gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
@@ -72,8 +77,8 @@ def _scale(inp: Inputs, names: tuple[str, ...], k: float) -> Inputs:
 def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores: int,
         learning: dict | None = None) -> tuple[Inputs, dict]:
     """Scale the actor phases so that the model's f_a(1) is ``f_a1`` and the learner phases so that its f_l(1) is
-    ``f_l1`` (Ray actors: the remote call's round trip instead; either None: left as measured). Returns the fitted
-    inputs and the two factors (Ray's learner factor: the call's). Three passes of the fixed point (the model is
+    ``f_l1`` (Ray actors: the learner's remote wait and its CPU instead; either None: left as measured). Returns the
+    fitted inputs and the two factors (Ray's learner factor: the remote wait's). Three passes of the fixed point (the model is
     near-linear in each side's cost at one worker)."""
     factors = {"actor": 1.0, "learner": 1.0}
     for _ in range(3):
@@ -86,11 +91,13 @@ def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores
             got = throughput(inp, Workload(backend, cores, 1, 1, "f_l", updates=400, chunk=CHUNK[backend],
                                            **(learning or {})))
             if backend == "ray":
-                # a Ray learner's extra time is its remote calls' waiting (a sample call and a gradient call per
-                # update): the fit moves the call's round trip, not the learner's own work
-                call = max(0.0, inp.ray_call_us + (1 / f_l1 - 1 / got) * 1e6 / RAY_CALLS_PER_UPDATE)
-                factors["learner"] *= call / inp.ray_call_us if inp.ray_call_us else 1.0
-                inp = replace(inp, ray_call_us=call)
+                # a Ray learner's extra time is its calls' remote wait: the fit moves that wait (and the CPU behind
+                # it in proportion), not the learner's own work
+                old = inp.ray_learner_remote_us
+                new = max(0.0, old + (1 / f_l1 - 1 / got) * 1e6)
+                k = new / old if old else 1.0
+                factors["learner"] *= k
+                inp = replace(inp, ray_learner_remote_us=new, ray_learner_remote_cpu_us=inp.ray_learner_remote_cpu_us * k)
             else:
                 k = got / f_l1
                 inp, factors["learner"] = _scale(inp, LEARNER_PHASES, k), factors["learner"] * k

@@ -12,7 +12,8 @@
   arrays, one process per core);
 - **the GIL**: each phase a thread runs, in a loop on one thread and on two at once: the two-thread speedup
   gives the phase's GIL share (two threads serialise on it) or, below 1, what each GIL handoff costs;
-- **Ray**: one remote call's round trip (a no-op actor method, ``ray.get``), where Ray is installed.
+- **Ray**, where it is installed: one remote call's round trip (a no-op actor method, ``ray.get``) and the
+  machine's CPU per call; a Ray learner's wall and machine CPU per update beyond its own compute.
 
 ``measure(rounds)`` returns one dict of inputs per round; the rounds are the samples the predictions resample.
 """
@@ -30,7 +31,7 @@ import time
 import numpy as np
 
 COPY_MB = 64                 # bytes per STREAM-like copy (MB): well past the caches
-PROBE_S = 0.4                # seconds per GIL probe side
+PROBE_S = 1.0                # seconds per GIL probe side
 BATCHED = 64                 # rows per add_batch of the actor's second run (the insert's per-call part)
 
 
@@ -284,100 +285,128 @@ def gil_from_speedup(s2: float, us: float, segments: int) -> tuple[float, float]
 
 
 def gil_shares(cfg) -> dict:
-    """Per phase a thread runs (inference on one observation, the environment's step, a sample of one batch,
-    forward/backward of one batch, one optimizer step; the run's own networks, environment and buffer, one of each
-    per thread): its GIL share ``gil.<phase>`` and handoff cost ``gil_handoff.<phase>`` from its two-thread
-    speedup (``gil_from_speedup``, with the model's GIL pieces per phase), and the speedup itself
+    """Per phase a thread runs, each the trainer's own code on the run's own objects (one of each per thread):
+    inference (``algo.act`` on one observation), the environment's step (a one-environment vector env, as an
+    actor steps it), an insert (one row stacked into columns and ``add_batch``-ed into the shared buffer), a sample
+    of one batch, the losses and their gradients on one batch (``algo.losses``, ``gradients``) and one optimizer
+    step (``ParameterServer.apply``) and a load of the parameter server's snapshot into a worker's networks
+    (``load_snapshot``: a thread actor's or a non-sole learner's weights pull, whose µs alone is stored as
+    ``snapshot_load_us``): its GIL share ``gil.<phase>`` and handoff cost ``gil_handoff.<phase>`` from its
+    two-thread speedup (``gil_from_speedup``, with the model's GIL pieces per phase), and the speedup itself
     (``speedup2.<phase>``)."""
-    import gymnasium as gym
     import torch
 
     from pal_bench.studies.scaling.measure import transitions
     from pal_bench.studies.simulate.model import Inputs
     from pal_bench.train.core import RunCore
+    from pal_bench.train.losses import gradients, param_groups
+    from pal_bench.train.param_server import ParameterServer, Snapshot
     from pal_bench.train.replay_spec import make_buffer
+    from pal_bench.train.workers import load_snapshot
 
     core = RunCore(cfg)
-    buf = make_buffer(dataclasses.replace(cfg, buffer_capacity=10_000), core.fields())   # thread-safe: shared
-    buf.add_batch(**transitions(core, 5_000))
-    batch = torch.as_tensor(buf.sample(cfg.batch_size)["obs"])
+    buf = make_buffer(dataclasses.replace(cfg, buffer_capacity=100_000), core.fields())   # thread-safe: shared
+    rows = transitions(core, 5_000)
+    buf.add_batch(**rows)
+    sample = buf.sample(cfg.batch_size)
     envs = []
 
     def infer():
-        net, obs = next(iter(core.networks().values())), torch.zeros(1, core.obs_dim)
-
-        def call():
-            with torch.no_grad():
-                net(obs)
-        return call
+        nets, rng, obs = core.networks(), np.random.default_rng(0), np.zeros((1, core.obs_dim), np.float32)
+        return lambda: core.algo.act(nets, obs, 0.05, rng)
 
     def step():
-        env = gym.make(cfg.env, **cfg.env_kwargs)
+        env = core.make_vector_env(len(envs))
         env.reset(seed=len(envs))
         envs.append(env)
+        return lambda: env.step(core.env_actions(np.array([env.single_action_space.sample()])))
+
+    def insert():
+        row = [v[:1] for v in rows.values()]
 
         def call():
-            _, _, term, trunc, _ = env.step(env.action_space.sample())
-            if term or trunc:
-                env.reset()
+            buf.add_batch(**{k: np.stack(list(v)) for k, v in zip(rows, row)})
         return call
+
+    def load():
+        nets, targets, src = core.networks(), core.networks(), core.networks()
+        snap = Snapshot(1, {k: v.detach().clone() for k, v in src.state_dict().items()},
+                        {k: v.detach().clone() for k, v in src.state_dict().items()})
+        return lambda: load_snapshot(nets, targets, snap)
+
+    def losses_of(nets, targets):
+        groups = param_groups(core.algo, nets)
+        return lambda: gradients(core.algo.losses(nets, targets, core.to_tensors(sample), cfg, 1)[0], groups)
 
     def grad():
-        net = next(iter(core.networks().values()))
-
-        def call():
-            net.zero_grad()
-            net(batch).sum().backward()
-        return call
+        return losses_of(core.networks(), core.networks())
 
     def apply():
-        net = next(iter(core.networks().values()))
-        opt = torch.optim.Adam(net.parameters(), lr=1e-4)
-        net(batch).sum().backward()
-        return opt.step
+        nets, targets = core.networks(), core.networks()
+        ps = ParameterServer(core.algo, nets, targets, dataclasses.replace(cfg, aggregation="sync"), 1)
+        grads = losses_of(nets, targets)()
+        return lambda: ps.apply(grads)
 
+    torch.set_num_threads(1)
     segments = Inputs.__dataclass_fields__["gil_segments"].default_factory()
     out = {}
     try:
-        for phase, make in (("act", infer), ("env", step), ("sample", lambda: lambda: buf.sample(cfg.batch_size)),
-                            ("grad", grad), ("apply", apply)):
+        for phase, make in (("act", infer), ("env", step), ("insert", insert),
+                            ("sample", lambda: lambda: buf.sample(cfg.batch_size)), ("grad", grad),
+                            ("apply", apply), ("load", load)):
             s2, us = two_thread_speedup(make)
             g, h = gil_from_speedup(s2, us, segments.get(phase, 1))
             out |= {f"gil.{phase}": g, f"gil_handoff.{phase}": h, f"speedup2.{phase}": s2}
+        out["snapshot_load_us"] = us
     finally:
         for env in envs:
             env.close()
     return out
 
 
-def ray_call_us(n: int = 300) -> float | None:
-    """µs of one Ray remote call's round trip (median of ``n``; None without Ray)."""
+def ray_costs(cfg, updates: int = 600, filled: int = 20_000, calls: int = 300) -> dict:
+    """Ray's costs beyond the workers' own work, where Ray is installed (else {}), in one local Ray session:
+
+    - ``ray_call_us``: one remote call's round trip (a no-op actor method, ``ray.get``; median of ``calls``) and
+      ``ray_call_cpu_us``: the machine's busy CPU per such call (every process: caller, callee, Ray's own);
+    - a Ray learner's update beyond its own compute (``run_learners`` of one learner on a filled buffer: the buffer
+      and parameter-server actors, no actors): ``ray.learner_remote_us``, its wall per update less its own sample,
+      forward/backward and priority update, and ``ray.learner_remote_cpu_us``, the machine's busy CPU per update
+      less the same; ``ray.f_l_1`` its updates/s."""
     try:
         import ray
     except ImportError:
-        return None
+        return {}
+    from pal_bench.conditions import machine_busy_seconds
+    from pal_bench.studies.scaling.measure import ray_session, transitions
+    from pal_bench.train import make_trainer
 
     class Echo:
         def noop(self):
             return None
 
-    own = not ray.is_initialized()
-    if own:
-        ray.init(address="local", num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False,
-                 log_to_driver=False, logging_level="error")
-    try:
+    c = dataclasses.replace(cfg, backend="ray", ray_placement="pack", actors=1, learners=1, aggregation="sync",
+                            progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
+                            deterministic=False, buffer_capacity=max(cfg.buffer_capacity, filled))
+    with ray_session(c):
         a = ray.remote(Echo).remote()
         ray.get(a.noop.remote())
         times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
+        busy0, t0 = machine_busy_seconds(), time.perf_counter()
+        for _ in range(calls):
+            t1 = time.perf_counter()
             ray.get(a.noop.remote())
-            times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t1)
+        busy = (machine_busy_seconds() or 0.0) - (busy0 or 0.0)
         ray.kill(a)
-        return statistics.median(times) * 1e6
-    finally:
-        if own:
-            ray.shutdown()
+        out = {"ray_call_us": statistics.median(times) * 1e6, "ray_call_cpu_us": busy / calls * 1e6}
+        with tempfile.TemporaryDirectory(prefix="pal-sim-") as d, make_trainer(dataclasses.replace(c, out_dir=d)) as tr:
+            got = tr.run_learners(transitions(tr, filled), updates)
+    n, p = got["updates"], got["phase_seconds"]["learner0"]
+    own = _per(p, n, "sample", "forward_backward", "priority_update")
+    return out | {"ray.learner_remote_us": max(0.0, got["wall_s"] / n * 1e6 - own),
+                  "ray.learner_remote_cpu_us": max(0.0, (got["machine_cpu_s"] or 0.0) / n * 1e6 - own),
+                  "ray.f_l_1": n / got["wall_s"]}
 
 
 def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progress=print) -> list[dict]:
@@ -404,6 +433,6 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
         row |= memory_bandwidth(cores)
         row["corun_slowdown"] = corun_slowdown(cores)
         row |= gil_shares(cfg)
-        row["ray_call_us"] = ray_call_us()
+        row |= ray_costs(cfg, updates)
         out.append(row)
     return out

@@ -13,8 +13,11 @@ also holds:
 - **processes** (and Ray's one-node placement, "ray-node"): actors are processes (no GIL among them); learners
   and the parameter server are threads of the driver and share its GIL, as on the thread backend;
 - **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
-  every insert (per chunk), sample and gradient is a remote call costing ``ray_call_us``, and the buffer actor
-  serves one call at a time.
+  an actor's insert (per chunk) and weights fetch are remote calls of ``ray_call_us``, a learner's update waits
+  ``ray_learner_remote_us`` beyond its own work and the buffer's and parameter server's (its calls, serialization,
+  the object store); each keeps the node's cores busy for its measured CPU (``ray_call_cpu_us``,
+  ``ray_learner_remote_cpu_us``, spread over as many processes as it takes to fit in the wait), and the buffer
+  and parameter-server actors serve one call at a time.
 
 The buffer's mutex is a ``Resource`` of one (``lock_shards`` of them for a sharded buffer) held for the measured
 lock hold of each insert, sample and priority update (samples without it with ``seqlock_sampling``). Weight copies
@@ -64,10 +67,18 @@ class Inputs:
     publish_us: float                # one version into the shared block (SharedWeights.publish)
     pull_us: float                   # one version out of it into an actor's networks (SharedWeights.read)
     mem_bw_total: float              # bytes/s all cores together (a STREAM-like copy on every core at once)
+    snapshot_load_us: float = 0.0    # the parameter server's snapshot into a thread's networks (load_snapshot): a
+    #                                  thread actor's weights pull, and a learner's when it does not step the
+    #                                  server's own networks (several learners, or async)
     insert_lock_call_us: float = 0.0  # the buffer's lock held per add_batch call beyond its rows
     insert_call_us: float = 0.0      # of insert_us, the part paid once per add_batch call (lock included)
     # transports
     ray_call_us: float = 0.0         # one Ray remote call's round trip (caller's wait), µs
+    ray_call_cpu_us: float = 0.0     # the node's CPU one such call keeps busy (caller, callee, Ray's own), µs
+    ray_learner_remote_us: float = 0.0      # a Ray learner's wait per update beyond the parts modelled on their own
+    #                                         (its sample and gradient calls: transport, serialization, the
+    #                                         parameter-server actor's answer, the weights out of the object store)
+    ray_learner_remote_cpu_us: float = 0.0  # the node's CPU per update behind that wait, every process together
     ps_grad_us: float = 0.0          # the parameter server's cost per gradient it averages (sync, >1 learner)
     allreduce_alpha_us: float = 0.0  # all-reduce: latency per ring step
     allreduce_bw: float = 1e9        # all-reduce: bytes/s per link
@@ -75,8 +86,9 @@ class Inputs:
     inserter_row_us: float = 0.0     # the inserter's time per row (its ceiling, with chunks in flight)
     # the GIL (threads; learners and the parameter server on the process backend)
     gil: dict = field(default_factory=lambda: {"act": 0.6, "env": 1.0, "insert": 1.0, "sample": 0.5,
-                                               "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2})
-    gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12})
+                                               "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2,
+                                               "load": 0.5})
+    gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12, "load": 12})
     gil_handoff: dict = field(default_factory=dict)   # µs a GIL changing hands costs, per phase (measured)
     background_cores: float = 0.0    # cores other processes keep busy (Ray's raylet and GCS, the driver)
     corun_slowdown: float = 0.0      # one core's slowdown with every core busy (measured on this machine's cores)
@@ -239,12 +251,22 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
 
     rng = random.Random(seed)
 
+    def remote(wall_us: float, cpu_us: float):
+        """A Ray call's wait of at least ``wall_us``, its ``cpu_us`` on the node's cores meanwhile, spread over as
+        many processes as it takes to fit in the wait (caller, callee, Ray's own)."""
+        t0 = env.now
+        if cpu_us > 0:
+            k = max(1, min(w.cores, -int(-cpu_us // max(wall_us, 1e-9))))
+            yield simpy.AllOf(env, [env.process(m.cpu(cpu_us / k)) for _ in range(k)])
+        if wall_us > env.now - t0:
+            yield env.timeout(wall_us - (env.now - t0))
+
     def insert_chunk(i: int, rows: int, node):
         if node is not None:                            # a remote actor: the chunk crosses to the inserter
             yield env.timeout(inp.inserter_call_us)
             yield from m.held(m.inserter, "inserter", _inserter_rows(rows, i))
         elif ray:                                       # one remote add_batch per chunk, served one at a time
-            yield env.timeout(inp.ray_call_us)
+            yield from remote(inp.ray_call_us, inp.ray_call_cpu_us)
             yield from m.held(m.buffer_actor, "buffer_actor", m.locked(add_hold(rows), i))
         else:
             yield from m.locked(add_hold(rows), i)
@@ -274,9 +296,14 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 break
             run.reserved += 1
             if run.version > version:                   # a newer version: copy it into the actor's networks
-                if ray or node is not None:             # from the object store: a remote fetch first
+                if ray:                                 # from the object store: a remote fetch first
+                    yield from remote(inp.ray_call_us, inp.ray_call_cpu_us)
+                elif node is not None:
                     yield env.timeout(inp.ray_call_us)
-                yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads, node)
+                if threads:                             # the server's snapshot into the thread's networks
+                    yield from m.work(("a", i), inp.snapshot_load_us, "load", threads)
+                else:
+                    yield from m.copy(("a", i), inp.pull_us, inp.weight_bytes, threads, node)
                 version = run.version
             yield from m.work(("a", i), inp.act_us, "act", threads, node)
             yield from m.work(("a", i), inp.env_us, "env", threads, node)
@@ -298,8 +325,8 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
 
     def sample(j):
         shard = rng.randrange(len(m.locks))
-        if ray:                                         # the last batch's priorities ride on this call
-            yield env.timeout(inp.ray_call_us)
+        if ray:                                         # the last batch's priorities ride on this call (its wait:
+            #                                             in the learner's remote wait)
             body = _then(m.locked(inp.sample_lock_us + inp.prio_lock_us, shard),
                          m.cpu(inp.sample_us - inp.sample_lock_us + inp.prio_us - inp.prio_lock_us))
             yield from m.held(m.buffer_actor, "buffer_actor", body)
@@ -316,6 +343,8 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
         yield from b
 
     def learner(j):
+        version = 0
+        pulls = not ray and (w.learners > 1 or w.aggregation != "sync")   # else it steps the server's networks
         while run.started < target_updates:
             if w.mode == "end_to_end":
                 while run.started < target_updates and not run.policy.learner_may_start(run.inserted, run.started):
@@ -325,13 +354,16 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             run.started += 1
             run.pending += 1
             run.poke()
+            if pulls and run.version > version:          # the newest snapshot into the learner's networks
+                version = run.version
+                yield from m.work(("l", j), inp.snapshot_load_us, "load", learner_gil)
             shard = yield from sample(j)
             yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
             if not ray:                                  # (Ray: with the next sample call)
                 yield from m.locked(inp.prio_lock_us, shard)
                 yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
-            if ray and w.aggregation != "allreduce":
-                yield env.timeout(inp.ray_call_us)       # the gradient to the parameter-server actor
+            if ray:                                      # the calls' waits beyond the buffer's and server's work
+                yield from remote(*ray_remote)
             direct = w.learners == 1 and w.aggregation == "sync"
             if direct or w.aggregation == "async":
                 run.pending -= 1
@@ -380,10 +412,15 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
         ev.succeed()
 
     def publish(who):
-        if not threads:                                  # (threads: the server's snapshot, inside apply_us)
+        if not threads and not ray:                      # (threads: the server's snapshot, inside apply_us;
+            #                                              Ray: the object store's put, inside the remote wait)
             yield from m.copy(who, inp.publish_us, inp.weight_bytes, learner_gil)
         run.version += 1
 
+    # a Ray learner's measured wait and CPU per update, less what the model charges on its own: the buffer actor's
+    # sample and priority update and the parameter server's step
+    served = inp.sample_us + inp.prio_us + inp.apply_us
+    ray_remote = (max(0.0, inp.ray_learner_remote_us - served), max(0.0, inp.ray_learner_remote_cpu_us - served))
     previous: dict[int, simpy.Process | None] = dict.fromkeys(range(w.learners))
     target_updates = {"f_l": w.updates, "f_a": 0}.get(w.mode, run.policy.max_updates)
     if w.mode == "f_l":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pal_bench.conditions import machine_busy_seconds
 from pal_bench.train.backends.ray.context import cpu_share, from_numpy, max_updates, rate_slack
 from pal_bench.train.config import ConfigError, TrainConfig
 from pal_bench.train.driver import JOIN_TIMEOUT_S, Driver, DriverSchedule, WorkerError, stop_on_signals
@@ -350,7 +351,8 @@ class RayTrainer(Driver):
         (replay columns, N each) as if the actors had collected them, a budget that allows ``updates`` updates at
         once, the parameter-server actor and ``cfg.learners`` learner workers, no actors. ``wall_s`` runs from the
         learners' ``run`` calls to the last one's return (every process up before); ``cpu_s`` is None (the work
-        is in other processes)."""
+        is in other processes); ``machine_cpu_s``: the machine's busy CPU seconds meanwhile (every process, /proc/stat),
+        ``phase_seconds``: each learner's phases."""
         import ray
 
         from pal_bench.train.backends.ray.buffer_actor import BufferActor
@@ -373,13 +375,15 @@ class RayTrainer(Driver):
             ray.get(buffer.add_batch.remote(0, rows, n_rows, [], 0))
             ray.get([h.info.remote() for h in learners] + [ps.stats.remote()])     # every process is up
             init = ray.get(learners[0].rendezvous.remote()) if cfg.aggregation == "allreduce" else None
-            t0 = time.perf_counter()
-            ray.get([h.run.remote(init) for h in learners])
-            wall = time.perf_counter() - t0
+            busy0, t0 = machine_busy_seconds(), time.perf_counter()
+            got = ray.get([h.run.remote(init) for h in learners])
+            wall, busy1 = time.perf_counter() - t0, machine_busy_seconds()
             done = ray.get(buffer.status.remote())["done"]
         finally:
             self._teardown()
-        return {"updates": done, "wall_s": wall, "cpu_s": None}
+        return {"updates": done, "wall_s": wall, "cpu_s": None,
+                "machine_cpu_s": None if busy0 is None or busy1 is None else busy1 - busy0,
+                "phase_seconds": {f"learner{i}": r["seconds"] for i, r in enumerate(got)}}
 
     def close(self) -> None:
         """Kill this run's Ray actors and disconnect from Ray if we connected (idempotent)."""
