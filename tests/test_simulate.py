@@ -233,3 +233,55 @@ def test_the_insert_s_per_call_part_is_paid_once_per_add_batch():
     us = {k: 1e6 / simulate(i, Workload("processes", 1, 1, 1, "f_a", steps=3_008, chunk=64))["env_steps_per_s"]
           for k, i in cases.items()}                        # µs per env step, one actor on one core
     assert us["measured total"] - us["split"] == pytest.approx(15.0 * 63 / 64, rel=0.02)
+
+
+def test_ray_learners_remote_wait_keeps_the_node_busy():
+    """A Ray learner's update waits its measured remote time; the CPU behind it (buffer and parameter-server
+    actors, serialization, Ray's own) runs on the node's cores meanwhile: alone it fits in the wait, but two
+    learners on two cores compete for it."""
+    def fl(learners, cpu):
+        inp = Inputs(**BASE | {"ray_learner_remote_us": 4_000.0, "ray_learner_remote_cpu_us": cpu})
+        return throughput(inp, Workload("ray", 2, 1, learners, "f_l", updates=300, chunk=256))
+
+    # the learner's own 600 µs of gradients and the measured 4,000 µs wait, which holds the buffer's and the
+    # server's 360 µs (sample, priorities, apply: modelled on their own, not counted twice)
+    assert fl(1, 0.0) == pytest.approx(1e6 / (600 + 4_000), rel=0.03)
+    assert fl(1, 7_000.0) == pytest.approx(fl(1, 0.0), rel=0.03)         # two processes' CPU, inside the wait
+    assert fl(2, 7_000.0) < 0.8 * fl(2, 0.0)                             # two learners: the cores are the limit
+
+
+def test_learners_load_the_snapshot_unless_the_sole_sync_learner():
+    """A sole sync learner steps the parameter server's own networks; several learners, or an async one, load
+    each new snapshot into their networks first (``snapshot_load_us``); so do thread actors (actor processes read
+    the shared block instead: ``pull_us``)."""
+    slow = Inputs(**BASE | {"snapshot_load_us": 800.0})
+
+    def fl(inp, learners):
+        return throughput(inp, Workload("processes", 4, 1, learners, "f_l", updates=300))
+
+    def e2e(inp, backend, aggregation="sync"):
+        return throughput(inp, Workload(backend, 4, 1, 1, "end_to_end", aggregation=aggregation, steps=3_000,
+                                        learning_starts=500))
+
+    assert fl(slow, 1) == pytest.approx(fl(INP, 1), rel=0.01)
+    assert fl(slow, 2) < 0.8 * fl(INP, 2)
+    assert e2e(slow, "processes", "async") < 0.8 * e2e(INP, "processes", "async")
+    assert e2e(slow, "threads") < 0.8 * e2e(INP, "threads")
+    assert e2e(slow, "processes") == pytest.approx(e2e(INP, "processes"), rel=0.02)
+
+
+def test_learner_processes_leave_the_gil_but_cross_to_the_driver():
+    """Learners as processes: their sample, gradients and priorities run outside the driver's GIL, so two of them
+    on two cores beat two learner threads; each update crosses to the driver's proxy and back and is applied
+    there, in series with the learner's own work."""
+    inp = Inputs(**BASE | {"gil": {"sample": 1.0, "grad": 1.0, "prio": 1.0, "apply": 1.0},
+                           "lp_handoff_us": 40.0, "lp_process_us": 100.0, "lp_driver_us": 50.0})
+
+    def fl(backend, learners):
+        return throughput(inp, Workload(backend, 2, 1, learners, "f_l", updates=300))
+
+    # sample 150 + grad 600 + prio 60 + process 100 + two crossings 80 + gradient read 50 + apply 150
+    assert fl("learner-processes", 1) == pytest.approx(1e6 / 1_190, rel=0.03)
+    assert fl("learner-processes", 2) > 1.3 * fl("processes", 2)
+    r = simulate(inp, Workload("learner-processes", 2, 1, 1, "end_to_end", steps=3_000, learning_starts=500))
+    assert r["updates"] == 625 and r["env_steps"] == 3_000

@@ -177,7 +177,8 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     with ray_session(cfg):
         for aggregation in aggregations:
             # actor processes step their environments in-process (they cannot start env subprocesses)
-            for backend in ("sync",) if label(cfg) in ("processes", "ray-node") else ("sync", "async"):
+            in_process = label(cfg) in ("processes", "learner-processes", "ray-node")
+            for backend in ("sync",) if in_process else ("sync", "async"):
                 c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
                 df = measure_splits(c, splits, steps,
                               progress=lambda m, a=aggregation, b=backend: progress(f"{a}/{b} {m}"))

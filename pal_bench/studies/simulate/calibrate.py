@@ -22,7 +22,7 @@ LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 
 # assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
 # GCS, the Ray threads of the driver and the actor processes) keep busy while a run goes
-BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "ray-node": 0.1, "ray": 0.1}
+BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "learner-processes": 0.0, "ray-node": 0.1, "ray": 0.1}
 
 
 def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
@@ -47,7 +47,10 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         mem_bw_total=row["mem_bw_total"],
         ray_call_us=_number(row.get("ray_call_us")), ray_call_cpu_us=_number(row.get("ray_call_cpu_us")),
         ray_learner_remote_us=_number(row.get("ray.learner_remote_us")),
-        ray_learner_remote_cpu_us=_number(row.get("ray.learner_remote_cpu_us")), gil=gil, ps_grad_us=_number(row.get("ps_grad_us")),
+        ray_learner_remote_cpu_us=_number(row.get("ray.learner_remote_cpu_us")), gil=gil,
+        lp_handoff_us=_number(row.get("lp.handoff_us")), lp_process_us=_number(row.get("lp.process_us")),
+        lp_driver_us=_number(row.get("lp.driver_us")),
+        ps_grad_us=_number(row.get("ps_grad_us")),
         insert_call_us=_number(row.get(f"{actor}.insert_call_us")),
         insert_lock_call_us=_number(row.get("insert_lock_call_us")),
         gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
@@ -78,8 +81,8 @@ def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores
         learning: dict | None = None) -> tuple[Inputs, dict]:
     """Scale the actor phases so that the model's f_a(1) is ``f_a1`` and the learner phases so that its f_l(1) is
     ``f_l1`` (Ray actors: the learner's remote wait and its CPU instead; either None: left as measured). Returns the
-    fitted inputs and the two factors (Ray's learner factor: the remote wait's). Three passes of the fixed point (the model is
-    near-linear in each side's cost at one worker)."""
+    fitted inputs and the two factors (Ray's learner factor: the remote wait's). Three passes of the fixed point (the
+    model is near-linear in each side's cost at one worker)."""
     factors = {"actor": 1.0, "learner": 1.0}
     for _ in range(3):
         if f_a1:
@@ -97,7 +100,8 @@ def fit(inp: Inputs, backend: str, f_a1: float | None, f_l1: float | None, cores
                 new = max(0.0, old + (1 / f_l1 - 1 / got) * 1e6)
                 k = new / old if old else 1.0
                 factors["learner"] *= k
-                inp = replace(inp, ray_learner_remote_us=new, ray_learner_remote_cpu_us=inp.ray_learner_remote_cpu_us * k)
+                inp = replace(inp, ray_learner_remote_us=new,
+                              ray_learner_remote_cpu_us=inp.ray_learner_remote_cpu_us * k)
             else:
                 k = got / f_l1
                 inp, factors["learner"] = _scale(inp, LEARNER_PHASES, k), factors["learner"] * k

@@ -4,7 +4,8 @@
   actors-only run with one actor (thread and process backends: inference, env step, buffer insert, per env step;
   the insert at one row and at 64 rows per ``add_batch``, which splits it into a part per call and one per row)
   and of a learners-only run with one learner on a filled buffer (sample, forward/backward, priority update,
-  apply, per update);
+  apply, per update); the same with one learner process (what a process adds: its weights pull and gradient
+  publish, the crossings to its proxy thread and back, the proxy's gradient read);
 - **the buffer's lock**: how long an insert (per row), a sample and a priority update hold it (the buffer's own
   ``lock_stats``, hold time sampled in the Cython core);
 - **weights**: one version published into a ``SharedWeights`` block and read out of it into an actor's networks,
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import os
 import statistics
 import tempfile
 import threading
@@ -86,6 +86,29 @@ def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
     return {"sample_us": _per(p, n, "sample"), "grad_us": _per(p, n, "forward_backward", "weights_pull", "rate_wait"),
             "prio_us": _per(p, n, "priority_update"),
             "apply_us": _per(p, n, "apply", "aggregation_wait"), "f_l_1": n / got["wall_s"]}
+
+
+def learner_process_costs(cfg, updates: int, apply_us: float, filled: int = 20_000) -> dict:
+    """µs per update of what learners as processes (``learner_processes``) add, from one learner process on a
+    filled buffer (``Trainer.run_learners``, its own phases and its proxy thread's): ``lp.process_us``, the process's
+    weights pull and gradient publish; ``lp.handoff_us``, one crossing between process and proxy (the proxy's wait
+    for the process less the process's work, halved); ``lp.driver_us``, the proxy's gradient read (its apply less
+    the optimizer step ``apply_us`` measured on a learner thread); ``lp.f_l_1``, its updates/s."""
+    from pal_bench.studies.scaling.measure import transitions
+    from pal_bench.train import make_trainer
+
+    with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
+        c = dataclasses.replace(cfg, backend="processes", learner_processes=True, actors=1, learners=1,
+                                progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
+                                deterministic=False, out_dir=out, buffer_capacity=max(cfg.buffer_capacity, filled))
+        with make_trainer(c) as tr:
+            got = tr.run_learners(transitions(tr, filled), updates)
+            p = tr.summary()["phase_seconds"]["learner0"]
+    n = got["updates"]
+    process = _per(p, n, "weights_pull", "gradient_publish")
+    work = process + _per(p, n, "sample", "forward_backward", "priority_update")
+    return {"lp.process_us": process, "lp.handoff_us": max(0.0, (_per(p, n, "learner_process") - work) / 2),
+            "lp.driver_us": max(0.0, _per(p, n, "apply") - apply_us), "lp.f_l_1": n / got["wall_s"]}
 
 
 def lock_holds(cfg, batch: int, n: int = 2_000) -> dict:
@@ -392,7 +415,7 @@ def ray_costs(cfg, updates: int = 600, filled: int = 20_000, calls: int = 300) -
         a = ray.remote(Echo).remote()
         ray.get(a.noop.remote())
         times = []
-        busy0, t0 = machine_busy_seconds(), time.perf_counter()
+        busy0 = machine_busy_seconds()
         for _ in range(calls):
             t1 = time.perf_counter()
             ray.get(a.noop.remote())
@@ -426,6 +449,7 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
             row |= {f"{backend}.{k}": v for k, v in actor_phases(cfg, backend, steps).items()}
         progress(f"[inputs {r + 1}/{rounds}] learner phases ...")
         row |= learner_phases(cfg, updates)
+        row |= learner_process_costs(cfg, updates, row["apply_us"])
         progress(f"[inputs {r + 1}/{rounds}] lock holds, memory bandwidth, GIL, Ray call ...")
         row |= lock_holds(cfg, cfg.batch_size)
         row |= weight_copies(cfg)

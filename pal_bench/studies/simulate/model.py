@@ -12,6 +12,10 @@ also holds:
   each operator); a GIL that changes hands costs the phase's measured ``gil_handoff``;
 - **processes** (and Ray's one-node placement, "ray-node"): actors are processes (no GIL among them); learners
   and the parameter server are threads of the driver and share its GIL, as on the thread backend;
+- **learner-processes** (the process backend with ``learner_processes``): learners are processes too (their
+  sample, gradients and priorities outside any GIL, plus ``lp_process_us`` of weights pull and gradient publish);
+  each update crosses to the driver's proxy thread and back (``lp_handoff_us`` each way), which reads the
+  gradient (``lp_driver_us``) and applies it under the driver's GIL;
 - **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
   an actor's insert (per chunk) and weights fetch are remote calls of ``ray_call_us``, a learner's update waits
   ``ray_learner_remote_us`` beyond its own work and the buffer's and parameter server's (its calls, serialization,
@@ -40,8 +44,9 @@ import simpy
 
 from pal_bench.train.rate_policy import RatePolicy, default_slack
 
-BACKENDS = ("threads", "processes", "ray-node", "ray")
-CHUNK = {"threads": 1, "processes": 1, "ray-node": 1, "ray": 256}   # rows per insert call: local_buffer, ray_chunk
+BACKENDS = ("threads", "processes", "learner-processes", "ray-node", "ray")
+# rows per insert call: local_buffer, ray_chunk
+CHUNK = {"threads": 1, "processes": 1, "learner-processes": 1, "ray-node": 1, "ray": 256}
 AGGREGATIONS = ("sync", "async", "allreduce")
 
 
@@ -79,6 +84,9 @@ class Inputs:
     #                                         (its sample and gradient calls: transport, serialization, the
     #                                         parameter-server actor's answer, the weights out of the object store)
     ray_learner_remote_cpu_us: float = 0.0  # the node's CPU per update behind that wait, every process together
+    lp_handoff_us: float = 0.0       # learner processes: one crossing between a learner process and its proxy thread
+    lp_process_us: float = 0.0       # learner processes: the process's weights pull and gradient publish per update
+    lp_driver_us: float = 0.0        # learner processes: the proxy thread's gradient read per update (driver's GIL)
     ps_grad_us: float = 0.0          # the parameter server's cost per gradient it averages (sync, >1 learner)
     allreduce_alpha_us: float = 0.0  # all-reduce: latency per ring step
     allreduce_bw: float = 1e9        # all-reduce: bytes/s per link
@@ -245,7 +253,9 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     env = simpy.Environment()
     m, run = _Machine(env, inp, w), _Run(env, w)
     threads = w.backend == "threads"
-    learner_gil = w.backend in ("threads", "processes", "ray-node")   # learners: the driver's threads
+    lp = w.backend == "learner-processes"
+    learner_gil = w.backend in ("threads", "processes", "ray-node", "learner-processes")   # the driver's GIL
+    own_gil = learner_gil and not lp                 # a learner's own work: in the driver's threads, or not
     ray = w.backend == "ray"
     import random
 
@@ -332,10 +342,10 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             yield from m.held(m.buffer_actor, "buffer_actor", body)
             return shard
         if w.seqlock_sampling:
-            yield from m.work(("l", j), inp.sample_lock_us, "sample", learner_gil)
+            yield from m.work(("l", j), inp.sample_lock_us, "sample", own_gil)
         else:
             yield from m.locked(inp.sample_lock_us, shard)
-        yield from m.work(("l", j), inp.sample_us - inp.sample_lock_us, "sample", learner_gil)
+        yield from m.work(("l", j), inp.sample_us - inp.sample_lock_us, "sample", own_gil)
         return shard
 
     def _then(a, b):
@@ -344,7 +354,9 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
 
     def learner(j):
         version = 0
-        pulls = not ray and (w.learners > 1 or w.aggregation != "sync")   # else it steps the server's networks
+        # a learner thread that does not step the server's own networks loads each new snapshot (a learner
+        # process reads the shared block instead: in lp_process_us)
+        pulls = not ray and not lp and (w.learners > 1 or w.aggregation != "sync")
         while run.started < target_updates:
             if w.mode == "end_to_end":
                 while run.started < target_updates and not run.policy.learner_may_start(run.inserted, run.started):
@@ -356,12 +368,18 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             run.poke()
             if pulls and run.version > version:          # the newest snapshot into the learner's networks
                 version = run.version
-                yield from m.work(("l", j), inp.snapshot_load_us, "load", learner_gil)
+                yield from m.work(("l", j), inp.snapshot_load_us, "load", own_gil)
+            if lp:                                       # the proxy thread grants the update to the process
+                yield env.timeout(inp.lp_handoff_us)
             shard = yield from sample(j)
-            yield from m.work(("l", j), inp.grad_us, "grad", learner_gil)
+            yield from m.work(("l", j), inp.grad_us, "grad", own_gil)
             if not ray:                                  # (Ray: with the next sample call)
                 yield from m.locked(inp.prio_lock_us, shard)
-                yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", learner_gil)
+                yield from m.work(("l", j), inp.prio_us - inp.prio_lock_us, "prio", own_gil)
+            if lp:                                       # weights pull and gradient publish, back to the proxy,
+                yield from m.cpu(inp.lp_process_us)      # which reads the gradient under the driver's GIL
+                yield env.timeout(inp.lp_handoff_us)
+                yield from m.work(("l", j), inp.lp_driver_us, "apply", learner_gil)
             if ray:                                      # the calls' waits beyond the buffer's and server's work
                 yield from remote(*ray_remote)
             direct = w.learners == 1 and w.aggregation == "sync"

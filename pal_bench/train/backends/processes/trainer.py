@@ -302,6 +302,11 @@ class ProcessTrainer(Trainer):
         waits for its gradient and submits it to the parameter server, as a learner thread would."""
         if not self.cfg.learner_processes:
             return super()._learner(i)
+        import torch
+
+        # the proxy applies gradients with the parameter server's optimizer here, in the driver: one torch thread,
+        # as every worker (torch's default, a thread per core, competes with the worker processes for the cores)
+        torch.set_num_threads(1)
         cfg = self.cfg
         timer = self.timers[f"learner{i}"] = PhaseTimer()
         base = i * L_FIELDS
