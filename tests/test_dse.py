@@ -221,3 +221,8 @@ def test_dse_predict_chooses_from_the_simulated_curves_with_measured_points_in_p
     assert any(re.match(r"\s*18\s+45\s+63\s.*predicted$", r) for r in rows), out
     assert main(["dse", "--predict", "--max-cores", "2", "--ratio", "0.25"]) == 0      # the one split: measured
     assert any(re.match(r"\s*1\s+1\s+2\s.*measured$", r) for r in capsys.readouterr().out.split("\n"))
+    # learner processes: the simulation's label; its curves come from the simulation, so only with --predict
+    assert main(["dse", "--backend", "learner-processes", "--max-cores", "64"]) == 2
+    assert "add --predict" in capsys.readouterr().err
+    assert main(["dse", "--predict", "--backend", "learner-processes", "--max-cores", "64", "--ratio", "0.25"]) == 2
+    assert "pal-bench simulate --backend learner-processes" in capsys.readouterr().err

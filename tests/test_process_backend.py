@@ -257,11 +257,23 @@ def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(
 
 # ---------------------------------------------------------------------- learner processes
 
-def test_learner_processes_hold_the_budget_and_clean_up(tmp_path):
+def test_learner_processes_hold_the_budget_and_clean_up(tmp_path, monkeypatch):
+    """... and the proxy threads that apply the learner processes' gradients in the driver run torch on one thread
+    (torch's default, a thread per core, took the cores the worker processes need: 0.58x end to end, 2026-12-05;
+    torch's thread count is per calling thread, so the proxy sets its own)."""
+    import threading
+
+    import torch
+
+    set_in = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (set_in.append((threading.current_thread().name, n)),
+                                                             real(n)))
     before = _shm()
     cfg = _cfg(tmp_path, actors=1, learners=2, learner_processes=True)
     with make_trainer(cfg) as tr:
         s = tr.run()
+    assert {("pal-learner0", 1), ("pal-learner1", 1)} <= set(set_in), set_in
     assert s["learner_processes"] is True
     assert s["env_steps"] == cfg.steps
     assert s["updates"] == tr.rate.max_updates

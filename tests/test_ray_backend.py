@@ -423,6 +423,9 @@ class TestLocalRay:
             got = tr.run_learners(transitions(tr, 500), 40)
             assert tr._handles == {}
         assert got["updates"] == 40 and got["wall_s"] > 0 and got["cpu_s"] is None
+        # the machine's busy CPU meanwhile (every process: the simulation's Ray costs) and the learner's phases
+        assert got["machine_cpu_s"] is not None and got["machine_cpu_s"] >= 0
+        assert got["phase_seconds"]["learner0"]["forward_backward"] > 0
 
     def test_zz_shutdown_leaves_no_ray_process(self):
         ray_procs = _descendants(os.getpid())

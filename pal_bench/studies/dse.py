@@ -190,6 +190,9 @@ def _placement(backend: str) -> dict:
     return {"ray_placement": "pack"} if backend == "ray" else {}
 
 
+PREDICT_ONLY = ("learner-processes", "ray-node")     # backends --predict takes from the simulation's labels
+
+
 def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) -> tuple[pd.DataFrame, set[str]]:
     """f_a / f_l for 1..``max_cores`` from the simulation's predictions (``pal-bench simulate``), the measured
     points of ``measured_csv`` (or the backend's stored scaling CSV) taking their place where they exist; and the
@@ -235,6 +238,9 @@ def run(args) -> int:
 
     if args.measured and not Path(args.measured).is_file():
         raise UsageError(f"--measured {args.measured}: no such file")
+    if args.backend in PREDICT_ONLY and not args.predict:
+        raise UsageError(f"--backend {args.backend}: its curves come from the simulation here; add --predict "
+                         "(or measure them with python -m pal_bench.studies.scaling)")
     m = args.max_cores or usable_cores()
     predicted: set[str] = set()
     if args.predict:
@@ -354,9 +360,10 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
                    help="core budget M, at least 2: one actor and one learner (default: usable cores)")
     d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, scaling_processes.csv, "
                                     "scaling_ray.csv); default: measure them now")
-    d.add_argument("--backend", choices=["threads", "processes", "ray"],
+    d.add_argument("--backend", choices=["threads", "processes", "ray", *PREDICT_ONLY],
                    help="the backend whose curves to use (a CSV holding both), to measure, and to --validate "
-                        "(default: the one in --curves, else processes)")
+                        "(default: the one in --curves, else processes; "
+                        f"{', '.join(PREDICT_ONLY)}: with --predict only)")
     d.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point when measuring")
     d.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point when measuring")
     d.add_argument("--predict", action="store_true",

@@ -14,7 +14,8 @@ from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, simulate
 
 SATURATED = 0.85      # a shared resource held this share of the run or more: the point is past its knee
 SENSITIVE = ("act_us", "env_us", "insert_us", "insert_call_us", "insert_lock_us", "sample_us", "sample_lock_us",
-             "grad_us", "prio_us", "prio_lock_us", "apply_us", "mem_bw_total", "ray_call_us")
+             "grad_us", "prio_us", "prio_lock_us", "apply_us", "snapshot_load_us", "mem_bw_total", "ray_call_us",
+             "ray_learner_remote_us", "lp_handoff_us", "lp_process_us", "lp_driver_us")
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}
 
 

@@ -93,9 +93,12 @@ def validation_block(results: Path) -> str:
 
 def predictions_block(results: Path) -> str:
     files = sorted(results.glob("simulation_*.csv"))
-    files = [f for f in files if f.stem.split("_", 1)[1] in ("threads", "processes", "ray_node", "ray")]
+    from pal_bench.studies.simulate.model import BACKENDS
+
+    stems = {b.replace("-", "_") for b in BACKENDS}
+    files = [f for f in files if f.stem.split("_", 1)[1] in stems]
     if not files:
-        return missing("simulation_processes.csv", "pal-bench simulate --backend threads,processes,ray-node,ray")
+        return missing("simulation_processes.csv", f"pal-bench simulate --backend {','.join(BACKENDS)}")
     rows = []
     for f in files:
         df = pd.read_csv(f)
@@ -120,7 +123,7 @@ def predictions_block(results: Path) -> str:
 def sensitivity_block(results: Path) -> str:
     name = "simulation_sensitivity.csv"
     if not (results / name).exists():
-        return missing(name, "pal-bench simulate --sensitivity 64 --backend threads,processes")
+        return missing(name, "pal-bench simulate --sensitivity 64 --backend threads,processes,learner-processes")
     df = pd.read_csv(results / name)
     parts = []
     for (b, n), d in df.groupby(["backend", "cores"], sort=False):
@@ -172,9 +175,10 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     if not figures:
         return []
     from pal_bench.studies.simulate.figures import draw_predictions
+    from pal_bench.studies.simulate.model import BACKENDS
 
     out = []
-    for b in ("threads", "processes", "ray-node", "ray"):
+    for b in BACKENDS:
         path = results / f"simulation_{b.replace('-', '_')}.csv"
         if path.exists():
             out.append(draw_predictions(pd.read_csv(path), results, b))
