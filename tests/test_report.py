@@ -58,7 +58,11 @@ def test_scaling_figures_draw_both_backends_side_by_side(tmp_path):
     df = pd.DataFrame(rows)
     df[df.backend == "threads"].drop(columns="backend").to_csv(tmp_path / "scaling.csv", index=False)  # older CSV
     df[df.backend == "ray"].to_csv(tmp_path / "scaling_ray.csv", index=False)
+    # the two-node study's rounds share the end_to_end prefix but are not a per-split table: not drawn here
+    pd.DataFrame([{"round": 0, "placement": "one node", "actors": 1, "learners": 1, "env_steps_per_s": 3000.0}]).to_csv(
+        tmp_path / "end_to_end_ray_two_nodes.csv", index=False)
     figures = PUBLICATION.outputs(tmp_path, True)
+    assert tmp_path / "figures" / "end_to_end_ray_two_nodes.png" not in figures
     assert tmp_path / "figures" / "scaling_backends.png" in figures
     assert (tmp_path / "figures" / "scaling_backends.png").stat().st_size > 1000
     assert PUBLICATION.outputs(tmp_path, False) == []        # --no-figures draws nothing

@@ -248,7 +248,10 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     if (fig := backends_figure(results)) is not None:
         out.append(fig)
     for csv in sorted(results.glob("end_to_end*.csv")):
-        out.append(draw_end_to_end(pd.read_csv(csv), results / "figures" / csv.with_suffix(".png").name))
+        df = pd.read_csv(csv)
+        if "threads" not in df:          # not a per-split table (the two-node study's rounds draw their own)
+            continue
+        out.append(draw_end_to_end(df, results / "figures" / csv.with_suffix(".png").name))
     return out
 
 
