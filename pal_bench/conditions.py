@@ -144,8 +144,9 @@ def settle(max_wait_s: float, poll_s: float = 5.0, progress=None, sleep=time.sle
     return True
 
 
-def _machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine have kept cores busy since boot (/proc/stat), or None."""
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every process of the machine has kept cores busy since boot (/proc/stat), or None: the
+    difference over a run counts work in processes this one never reaps (Ray's workers)."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     except (OSError, ValueError, IndexError):
@@ -153,12 +154,6 @@ def _machine_busy_seconds() -> float | None:
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)          # idle + iowait
     busy = sum(fields[:8]) - idle                                      # guest time is inside user time
     return busy / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds every process of the machine has kept cores busy since boot (/proc/stat), or None: the
-    difference over a run counts work in processes this one never reaps (Ray's workers)."""
-    return _machine_busy_seconds()
 
 
 def _cpu_seconds() -> float:
@@ -240,7 +235,7 @@ class Conditions:
         self.own_cores: float | None = None
         self.finished: _dt.datetime | None = None
         self._cpu0, self._t0 = _cpu_seconds(), _dt.datetime.now().timestamp()
-        self._busy0 = _machine_busy_seconds()
+        self._busy0 = machine_busy_seconds()
         self.other_cores: float | None = None
         self._tree = _TreeCpu()
 
@@ -258,7 +253,7 @@ class Conditions:
         # reaped children are in rusage, live or unreaped descendants in the sampler; a child counted by
         # both (sampled, then reaped) is counted twice, which errs on the side of "our own load"
         self.own_cores = (_cpu_seconds() - self._cpu0 + self._tree.stop()) / wall
-        busy = _machine_busy_seconds()
+        busy = machine_busy_seconds()
         if busy is not None and self._busy0 is not None:
             self.other_cores = max(0.0, (busy - self._busy0) / wall - self.own_cores)
         return self.as_dict()

@@ -54,7 +54,7 @@ def test_conditions_are_recorded_beside_the_result_and_mark_noise(tmp_path, monk
     loads = iter([0.2, 3.0])
     monkeypatch.setattr(conditions, "load1", lambda: next(loads))
     monkeypatch.setattr(conditions, "_cpu_seconds", lambda: 0.0)      # this process was idle: the load was others
-    monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: None)   # no /proc/stat: the load decides
+    monkeypatch.setattr(conditions, "machine_busy_seconds", lambda: None)   # no /proc/stat: the load decides
     monkeypatch.setattr(conditions, "usable_cores", lambda: 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
@@ -79,7 +79,7 @@ def test_the_measurements_own_load_does_not_make_it_noisy(monkeypatch):
     cpu = iter([0.0, 90.0])                           # 90 CPU seconds ...
     monkeypatch.setattr(conditions, "_cpu_seconds", lambda: next(cpu))
     busy = iter([1000.0, 1000.0 + 96.0])               # the machine: 96 busy CPU seconds, 90 of them ours
-    monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(conditions, "machine_busy_seconds", lambda: next(busy))
     c = conditions.Conditions("own load")
     c._t0 -= 60                                       # ... over 60 s: 1.5 cores of the 1.8 were ours
     meta = c.finish()
@@ -94,7 +94,7 @@ def test_other_processes_busy_during_the_run_make_it_noisy(monkeypatch):
     cpu = iter([0.0, 30.0])                           # we used half a core over 60 s ...
     monkeypatch.setattr(conditions, "_cpu_seconds", lambda: next(cpu))
     busy = iter([0.0, 110.0])                         # ... the machine 110 CPU seconds: others 80 (1.33 cores)
-    monkeypatch.setattr(conditions, "_machine_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(conditions, "machine_busy_seconds", lambda: next(busy))
     c = conditions.Conditions("contended")
     c._t0 -= 60
     meta = c.finish()

@@ -24,7 +24,8 @@ from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.config import ALGOS
 
 
-def _quiet(cfg, out_dir: str, **kw):
+def quiet(cfg, out_dir: str, **kw):
+    """``cfg`` for a measurement run: no progress, evaluation or checkpoints, writing into ``out_dir``."""
     return dataclasses.replace(cfg, progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
                                deterministic=False, out_dir=out_dir, **kw)
 
@@ -38,7 +39,7 @@ def measure_fa(cfg, actors: int, steps: int) -> float:
     """Transitions/s collected by ``actors`` actor threads, or actor processes for ``cfg.backend`` "processes"
     and "ray" (no learning)."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
-        cfg = _quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
+        cfg = quiet(cfg, out, actors=actors, learners=1, steps=steps, learning_starts=steps,
                      buffer_capacity=max(cfg.buffer_capacity, steps), batch_size=min(cfg.batch_size, steps))
         with make_trainer(cfg) as tr:
             cpu0 = time.process_time()
@@ -87,7 +88,7 @@ def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
     pre-filled buffer (no actors). The process backend's default learners are threads of the driver,
     placed exactly as the thread backend's, so "processes" measures them the same way."""
     with tempfile.TemporaryDirectory(prefix="pal-scaling-") as out:
-        c = _quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
+        c = quiet(cfg, out, actors=1, learners=learners, buffer_capacity=max(cfg.buffer_capacity, filled))
         if label(cfg) == "ray":
             return _measure_fl_ray(c, updates, filled)
         if label(cfg) == "ray-node":        # the driver's learner threads on the shared segment, Ray connected

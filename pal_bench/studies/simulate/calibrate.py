@@ -30,9 +30,9 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
     actor = "threads" if backend == "threads" else "processes"
     lock = {"insert_lock_us": row["insert_lock_us"], "sample_lock_us": row["sample_lock_us"],
             "prio_lock_us": row["prio_lock_us"]}
-    insert = row.get("gil.insert")                   # (older rounds did not probe the insert: all under the GIL)
-    gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": 1.0 if insert is None or pd.isna(insert) else
-           float(insert), "sample": row["gil.sample"], "grad": row["gil.grad"], "prio": row["gil.sample"],
+    # (older rounds did not probe the insert: all of it under the GIL)
+    gil = {"act": row["gil.act"], "env": row["gil.env"], "insert": _number(row.get("gil.insert"), 1.0),
+           "sample": row["gil.sample"], "grad": row["gil.grad"], "prio": row["gil.sample"],
            "apply": row["gil.apply"], "copy": 0.0, "load": _number(row.get("gil.load"))}
     handoff = {p: _number(row.get(f"gil_handoff.{p}")) for p in ("act", "env", "insert", "sample", "grad", "apply",
                                                                  "load")}
@@ -57,9 +57,9 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         corun_slowdown=_number(row.get("corun_slowdown")), **lock)
 
 
-def _number(value) -> float:
-    """A stored input that older rounds may lack (None or NaN there): 0."""
-    return 0.0 if value is None or pd.isna(value) else float(value)
+def _number(value, default: float = 0.0) -> float:
+    """A stored input that older rounds may lack (None or NaN there): ``default``."""
+    return default if value is None or pd.isna(value) else float(value)
 
 
 def median_inputs(rounds: pd.DataFrame) -> dict:

@@ -51,13 +51,12 @@ def actor_phases(cfg, backend: str, steps: int) -> dict:
 
 
 def _actor_run(cfg, backend: str, steps: int, local_buffer: int) -> dict:
+    from pal_bench.studies.scaling.measure import quiet
     from pal_bench.train import make_trainer
 
     with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
-        c = dataclasses.replace(cfg, backend=backend, actors=1, learners=1, steps=steps, learning_starts=steps,
-                                buffer_capacity=max(cfg.buffer_capacity, steps), progress=False, eval_episodes=0,
-                                eval_interval=0, checkpoint_interval=0, deterministic=False, out_dir=out,
-                                local_buffer=local_buffer)
+        c = quiet(cfg, out, backend=backend, actors=1, learners=1, steps=steps, learning_starts=steps,
+                  buffer_capacity=max(cfg.buffer_capacity, steps), local_buffer=local_buffer)
         with make_trainer(c) as tr:
             s = tr.run()
     p = s["phase_seconds"]["actor0"]
@@ -68,18 +67,22 @@ def _actor_run(cfg, backend: str, steps: int, local_buffer: int) -> dict:
             "f_a_1": steps / s["wall_s"]}
 
 
-def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
-    """µs per update of one learner thread's phases on a filled buffer (``Trainer.run_learners``)."""
-    from pal_bench.studies.scaling.measure import transitions
-    from pal_bench.train.backends.threads import Trainer
+def _learner_run(cfg, updates: int, filled: int, **kw) -> tuple[dict, dict]:
+    """One learner (``kw``: its backend) on a buffer filled with ``filled`` real transitions
+    (``Trainer.run_learners``): the run's result and learner0's phases (seconds)."""
+    from pal_bench.studies.scaling.measure import quiet, transitions
+    from pal_bench.train import make_trainer
 
     with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
-        c = dataclasses.replace(cfg, backend="threads", actors=1, learners=1, progress=False, eval_episodes=0,
-                                eval_interval=0, checkpoint_interval=0, deterministic=False, out_dir=out,
-                                buffer_capacity=max(cfg.buffer_capacity, filled))
-        with Trainer(c) as tr:
+        c = quiet(cfg, out, actors=1, learners=1, buffer_capacity=max(cfg.buffer_capacity, filled), **kw)
+        with make_trainer(c) as tr:
             got = tr.run_learners(transitions(tr, filled), updates)
-            p = tr.summary()["phase_seconds"]["learner0"]
+            return got, tr.summary()["phase_seconds"]["learner0"]
+
+
+def learner_phases(cfg, updates: int, filled: int = 20_000) -> dict:
+    """µs per update of one learner thread's phases on a filled buffer (``Trainer.run_learners``)."""
+    got, p = _learner_run(cfg, updates, filled, backend="threads")
     n = got["updates"]
     # forward/backward with the update's bookkeeping: taking the update from the rate rule (never a wait here)
     # and pulling the latest weights into the learner's networks, once per update as well
@@ -94,16 +97,7 @@ def learner_process_costs(cfg, updates: int, apply_us: float, filled: int = 20_0
     weights pull and gradient publish; ``lp.handoff_us``, one crossing between process and proxy (the proxy's wait
     for the process less the process's work, halved); ``lp.driver_us``, the proxy's gradient read (its apply less
     the optimizer step ``apply_us`` measured on a learner thread); ``lp.f_l_1``, its updates/s."""
-    from pal_bench.studies.scaling.measure import transitions
-    from pal_bench.train import make_trainer
-
-    with tempfile.TemporaryDirectory(prefix="pal-sim-") as out:
-        c = dataclasses.replace(cfg, backend="processes", learner_processes=True, actors=1, learners=1,
-                                progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
-                                deterministic=False, out_dir=out, buffer_capacity=max(cfg.buffer_capacity, filled))
-        with make_trainer(c) as tr:
-            got = tr.run_learners(transitions(tr, filled), updates)
-            p = tr.summary()["phase_seconds"]["learner0"]
+    got, p = _learner_run(cfg, updates, filled, backend="processes", learner_processes=True)
     n = got["updates"]
     process = _per(p, n, "weights_pull", "gradient_publish")
     work = process + _per(p, n, "sample", "forward_backward", "priority_update")
@@ -401,30 +395,30 @@ def ray_costs(cfg, updates: int = 600, filled: int = 20_000, calls: int = 300) -
     except ImportError:
         return {}
     from pal_bench.conditions import machine_busy_seconds
-    from pal_bench.studies.scaling.measure import ray_session, transitions
+    from pal_bench.studies.scaling.measure import quiet, ray_session, transitions
     from pal_bench.train import make_trainer
 
     class Echo:
         def noop(self):
             return None
 
-    c = dataclasses.replace(cfg, backend="ray", ray_placement="pack", actors=1, learners=1, aggregation="sync",
-                            progress=False, eval_episodes=0, eval_interval=0, checkpoint_interval=0,
-                            deterministic=False, buffer_capacity=max(cfg.buffer_capacity, filled))
-    with ray_session(c):
-        a = ray.remote(Echo).remote()
-        ray.get(a.noop.remote())
-        times = []
-        busy0 = machine_busy_seconds()
-        for _ in range(calls):
-            t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="pal-sim-") as d:
+        c = quiet(cfg, d, backend="ray", ray_placement="pack", actors=1, learners=1, aggregation="sync",
+                  buffer_capacity=max(cfg.buffer_capacity, filled))
+        with ray_session(c):
+            a = ray.remote(Echo).remote()
             ray.get(a.noop.remote())
-            times.append(time.perf_counter() - t1)
-        busy = (machine_busy_seconds() or 0.0) - (busy0 or 0.0)
-        ray.kill(a)
-        out = {"ray_call_us": statistics.median(times) * 1e6, "ray_call_cpu_us": busy / calls * 1e6}
-        with tempfile.TemporaryDirectory(prefix="pal-sim-") as d, make_trainer(dataclasses.replace(c, out_dir=d)) as tr:
-            got = tr.run_learners(transitions(tr, filled), updates)
+            times = []
+            busy0 = machine_busy_seconds()
+            for _ in range(calls):
+                t1 = time.perf_counter()
+                ray.get(a.noop.remote())
+                times.append(time.perf_counter() - t1)
+            busy = (machine_busy_seconds() or 0.0) - (busy0 or 0.0)
+            ray.kill(a)
+            out = {"ray_call_us": statistics.median(times) * 1e6, "ray_call_cpu_us": busy / calls * 1e6}
+            with make_trainer(c) as tr:
+                got = tr.run_learners(transitions(tr, filled), updates)
     n, p = got["updates"], got["phase_seconds"]["learner0"]
     own = _per(p, n, "sample", "forward_backward", "priority_update")
     return out | {"ray.learner_remote_us": max(0.0, got["wall_s"] / n * 1e6 - own),

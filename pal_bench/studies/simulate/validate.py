@@ -20,7 +20,6 @@ SCALING = {"threads": "scaling.csv", "processes": "scaling_processes.csv", "ray"
            "ray-node": "scaling_ray_node.csv", "learner-processes": "scaling_learner_processes.csv"}
 END_TO_END = {"threads": "end_to_end.csv", "processes": "end_to_end_processes.csv", "ray": "end_to_end_ray.csv",
               "ray-node": "end_to_end_ray_node.csv", "learner-processes": "end_to_end_learner_processes.csv"}
-NOT_MODELLED: dict[str, str] = {}      # backends with stored points the model has no part for: why
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}     # DQN CartPole-v1's (the stored runs')
 MAX_WORKERS = 3
 
@@ -39,16 +38,15 @@ def measured_points(results: Path) -> pd.DataFrame:
                 rows.append({"backend": backend, "curve": r.curve, "actors": r.threads if r.curve == "f_a" else 0,
                              "learners": r.threads if r.curve == "f_l" else 0, "aggregation": "sync",
                              "env_backend": "sync", "measured": r.throughput, "steps": 20_000,
-                             "oversubscribed": bool(r.oversubscribed), "covered": NOT_MODELLED.get(backend, "")})
+                             "oversubscribed": bool(r.oversubscribed), "covered": ""})
     for backend, name in END_TO_END.items():
         if not (results / name).exists():
             continue
         for r in pd.read_csv(results / name).itertuples():
             if r.actors + r.learners > MAX_WORKERS:
                 continue
-            why = NOT_MODELLED.get(backend) or ("environments in subprocesses" if r.env_backend != "sync" else
-                                                "all-reduce among learner processes" if r.aggregation == "allreduce"
-                                                else "")
+            why = ("environments in subprocesses" if r.env_backend != "sync" else
+                   "all-reduce among learner processes" if r.aggregation == "allreduce" else "")
             rows.append({"backend": backend, "curve": "end_to_end", "actors": r.actors, "learners": r.learners,
                          "aggregation": r.aggregation, "env_backend": r.env_backend,
                          "measured": r.measured_transitions_per_s,
