@@ -165,53 +165,57 @@ def _cpu_seconds() -> float:
 
 
 class _TreeCpu:
-    """CPU seconds of this process's live descendants, sampled every ``period`` s by a daemon thread
-    (Linux /proc): processes such as Ray's workers, which this process never reaps, so that rusage
-    misses them. ``stop()`` returns the CPU seconds every descendant seen used since the start."""
+    """CPU seconds of this process's descendants that rusage cannot see: those still alive (not reaped) when the
+    measurement ends, such as Ray's workers or a child killed later (Linux /proc, read at the start and at
+    ``stop()``; nothing runs in between).
 
-    def __init__(self, period: float = 0.5):
-        import threading
+    Every descendant's CPU is counted once: a descendant that ended and was reaped by its parent is inside that
+    parent's counters (``RUSAGE_CHILDREN`` for our own children, ``cutime``/``cstime`` of a live descendant), so
+    only the descendants alive at ``stop()`` are added, each from where it stood at the start. A descendant that
+    was alive at the start and ended during the run brought its CPU before the start into its parent's counters;
+    that part is taken off again. A descendant orphaned before the end (its parent died first, it was reparented
+    away) is not seen: its CPU reads as other processes', which errs towards marking the run noisy."""
 
-        self.seen: dict[tuple[int, str], float] = {}
-        self._stop = threading.Event()
+    def __init__(self):
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._thread = threading.Thread(target=self._run, args=(period,), name="pal-conditions", daemon=True)
-        self.before: dict[tuple[int, str], float] = {}
-        if Path("/proc/self/stat").exists():
-            self.sample()
-            self.before = dict(self.seen)     # descendants alive at the start count from here on
-            self._thread.start()
+        self.before: dict[tuple[int, str], float] = self.sample()
 
-    def _run(self, period: float) -> None:
-        while not self._stop.wait(period):
-            self.sample()
-
-    def sample(self) -> None:
+    def sample(self) -> dict[tuple[int, str], float]:
+        """{(pid, start time): CPU seconds of it and its reaped children} for every live descendant (a zombie
+        included: its times stay readable until its parent reaps it)."""
         parents: dict[int, int] = {}
         stats: dict[int, list[str]] = {}
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
+        try:
+            entries = list(Path("/proc").iterdir())
+        except OSError:
+            return {}
+        for d in entries:
+            if not d.name.isascii() or not d.name.isdigit():
                 continue
             try:
                 fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
+                parents[int(d.name)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            parents[int(d.name)] = int(fields[1])
             stats[int(d.name)] = fields
-        me = os.getpid()
+        me, out = os.getpid(), {}
         for pid, fields in stats.items():
             p, hops = parents.get(pid), 0
             while p not in (None, 0, 1, me) and hops < 64:
                 p, hops = parents.get(p), hops + 1
-            if p == me and pid != me:      # a descendant: utime + stime (+ its reaped children's)
-                cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._tick
-                self.seen[(pid, fields[19])] = cpu
+            if p == me and pid != me:      # a descendant: utime + stime + its reaped children's
+                try:
+                    out[(pid, fields[19])] = sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._tick
+                except (IndexError, ValueError):
+                    continue
+        return out
 
     def stop(self) -> float:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(2)
-        return sum(cpu - self.before.get(key, 0.0) for key, cpu in self.seen.items())
+        """CPU seconds the descendants used since the start that ``RUSAGE_CHILDREN`` does not hold."""
+        now = self.sample()
+        alive = sum(cpu - self.before.get(key, 0.0) for key, cpu in now.items())
+        ended = sum(cpu for key, cpu in self.before.items() if key not in now)
+        return alive - ended
 
 
 class Conditions:
@@ -221,8 +225,9 @@ class Conditions:
     oversubscribes them), so the result is marked noisy when the load before exceeded half the usable
     cores (the machine was busy as it started), or when *other* processes kept more than half the cores
     busy on average while it ran: ``other_cores`` = the machine's busy CPU seconds (/proc/stat) less those
-    of this process and its descendants (``own_cores``; descendants that are not our reaped children,
-    such as Ray's workers, are sampled from /proc every 0.5 s), over the wall time.
+    of this process and its descendants (``own_cores``: rusage for this process and its reaped children,
+    /proc for the descendants still alive at the end, such as Ray's workers; each counted once), over the
+    wall time.
     """
 
     def __init__(self, what: str, command: str | None = None):
@@ -250,8 +255,8 @@ class Conditions:
         self.load_after = load1()
         self.finished = _dt.datetime.now(_dt.timezone.utc)
         wall = max(_dt.datetime.now().timestamp() - self._t0, 1e-9)
-        # reaped children are in rusage, live or unreaped descendants in the sampler; a child counted by
-        # both (sampled, then reaped) is counted twice, which errs on the side of "our own load"
+        # reaped descendants are in rusage (or in a live descendant's own counters), live ones in the sampler:
+        # each counted once
         self.own_cores = (_cpu_seconds() - self._cpu0 + self._tree.stop()) / wall
         busy = machine_busy_seconds()
         if busy is not None and self._busy0 is not None:
