@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Markup, Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 from pal_bench.paths import RESULTS
 
@@ -112,7 +112,8 @@ def training_block(results: Path) -> str:
         "run": df.run, "algorithm": df.algo, "env": df.env, "actors / learners": df.actors.astype(str) + " / "
         + df.learners.astype(str), "env steps": df.env_steps, "updates": df.updates,
         "final eval return": df.final_eval_return, "best eval return": df.best_eval_return,
-        "target": df.target.map(lambda v: f">= {v:g}"), "reached": df.reached.map({True: "yes", False: "**no**"}),
+        "target": df.target.map(lambda v: f">= {v:g}"),
+        "reached": df.reached.map({True: "yes", False: Markup("**no**")}),
     })
     return ("Evaluation return (mean of the run's greedy evaluation episodes) of the reference runs; each run's "
             "command is in `results/training.md`, its curve in `results/runs/<run>/learning_curve.png`.\n\n"

@@ -128,7 +128,9 @@ class Driver(RunCore):
     def __init__(self, cfg: TrainConfig, resume: bool = False, overwrite: bool = False):
         """``resume``: continue the run in ``cfg.run_dir()`` from its last checkpoint. Otherwise a directory that
         holds a run already (its summary or a checkpoint) is refused unless ``overwrite``: then the new run
-        replaces that run's files when it starts."""
+        replaces that run's files when it starts. The run directory is locked (``RunLock``) before anything is
+        read or removed there, until ``close``: a second run of it is refused (``RunLocked``) and changes
+        nothing."""
         validate(cfg)
         if resume and overwrite:
             raise ConfigError("overwrite: resuming continues the run in its directory, overwriting replaces it; "
@@ -151,25 +153,33 @@ class Driver(RunCore):
         self.train_wall_s: float | None = None          # wall time when the workers had stopped
         self.startup_s = 0.0                            # workers' set-up before the clock started (processes, Ray)
         self._closed = False
-        # read a checkpoint before anything (threads, shared segments, Ray actors) exists, so a run that
-        # cannot be resumed fails leaving nothing behind
-        state = None
-        if resume:
-            state = self.recorder.load_checkpoint()
-            self._check_state(state)
-        elif not overwrite and (found := self.recorder.existing_run()) is not None:
-            raise ConfigError(f"name: {self.run_dir} holds a run already ({found}); continue it with --resume, "
-                              f"replace it with --overwrite, or choose another --name")
-        self._fresh = not resume                        # run() clears what a replaced run left
-        if state is not None and state["steps"] >= cfg.steps:
-            raise ConfigError(f"steps: the run in {self.run_dir} has done {state['steps']} steps already, not fewer "
-                              f"than steps = {cfg.steps}; give a larger --steps to continue it")
-        self._place()
+        # the run lock first (one run per directory, every backend): a second run changes nothing there
+        self.recorder.lock(create=not resume)
+        try:
+            # read a checkpoint before anything (threads, shared segments, Ray actors) exists, so a run that
+            # cannot be resumed fails leaving nothing behind
+            self.recorder.check_layout()
+            state = None
+            if resume:
+                state = self.recorder.load_checkpoint()
+                self._check_state(state)
+            elif not overwrite and (found := self.recorder.existing_run()) is not None:
+                raise ConfigError(f"name: {self.run_dir} holds a run already ({found}); continue it with --resume, "
+                                  f"replace it with --overwrite, or choose another --name")
+            self._fresh = not resume                        # run() clears what a replaced run left
+            if state is not None and state["steps"] >= cfg.steps:
+                raise ConfigError(f"steps: the run in {self.run_dir} has done {state['steps']} steps already, not "
+                                  f"fewer than steps = {cfg.steps}; give a larger --steps to continue it")
+            self._place()
+        except BaseException:
+            self.recorder.unlock()
+            raise
         if state is not None:
             try:
                 self._restore(state)
             except BaseException:
                 self.close()          # a backend's shared segments go with it
+                self.recorder.unlock()
                 raise
 
     def _place(self) -> None:
@@ -238,14 +248,16 @@ class Driver(RunCore):
 
 
     def close(self) -> None:
-        """Release what the run holds (idempotent); a backend stops its workers first."""
+        """Release what the run holds (idempotent), the run lock last; a backend stops its workers first."""
         self._closed = True
+        self.recorder.unlock()
 
     def __enter__(self) -> Driver:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+        self.recorder.unlock()        # a backend's close that does not end in this one's (Ray's)
 
     # ------------------------------------------------------------------ evaluation, logs
 

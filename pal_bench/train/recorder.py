@@ -21,16 +21,32 @@ removed by the next checkpoint. Both files record the step they belong to and th
 ``torch.load(weights_only=True)``: a file that would build anything else (a pickle that calls a function) is
 refused, never run. Run directories of the earlier layout (``checkpoint.pt`` and ``buffer.pal`` beside
 ``config.yaml``) are refused in one line: their pickles are not of that kind and their pair cannot be checked.
+
+The run directory's files are data, not trusted: ``latest.json`` is opened without following a link or blocking
+(a FIFO, a link to ``/dev/zero``), must be a small regular file and name a checkpoint directory by its exact
+pattern, a real directory inside ``checkpoints/``; ``checkpoints/`` itself must be a real directory (not a link).
+Only what this code made is ever removed: checkpoint directories of the exact ``step-<steps>-<hex>`` pattern (real
+directories, not links) and the temporary files a killed write of ``latest.json`` left; anything else a user put
+into ``checkpoints/`` stays.
+
+One run at a time per directory (``RunLock``): a run holds an exclusive ``flock`` on ``<run>/.lock`` (holding its
+pid, for the message that refuses a second run) from its start to its close; the kernel releases it on any death,
+so a killed run never blocks the next. The lock file stays; it is not a sign that a run was made there.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
+import os
 import re
 import secrets
 import shutil
+import stat
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +56,13 @@ from pal_bench.train.config import ConfigError
 CHECKPOINTS = "checkpoints"          # the run directory's checkpoint directory
 LATEST = "latest.json"               # in it: the pointer to the last complete checkpoint
 FORMAT = 2                           # checkpoint layout (1: checkpoint.pt + buffer.pal beside config.yaml)
-_CHECKPOINT_NAME = re.compile(r"step-\d{12,}-[0-9a-f]{8}")
+LOCK = ".lock"                       # in the run directory: the run lock (``RunLock``)
+MAX_POINTER_BYTES = 4096             # latest.json is about 150 bytes; anything larger is not one of ours
+MAX_COUNT = 2**63 - 1                # steps and buffer ids are int64 counters
+# what save_checkpoint names a checkpoint directory: step-<steps, zero-padded to 12 digits>-<8 hex digits>
+_CHECKPOINT_NAME = re.compile(r"step-(\d{12,19})-[0-9a-f]{8}")
+# what a killed atomic_open of latest.json leaves: .latest.json.<pid>.<thread id>.<8 hex digits>.tmp
+_POINTER_TMP = re.compile(re.escape(f".{LATEST}.") + r"\d+\.\d+\.[0-9a-f]{8}\.tmp")
 # files a run writes into its directory (``clear`` removes them before a run replaces another: --overwrite)
 RUN_FILES = ("config.yaml", "eval.csv", "events.csv", "episodes.csv", "summary.json", "learning_curve.png",
              "profile.png", "checkpoint.pt", "buffer.pal", "buffer_actor.pal", "buffer_actor.pal.json")
@@ -49,6 +71,73 @@ RUN_FILES = ("config.yaml", "eval.csv", "events.csv", "episodes.csv", "summary.j
 class RunFileError(ConfigError):
     """A run file that cannot be used (damaged, of another run or moment, or not plain data); the message names
     the file and what is wrong with it."""
+
+
+class RunLocked(ConfigError):
+    """The run directory is in use by another run (its ``RunLock`` is held); the message names the directory and
+    the holder's pid."""
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is exactly what ``save_checkpoint`` names a checkpoint directory: ``step-`` and the steps
+    zero-padded to 12 digits (more digits only without a leading zero), ``-`` and 8 lowercase hex digits."""
+    m = _CHECKPOINT_NAME.fullmatch(name)
+    return m is not None and f"{int(m[1]):012d}" == m[1] and int(m[1]) <= MAX_COUNT
+
+
+def _mode(path: Path) -> int:
+    """``path``'s ``st_mode``, a link not followed; 0 when it is missing."""
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _not_a_dir(mode: int) -> str | None:
+    """What a ``_mode`` is if not a real directory ("missing", "a symbolic link", "not a directory"), else None."""
+    if stat.S_ISDIR(mode):
+        return None
+    return "missing" if not mode else "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock`` (opened without following a link, created if missing, the
+    holder's pid written into it), held until ``release`` or until the process dies (the kernel releases it). A
+    second holder is refused at once (``RunLocked``, naming the directory and the holder's pid), never kept
+    waiting. ``create``: make the run directory if it is missing (otherwise ``FileNotFoundError``)."""
+
+    def __init__(self, run_dir: Path, create: bool = True):
+        path = run_dir / LOCK
+        if create:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        elif not run_dir.is_dir():
+            raise FileNotFoundError(f"no checkpoint to resume from in {run_dir} (no such directory)")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RunFileError(f"{path}: a symbolic link, not the run lock (a plain file); refused") from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RunFileError(f"{path}: not a regular file, not the run lock; refused")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                raise RunLocked(f"{run_dir} is in use by another run (pid {holder if holder.isdigit() else '?'}, "
+                                f"holding {LOCK}); wait for it to end, or choose another --name") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.path = path
+        self._close = weakref.finalize(self, os.close, fd)     # released with this object, if never by release()
+
+    def release(self) -> None:
+        """Release the lock (idempotent); the file stays."""
+        self._close()
 
 
 # wall_s: when the evaluation ended; eval_s: its seconds; train_s: run seconds at its start less earlier evaluations
@@ -67,6 +156,7 @@ class RunRecorder:
         self.episodes: list[tuple[int, float, int, float]] = []   # (env steps, return, length, wall s)
         self.evals: list[dict] = []
         self.events: list[dict] = []
+        self._lock: RunLock | None = None
 
     def _say(self, text: str) -> None:
         print(f"[{self.run_name}] {text}", file=sys.stderr, flush=True)
@@ -118,19 +208,68 @@ class RunRecorder:
 
     # ------------------------------------------------------------------ the run directory
 
+    def lock(self, create: bool = True) -> None:
+        """Take the run lock (``RunLock``) for this recorder's life: ``RunLocked`` if another run holds it."""
+        if self._lock is None:
+            self._lock = RunLock(self.run_dir, create)
+
+    def unlock(self) -> None:
+        """Release the run lock (idempotent)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def detach_lock(self) -> RunLock | None:
+        """The run lock, which ``unlock`` then leaves held: the caller releases it (after what it still holds of
+        the run)."""
+        lock, self._lock = self._lock, None
+        return lock
+
+    def check_layout(self) -> None:
+        """``RunFileError`` when ``checkpoints/`` is a symbolic link or not a directory: checkpoints are written
+        into, and old ones removed from, a real directory of this run only."""
+        root = self.run_dir / CHECKPOINTS
+        mode = _mode(root)
+        if mode and (wrong := _not_a_dir(mode)) is not None:
+            raise RunFileError(f"{root}: {wrong}; a run keeps its checkpoints in a directory of its own there "
+                               f"(move it away to go on)")
+
     def existing_run(self) -> str | None:
         """What shows that a run was made in ``run_dir`` already (its summary or a checkpoint), or None."""
         for name in (f"{CHECKPOINTS}/{LATEST}", "summary.json", "checkpoint.pt"):
-            if (self.run_dir / name).exists():
+            if os.path.lexists(self.run_dir / name):
                 return name
         return None
 
     def clear(self) -> None:
-        """Remove the files a run writes (``RUN_FILES`` and ``checkpoints/``) from ``run_dir``, before a new run
-        replaces the one there; other files are left alone."""
+        """Remove the files a run writes (``RUN_FILES``, and in ``checkpoints/`` the pointer and what
+        ``_remove_ours`` removes) from ``run_dir``, before a new run replaces the one there; other files (the run
+        lock, anything of the user's) are left alone."""
+        self.check_layout()
         for name in RUN_FILES:
             (self.run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(self.run_dir / CHECKPOINTS, ignore_errors=True)
+        root = self.run_dir / CHECKPOINTS
+        if root.is_dir():
+            (root / LATEST).unlink(missing_ok=True)
+            self._remove_ours(root)
+            try:
+                root.rmdir()                   # only when nothing else is in it
+            except OSError:
+                pass
+
+    @staticmethod
+    def _remove_ours(root: Path, keep: str | None = None) -> None:
+        """Remove from ``root`` the checkpoint directories (exact name, real directories, not links) but ``keep``
+        and the temporary files a killed write of the pointer left; nothing else."""
+        with os.scandir(root) as entries:
+            for e in entries:
+                if e.name != keep and is_checkpoint_name(e.name) and e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                elif _POINTER_TMP.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+                    try:
+                        os.unlink(e.path)
+                    except FileNotFoundError:
+                        pass
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -149,6 +288,7 @@ class RunRecorder:
         if not callable(state):
             _refuse_non_finite(state)
         root = self.run_dir / CHECKPOINTS
+        self.check_layout()
         root.mkdir(parents=True, exist_ok=True)
         label = int(state["steps"]) if not callable(state) else int(steps or 0)
         while True:
@@ -181,9 +321,7 @@ class RunRecorder:
         finally:
             if not published:
                 shutil.rmtree(d, ignore_errors=True)
-        for old in root.iterdir():                 # older checkpoints, and what a killed write left
-            if old.is_dir() and old.name != d.name:
-                shutil.rmtree(old, ignore_errors=True)
+        self._remove_ours(root, keep=d.name)     # older checkpoints, and what a killed write left
         return d / "checkpoint.pt"
 
     def checkpoint_files(self) -> tuple[Path, Path | None]:
@@ -192,7 +330,8 @@ class RunRecorder:
         earlier layout."""
         root = self.run_dir / CHECKPOINTS
         latest = root / LATEST
-        if not latest.exists():
+        self.check_layout()
+        if not os.path.lexists(latest):
             if (self.run_dir / "checkpoint.pt").exists():
                 raise RunFileError(
                     f"{self.run_dir / 'checkpoint.pt'}: a checkpoint of an earlier PAL-Bench (beside buffer.pal, no "
@@ -201,18 +340,42 @@ class RunRecorder:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.run_dir} (no {CHECKPOINTS}/{LATEST})")
         pointer = self._pointer(latest)
         d = root / pointer["checkpoint"]
-        if not (d / "checkpoint.pt").is_file():
-            raise RunFileError(f"{latest}: names {pointer['checkpoint']}, which holds no checkpoint.pt")
+        wrong = _not_a_dir(_mode(d))
+        if wrong is not None:
+            raise RunFileError(f"{latest}: names {pointer['checkpoint']}, which is {wrong}, not a checkpoint "
+                               f"directory of this run")
+        if not stat.S_ISREG(_mode(d / "checkpoint.pt")):
+            raise RunFileError(f"{latest}: names {pointer['checkpoint']}, which holds no checkpoint.pt (a regular "
+                               f"file)")
         return d / "checkpoint.pt", (d / "buffer.pal" if pointer["buffer_total_added"] is not None else None)
 
     @staticmethod
     def _pointer(latest: Path) -> dict:
+        """``latest.json`` read as untrusted data: opened without following a link or blocking, a regular file
+        of at most ``MAX_POINTER_BYTES``, JSON of the expected fields; anything else is a ``RunFileError``."""
         try:
-            pointer = json.loads(latest.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RunFileError(f"{latest}: not a checkpoint pointer (not JSON: {e})") from None
+            fd = os.open(latest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            what = "a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror or e})"
+            raise RunFileError(f"{latest}: {what}, not a checkpoint pointer; refused") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RunFileError(f"{latest}: not a regular file, not a checkpoint pointer; refused")
+            data = os.read(fd, MAX_POINTER_BYTES + 1)
+        except OSError as e:
+            raise RunFileError(f"{latest}: cannot be read ({e.strerror or e})") from None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_POINTER_BYTES:
+            raise RunFileError(f"{latest}: more than {MAX_POINTER_BYTES} bytes, too large for a checkpoint pointer; "
+                               f"refused")
+        try:
+            pointer = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError) as e:       # JSONDecodeError, UnicodeDecodeError, an int too long
+            text = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise RunFileError(f"{latest}: not a checkpoint pointer (not JSON of one: {text})") from None
         ok = (isinstance(pointer, dict) and pointer.get("format") == FORMAT
-              and isinstance(pointer.get("checkpoint"), str) and _CHECKPOINT_NAME.fullmatch(pointer["checkpoint"])
+              and isinstance(pointer.get("checkpoint"), str) and is_checkpoint_name(pointer["checkpoint"])
               and _is_count(pointer.get("steps"))
               and (pointer.get("buffer_total_added") is None or _is_count(pointer.get("buffer_total_added"))))
         if not ok:
@@ -251,7 +414,8 @@ class RunRecorder:
 # ---------------------------------------------------------------------- checkpoint contents: plain data only
 
 def _is_count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    """A non-negative int that fits the int64 counters (not a bool)."""
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT
 
 
 def to_plain(x, where: str = "state"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,13 @@ from pal_bench.train.workers import PhaseTimer
 class ActorGaveUp(TrainingError, WorkerError):
     """An actor process died more often than it may be restarted; the run wrote a final checkpoint first (the
     buffer and the weights are sound: what the dead incarnations held was accounted as lost)."""
+
+    checkpoint = True
+
+
+class LearnerDied(TrainingError, WorkerError):
+    """A learner process was killed (a signal) or exited without a word; the run wrote a final checkpoint first
+    (the weights and the buffer are the driver's and sound: its update was never applied)."""
 
     checkpoint = True
 
@@ -323,10 +331,7 @@ class ProcessTrainer(Trainer):
                 while not self._done[i].acquire(timeout=0.05):
                     p = self._lprocs[i]
                     if p.exitcode is not None:
-                        cause = self._learner_cause(i, p)
-                        if isinstance(cause, TrainingError):
-                            raise cause
-                        raise WorkerError(f"learner{i} process died ({cause})")
+                        raise self._learner_death(i, p)
                     if self.stop.is_set():
                         return
                 timer.lap("learner_process")
@@ -366,7 +371,7 @@ class ProcessTrainer(Trainer):
             time.sleep(0.01)
         why = self._last_error.get(i)
         code = p.exitcode
-        cause = f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
+        cause = _exit_cause(code)
         if why:
             return cause + f":\n{why.strip()}"
         if code == 1:
@@ -374,18 +379,42 @@ class ProcessTrainer(Trainer):
                       "with `if __name__ == \"__main__\":` (actor processes are spawned and import the script)")
         return cause
 
-    def _learner_cause(self, i: int, p: mp.Process) -> str | TrainingError:
-        """How learner process ``i`` ended, with the traceback it sent; or the ``TrainingError`` (``Diverged``) it
-        sent, to raise as it is."""
+    def _learner_report(self, i: int) -> tuple[str | None, TrainingError | None]:
+        """What learner process ``i`` sent before it ended: (its traceback or None, the ``TrainingError`` it raised
+        (``Diverged``) or None)."""
         why = None
         for kind, payload in read_messages(self._lmessages[i], timeout=0.2):
             if kind == "error":
                 why = payload
             elif kind == "training_error":
-                return training_error(payload)
+                return None, training_error(payload)
+        return why, None
+
+    def _learner_cause(self, i: int, p: mp.Process) -> str | TrainingError:
+        """How learner process ``i`` ended, with the traceback it sent; or the ``TrainingError`` (``Diverged``) it
+        sent, to raise as it is."""
+        why, error = self._learner_report(i)
+        return error or _exit_cause(p.exitcode) + (f":\n{why.strip()}" if why else "")
+
+    def _learner_death(self, i: int, p: mp.Process) -> BaseException:
+        """The error that ends the run once learner process ``i`` died mid-update: the ``TrainingError`` it sent;
+        its traceback (a ``WorkerError``: a bug to read); or, killed by a signal or gone without a word,
+        ``LearnerDied``, after which the run writes a final checkpoint, as for an actor past its restarts."""
+        why, error = self._learner_report(i)
+        if error is not None:
+            return error
         code = p.exitcode
-        cause = f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
-        return cause + (f":\n{why.strip()}" if why else "")
+        if why:
+            return WorkerError(f"learner{i} process died ({_exit_cause(code)}:\n{why.strip()})")
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code} without an error message"
+        return LearnerDied(f"learner{i} process died ({_exit_cause(code)}): pid {p.pid} {how}; stopped with a final "
+                           f"checkpoint in {self.run_dir}")
 
     def _stop_learners(self) -> None:
         """Stop every learner process (flag, wake, join, kill the ones that do not exit) and collect its timers."""
@@ -454,8 +483,7 @@ class ProcessTrainer(Trainer):
             if i in self._training_errors:       # it diverged (actor-side priorities): no restart would help
                 raise training_error(self._training_errors.pop(i))
             why = self._last_error.pop(i, None)
-            cause = (f"exit code {p.exitcode}" + (f" (signal {-p.exitcode})" if p.exitcode < 0 else "")
-                     + (f": {why.strip().splitlines()[-1]}" if why else ""))
+            cause = _exit_cause(p.exitcode) + (f": {why.strip().splitlines()[-1]}" if why else "")
             if self.restarts[i] >= MAX_RESTARTS:
                 raise ActorGaveUp(f"actor{i} died {self.restarts[i] + 1} times (restarts allowed: {MAX_RESTARTS}); "
                                   f"last: {cause}; stopped with a final checkpoint in {self.run_dir}")
@@ -483,11 +511,19 @@ class ProcessTrainer(Trainer):
 
     def close(self) -> None:
         """Stop every thread, actor and learner process, then unlink the shared buffer, weights and gradient
-        blocks (idempotent)."""
+        blocks, then release the run lock (idempotent)."""
         was_closed = self._closed
-        super().close()
-        if was_closed:
-            return
+        lock = self.recorder.detach_lock()       # held until the run's segments are gone: they are named after it
+        try:
+            super().close()
+            if not was_closed:
+                self._release_shared()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _release_shared(self) -> None:
+        """(close) Stop the learner processes, unlink the shared blocks and drop the message queues."""
         if hasattr(self, "counters"):
             self.counters[STOP] = 1
         self._stop_learners()
@@ -506,3 +542,8 @@ class ProcessTrainer(Trainer):
         # the message queues' pipes: a queue this process never put to has no feeder thread for close() to stop,
         # and its two connections close when the queue is dropped
         self._messages, self._lmessages = [], []
+
+
+def _exit_cause(code: int | None) -> str:
+    """A worker process's exit code in words: "exit code -9 (signal 9)"."""
+    return f"exit code {code}" + (f" (signal {-code})" if code is not None and code < 0 else "")
