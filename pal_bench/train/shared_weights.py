@@ -1,11 +1,11 @@
 """Policy weights published through shared memory under a seqlock: one writer, any number of readers, no pickling.
 
 Layout of the segment (``/dev/shm/<name>``): a 64-byte header (int64 words: the sequence counter, a magic
-number, the creator's pid), then every tensor of the state dict, each 64-byte aligned, in the state dict's
-order. The
-writer makes the counter odd, copies the tensors in, and makes it even again; a reader copies the
-tensors out between two reads of the counter and keeps the copy only if both reads are the same
-even value, so it never loads a half-written set. Version = counter / 2 (0: nothing published yet).
+number, the creator's pid, the pid of the process that last began a publish), then every tensor of the state
+dict, each 64-byte aligned, in the state dict's order. The writer makes the counter odd, copies the tensors
+in, and makes it even again; a reader copies the tensors out between two reads of the counter and keeps the
+copy only if both reads are the same even value, so it never loads a half-written set.
+Version = counter / 2 (0: nothing published yet).
 
 The ordering argument relies on x86-64's total store order (stores become visible in program order,
 loads are not reordered with other loads), which is what every machine this project runs on has;
@@ -15,12 +15,17 @@ The creator owns the segment: ``close()`` (or garbage collection, or interpreter
 unlinks it; handles made by ``attach`` in other processes, and a forked child's copy of the creator's, only
 unmap it. Its pages are reserved at creation, so too little /dev/shm is an ``OSError`` there, never a
 SIGBUS at a later write.
+
+A reader gives up on a counter that stays odd (a writer killed mid-copy) after ``READ_TIMEOUT_S`` of its own
+CPU time spent retrying, so time it was stopped itself (SIGSTOP, a debugger, a swapped-out machine) does not
+count; while the writer is stopped mid-copy the reader waits for it.
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import math
 import mmap
 import os
 import secrets
@@ -35,6 +40,8 @@ import torch
 HEADER = 64
 MAGIC = 0x31544757534C4150            # "PALSWGT1": marks a weights block (``segment_info``, ``attach``)
 SHM_DIR = Path("/dev/shm")
+READ_TIMEOUT_S = 10.0                 # ``read`` default: CPU seconds of retrying before a stuck writer is an error
+STOPPED_POLL_S = 0.01                 # ``read``'s poll period while the writer is stopped mid-copy (s)
 _TORCH_TO_NP = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
                 torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.bool: np.bool_}
 
@@ -54,7 +61,21 @@ def _path(name: str) -> Path:
     return SHM_DIR / name
 
 
-MAGIC_OFFSET, PID_OFFSET = 8, 16       # header bytes of the magic and the creator's pid
+MAGIC_OFFSET, PID_OFFSET, WRITER_OFFSET = 8, 16, 24      # header bytes of the magic, the creator's and the writer's pid
+
+
+def _process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` (of this pid namespace) is stopped: SIGSTOP, a job-control stop, a debugger
+    (state ``T`` or ``t`` in ``/proc/<pid>/stat``). False if it is unknown, running, or gone."""
+    if not 0 < pid < 2**31:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read(4096)
+    except OSError:
+        return False
+    state = stat_line[stat_line.rfind(b")") + 2:][:1]         # "pid (comm) S ...": comm may hold spaces or ')'
+    return state in (b"T", b"t")
 
 
 def segment_info(name: str) -> dict | None:
@@ -104,13 +125,14 @@ class SharedWeights:
             mm.close()
             raise ValueError(f"shared weights {name!r}: segment has {len(mm)} bytes, the spec needs {size}")
         self._seq = np.ndarray((1,), dtype=np.int64, buffer=mm, offset=0)
-        words = np.ndarray((2,), dtype=np.int64, buffer=mm, offset=8)
+        words = np.ndarray((3,), dtype=np.int64, buffer=mm, offset=MAGIC_OFFSET)
         if creator:
-            words[:] = MAGIC, os.getpid()
+            words[:2] = MAGIC, os.getpid()
         elif int(words[0]) != MAGIC:
             del words, self._seq
             mm.close()
             raise ValueError(f"/dev/shm/{name} is not a PAL-Bench weights block")
+        self._writer = words[2:]
         self._views = {n: np.ndarray(s, dtype=np.dtype(d), buffer=mm, offset=o)
                        for (n, s, d), o in zip(self.spec, offsets)}
         self._closed = False
@@ -189,6 +211,7 @@ class SharedWeights:
             if t.dtype not in _TORCH_TO_NP or np.dtype(_TORCH_TO_NP[t.dtype]) != self._views[k].dtype:
                 raise TypeError(f"tensor {k!r}: dtype {t.dtype}, the shared block holds {self._views[k].dtype}")
         seq = int(self._seq[0])
+        self._writer[0] = os.getpid()               # who a reader waits for while the counter is odd
         self._seq[0] = seq + 1                       # odd: being written
         for k, t in state_dict.items():
             self._views[k][...] = t.detach().cpu().numpy()
@@ -196,32 +219,44 @@ class SharedWeights:
         return (seq + 2) // 2
 
     def read(self, out: dict[str, torch.Tensor] | None = None, min_version: int = 1,
-             timeout_s: float = 10.0) -> tuple[int, dict[str, torch.Tensor]] | None:
+             timeout_s: float | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """A consistent copy of the latest version ``>= min_version``: ``(version, tensors)``, copied into
         ``out``'s tensors if given (same shapes; its names may be a subset of the block's, and only those are
         copied), else into new tensors. None if no such version yet.
-        Retries while the writer is mid-copy, for up to ``timeout_s`` (then RuntimeError). A writer that
-        publishes back to back with no pause can starve readers; the parameter server publishes once per
-        update (milliseconds apart), far slower than a copy."""
+        Retries while the writer is mid-copy, for up to ``timeout_s`` seconds (default ``READ_TIMEOUT_S``) of
+        this thread's CPU time (``time.thread_time``), then RuntimeError: time this process was stopped or
+        waiting for a CPU does not count, and while the writer is stopped (its pid in ``/proc`` in state T)
+        the reader waits for it and starts its count again when it resumes. A writer that publishes back to
+        back with no pause can starve readers; the parameter server publishes once per update (milliseconds
+        apart), far slower than a copy."""
         self._check()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        budget = READ_TIMEOUT_S if timeout_s is None else timeout_s
+        if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {budget!r}")
+        start = time.thread_time()
+        while True:
             s1 = int(self._seq[0])
             if s1 // 2 < min_version:
                 return None
-            if s1 & 1:
-                os.sched_yield()
-                continue
-            if out is None:
-                copy = {k: torch.from_numpy(v.copy()) for k, v in self._views.items()}
-            else:
-                for k, dst in out.items():
-                    dst.numpy()[...] = self._views[k]
-                copy = out
-            if int(self._seq[0]) == s1:
-                return s1 // 2, copy
+            if not s1 & 1:
+                if out is None:
+                    copy = {k: torch.from_numpy(v.copy()) for k, v in self._views.items()}
+                else:
+                    for k, dst in out.items():
+                        dst.numpy()[...] = self._views[k]
+                    copy = out
+                if int(self._seq[0]) == s1:
+                    return s1 // 2, copy
+            if time.thread_time() - start >= budget:
+                writer = int(self._writer[0])
+                if not _process_stopped(writer):
+                    raise RuntimeError(f"shared weights {self.name!r}: no consistent read in {budget} s of "
+                                       f"retrying (writer pid {writer} died or hung mid-copy, or publishes "
+                                       f"faster than a copy)")
+                while _process_stopped(writer):
+                    time.sleep(STOPPED_POLL_S)
+                start = time.thread_time()
             os.sched_yield()
-        raise RuntimeError(f"shared weights {self.name!r}: no consistent read in {timeout_s} s")
 
     def load_into(self, module: torch.nn.Module, current_version: int = 0) -> int:
         """Load the latest version into ``module`` if it is newer than ``current_version``; returns the version
@@ -243,7 +278,7 @@ class SharedWeights:
         if not self._closed:
             self._closed = True
             self._views.clear()
-            self._seq = None
+            self._seq = self._writer = None
             self._finalizer()
 
     def __enter__(self) -> SharedWeights:
