@@ -4,6 +4,12 @@ Reads only the files in ``results/`` (never re-measures), so it can be re-run at
 each study registered in ``pal_bench.studies.registry`` publishes itself (``pal_bench.bench.publishing``): its
 derived files and figures (``outputs``) and its generated blocks of README.md and ``docs/*.md``. ``--html``
 (``pal-bench report``) also writes the static page ``results/report/index.html`` (``pal_bench.bench.html_report``).
+
+Results directories come from other versions, other people and interrupted runs: a study whose block or figures
+cannot be built from what is stored (a row, point or column missing or relabelled) is skipped with one line on
+stderr naming the block (or study) and why, its block left as it was; everything else is still built, and the
+exit status stays 0 (``make figures`` goes on). Every value from a results file is escaped where it enters the
+markdown (``publishing.esc``), and the HTML page passes no raw HTML through.
 """
 
 from __future__ import annotations
@@ -31,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results.is_dir():
         ap.error(f"argument --results: {args.results} is not a directory")
     written: list[Path] = []
+    skipped: list[str] = []
     for pub in registry.publications():
-        written += pub.outputs(args.results, not args.no_figures)
+        try:
+            written += pub.outputs(args.results, not args.no_figures)
+        except publishing.SKIPPABLE as e:
+            skipped.append(f"the files and figures of study {pub.study}: {publishing.reason(e)}")
+        finally:
+            _close_figures()
     if not written and not any(p.suffix in (".json", ".csv") for p in args.results.iterdir()):
         print(f"pal-bench report: no results in {args.results}: run `make bench` (or another study) first",
               file=sys.stderr)
@@ -41,14 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'figure' if f.suffix == '.png' else 'wrote'}: {f}")
     if not args.no_docs:
         files = [f for f in publishing.doc_files(args.root) if f.exists()]
-        changed = publishing.regenerate(files, args.results, registry.blocks())
+        changed = publishing.regenerate(files, args.results, registry.blocks(), skipped=skipped)
         print(f"generated blocks rebuilt in {len(files)} files; changed: "
               + (", ".join(changed) if changed else "none"))
+    for line in skipped:
+        print(f"pal-bench report: skipped {line}", file=sys.stderr)
     if args.html:
         from pal_bench.bench import html_report
 
         print(f"report: {html_report.write(args.root, args.results, args.out)}")
     return 0
+
+
+def _close_figures() -> None:
+    """Close the figures a study left open when it stopped half-way (only if it loaded matplotlib at all)."""
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 if __name__ == "__main__":

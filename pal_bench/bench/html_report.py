@@ -5,6 +5,11 @@ tables and figures; figures embedded as data URIs, so the page needs no other fi
 the pages turned into links between its sections, and a table of the conditions each stored result
 was measured under (machine, date, load before/after, noisy or not, commit). A small script at the
 end checks that every image decoded and shows a banner naming any that did not.
+
+The pages are rendered as data, not trusted HTML: raw HTML in them is shown as text (python-markdown's raw HTML
+passes are off), and a link or image whose address has a scheme other than http(s) or mailto (an image: or an
+embedded PNG) loses it (``javascript:`` included, however it is spelled). Values from results files are escaped
+already where they enter the markdown (``publishing.esc``); this is the second line.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from pathlib import Path
 
 from pal_bench import conditions
 from pal_bench.bench import publishing
+
+#: the generated blocks' marker lines (HTML comments: with raw HTML off they would show as text)
+MARKER = re.compile(r"^<!-- (?:BEGIN|END) generated:[\w-]+ -->\n", re.M)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#222;line-height:1.45}
@@ -54,6 +62,36 @@ window.addEventListener("load", function () {
 """
 
 
+def safe_url(url: str, image: bool = False) -> bool:
+    """Whether a page may keep ``url`` as a link (or, with ``image``, an image source): relative, ``#anchor``,
+    http(s) or mailto, or (an image) an embedded PNG; judged as a browser reads it (entities decoded, control
+    characters and spaces dropped), so ``jav&#x61;script:`` and ``java\tscript:`` count as ``javascript:``."""
+    plain = re.sub(r"[\x00-\x20\x7f]+", "", html.unescape(url))
+    if image and plain.lower().startswith("data:image/png;base64,"):
+        return True
+    scheme = re.match(r"([a-zA-Z][a-zA-Z0-9+.\-]*):", plain)
+    return scheme is None or scheme.group(1).lower() in ("http", "https", "mailto")
+
+
+def _markdown():
+    """python-markdown with tables and fenced code, raw HTML shown as text, unsafe addresses dropped."""
+    import markdown
+    from markdown.treeprocessors import Treeprocessor
+
+    class SafeLinks(Treeprocessor):
+        def run(self, root):
+            for el in root.iter():
+                for attr in ("href", "src"):
+                    if el.get(attr) is not None and not safe_url(el.get(attr), image=el.tag == "img"):
+                        del el.attrib[attr]
+
+    md = markdown.Markdown(extensions=["tables", "fenced_code"])
+    md.preprocessors.deregister("html_block")
+    md.inlinePatterns.deregister("html")
+    md.treeprocessors.register(SafeLinks(md), "safe_links", -10)
+    return md
+
+
 def page_id(path: Path) -> str:
     return "readme" if path.name == "README.md" else path.stem
 
@@ -88,16 +126,16 @@ def conditions_table(results: Path) -> str:
     files = sorted(p for p in results.rglob("*") if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
                    and "report" not in p.parts and "tmp" not in p.parts and "runs" not in p.parts)
     for path in files:
-        meta = conditions.read_meta(path)
-        if meta is None and path.suffix == ".json":
-            try:
+        try:
+            meta = conditions.read_meta(path)
+            if meta is None and path.suffix == ".json":
                 meta = json.loads(path.read_text()).get("conditions")
-            except (ValueError, AttributeError):
-                meta = None
+        except (OSError, ValueError, AttributeError):       # another version's or a damaged file: not recorded
+            meta = None
         rel = path.relative_to(results)
-        if meta:
-            m = meta.get("machine", {})
-            cells = [str(rel), m.get("cpu", ""), str(m.get("usable_cores", "")), (meta.get("started") or "")[:16],
+        if isinstance(meta, dict) and meta:
+            m = meta.get("machine") if isinstance(meta.get("machine"), dict) else {}
+            cells = [str(rel), m.get("cpu", ""), str(m.get("usable_cores", "")), str(meta.get("started") or "")[:16],
                      f"{meta.get('load_before')} → {meta.get('load_after')}", "noisy" if meta.get("noisy") else "quiet",
                      meta.get("commit", ""), meta.get("command", "")]
             cls = ' class="noisy"' if meta.get("noisy") else ""
@@ -112,15 +150,13 @@ def conditions_table(results: Path) -> str:
 
 def build(root: Path, results: Path) -> tuple[str, list[str]]:
     """The page's HTML and the figure paths that were referenced but missing."""
-    import markdown
-
     docs = [p for p in publishing.doc_files(root) if p.exists()]
     pages = {p.name: page_id(p) for p in docs}
     missing: list[str] = []
     sections, nav = [], []
     for path in docs:
-        text = _relink(_embed_images(path.read_text(), path.parent, missing), pages)
-        body = markdown.markdown(text, extensions=["tables", "fenced_code"])
+        text = _relink(_embed_images(MARKER.sub("", path.read_text()), path.parent, missing), pages)
+        body = _markdown().convert(text)
         title = re.search(r"^# (.+)$", path.read_text(), re.M)
         title = title.group(1) if title else path.stem
         pid = pages[path.name]

@@ -15,11 +15,21 @@ README.md and ``docs/*.md`` carry blocks between markers::
 that). Each table ends with a line naming its source file(s) and the conditions they were measured
 under (``pal_bench.conditions``); a result measured at a 1-minute load above half the cores is marked
 **noisy**.
+
+Every value read from a results file is data, never markup: results directories are shared and downloaded, and
+the pages are rendered (GitHub, ``pal-bench report``'s HTML). ``md`` escapes every cell and header of a table
+(``esc``), builders pass any other value from a file that enters their text through ``esc`` (prose) or ``code``
+(an inline code span), and markdown the code itself writes into a cell (``**chosen**``) is wrapped in ``Markup``.
+
+A builder that cannot use what is stored (a row or point it needs is missing, a column relabelled) raises;
+``regenerate(..., skipped=[...])`` then leaves that block as it was and notes why (``SKIPPABLE``; ``Unusable`` for
+a message that already names the file and what is missing).
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 import re
 import subprocess
 from collections.abc import Callable, Mapping
@@ -38,6 +48,22 @@ BLOCK = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(
 DOC_ORDER = ("latency", "trainer", "scaling", "backends", "plugin", "race", "longhaul", "aggregation", "measuring")
 
 Block = Callable[[Path], str]
+
+
+class Unusable(ValueError):
+    """A stored result a builder cannot publish from; the message names the file and what is missing in it."""
+
+
+#: what a builder raises on a results file it did not expect (another version's, someone else's, an interrupted
+#: run's): ``pal-bench report`` skips the block or figure with one line instead of ending in a traceback
+SKIPPABLE = (KeyError, IndexError, ValueError, TypeError, AttributeError, ZeroDivisionError)
+
+
+def reason(error: BaseException) -> str:
+    """One line on why a block or figure was skipped."""
+    if isinstance(error, Unusable):
+        return str(error)
+    return f"{type(error).__name__}: {error}".splitlines()[0] if str(error) else type(error).__name__
 
 
 def no_outputs(results: Path, figures: bool) -> list[Path]:
@@ -91,18 +117,67 @@ def git_stamp(path: Path) -> str:
     return f"stored by commit {out[0]} of {out[1]}" if len(out) == 2 else ""
 
 
+class Markup(str):
+    """Markdown the code itself wrote (``Markup("**chosen**")``): ``esc`` and ``md`` pass it through. Never wrap
+    text read from a file in it."""
+
+
+# markdown's own characters in a value: a backslash, a backtick (a code span: it also swallows the `|` between
+# cells), `*`, `|`, `_` where it could open emphasis (after a space or punctuation, before a non-space: `_x`, not
+# `add_batch` or `share_%`), and `]` directly before `(` (the only way to close an inline link or image:
+# `[x](javascript:...)`)
+_MARKDOWN = re.compile(r"[\\`*|]|\](?=\()|(?<![^\W_])_(?=\S)")
+
+
+def esc(value: object) -> str:
+    """``value`` (text read from a results file) as markdown that shows it and nothing else, in a table cell or in
+    prose: line breaks become spaces, HTML's ``<``, ``&`` and ``"`` entities (no tag can open; ``>`` alone
+    opens none and stays as it is, so ``>= 200`` reads as written), and markdown's characters are
+    backslash-escaped. ``Markup`` passes through unchanged."""
+    if isinstance(value, Markup):
+        return str(value)
+    text = " ".join(str(value).splitlines())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace('"', "&quot;")
+    return _MARKDOWN.sub(lambda m: "\\" + m.group(0), text)
+
+
+def code(value: object) -> str:
+    """``value`` as an inline code span (``results/x.csv``), or as escaped text where a code span could not hold
+    it (a backtick, a line break or a ``|``)."""
+    text = str(value)
+    return esc(text) if re.search(r"[`|\r\n]", text) else f"`{text}`"
+
+
+def _meta(path: Path) -> dict | None:
+    """The recorded conditions of ``path`` with every string escaped (``esc``); None where none were recorded or
+    they cannot be read."""
+    try:
+        meta = conditions.read_meta(path)
+        if meta is None and path.suffix == ".json" and path.exists():
+            meta = json.loads(path.read_text()).get("conditions")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return esc(v) if isinstance(v, str) else v
+    return clean(meta) if isinstance(meta, dict) else None
+
+
 def source(results: Path, *names: str) -> str:
     """The caption's last line: each source file and its recorded conditions."""
     parts = []
     for name in names:
-        path = results / name
-        meta = conditions.read_meta(path)
-        if meta is None and path.suffix == ".json" and path.exists():
-            meta = json.loads(path.read_text()).get("conditions")
-        if meta:
-            parts.append(f"`results/{name}`: {conditions.describe(meta)}")
+        meta = _meta(results / name)
+        try:
+            described = conditions.describe(meta) if meta else None
+        except (AttributeError, TypeError, ValueError):     # conditions stored in another shape
+            described = "conditions unreadable"
+        if described:
+            parts.append(f"{code(f'results/{name}')}: {described}")
         else:       # (no git-derived text here: a generated block must not depend on the clone's history)
-            parts.append(f"`results/{name}`: conditions not recorded (measured before they were)")
+            parts.append(f"{code(f'results/{name}')}: conditions not recorded (measured before they were)")
     return "Source: " + "; ".join(parts) + "."
 
 
@@ -111,9 +186,20 @@ def missing(name: str, command: str) -> str:
     return f"_Not measured yet: `{command}` writes `results/{name}`._\n"
 
 
+def _cell(v: object) -> object:
+    """A table cell: numbers as they are (``floatfmt`` formats them), anything else escaped (``esc``)."""
+    return v if v is None or isinstance(v, (numbers.Number, bool)) else esc(v)
+
+
 def md(df: pd.DataFrame, floatfmt: str | tuple[str, ...] = ".1f", index: bool = False) -> str:
-    """Markdown with missing values left blank; ``floatfmt`` may be one format per column."""
-    return df.astype(object).where(df.notna(), None).to_markdown(index=index, floatfmt=floatfmt, missingval="")
+    """The one way a frame becomes a markdown table: missing values left blank, every other cell, header and
+    (with ``index``) index label that is not a number escaped (``esc``); ``floatfmt`` may be one format per
+    column. Every generated table goes through here."""
+    t = df.astype(object).apply(lambda col: col.map(_cell, na_action="ignore")).astype(object).where(df.notna(), None)
+    t.columns = t.columns.map(_cell)
+    if index:
+        t.index = t.index.map(_cell).rename(None if t.index.name is None else esc(t.index.name))
+    return t.to_markdown(index=index, floatfmt=floatfmt, missingval="")
 
 
 def table(caption: str, df: pd.DataFrame, results: Path, *sources: str, floatfmt: str | tuple[str, ...] = ".1f",
@@ -131,11 +217,14 @@ def doc_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *pages]
 
 
-def regenerate(files: list[Path], results: Path, blocks: Mapping[str, Block], check: bool = False) -> list[str]:
+def regenerate(files: list[Path], results: Path, blocks: Mapping[str, Block], check: bool = False,
+               skipped: list[str] | None = None) -> list[str]:
     """Rebuild every generated block of ``files`` from ``blocks``; returns ``file:name`` of the blocks that
-    changed (with ``check``, nothing is written). An unknown block name raises ``KeyError``."""
+    changed (with ``check``, nothing is written). An unknown block name raises ``KeyError``. With ``skipped`` (a
+    list), a builder that raises one of ``SKIPPABLE`` leaves its block as it was and adds one line to ``skipped``
+    (which block, why); without it, the error propagates."""
     changed: list[str] = []
-    cache: dict[str, str] = {}
+    cache: dict[str, str | None] = {}
     for path in files:
         text = path.read_text()
 
@@ -144,8 +233,16 @@ def regenerate(files: list[Path], results: Path, blocks: Mapping[str, Block], ch
             if name not in blocks:
                 raise KeyError(f"{path}: unknown generated block {name!r}; known: {', '.join(blocks)}")
             if name not in cache:
-                cache[name] = blocks[name](results).rstrip("\n") + "\n"
+                try:
+                    cache[name] = blocks[name](results).rstrip("\n") + "\n"
+                except SKIPPABLE as e:
+                    if skipped is None:
+                        raise
+                    cache[name] = None
+                    skipped.append(f"block {name} of {path.name} (left as it was): {reason(e)}")
             new = cache[name]
+            if new is None:
+                return m.group(0)
             if path.parent.name != "docs":      # README links from the root, the docs pages from docs/
                 new = new.replace("](../results/", "](results/")
             if new != m.group("body"):

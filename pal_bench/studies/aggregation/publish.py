@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, missing, source
+from pal_bench.bench.publishing import Publication, esc, md, missing, source
 
 SCHEMES = ("threads-ps", "ps-sync", "ps-async", "allreduce", "hierarchical")
 
@@ -66,8 +66,8 @@ def aggregation_block(results: Path, name: str = "aggregation.csv") -> str:
     for learners, g in df.groupby("learners"):
         t = g.pivot_table(index="scheme", columns="size", values="cell", aggfunc="first", sort=False)
         t = t[sorted(t.columns, key=lambda c: int(g[g["size"] == c].params.iloc[0]))]
-        parts.append(f"**{learners} learner{'s' if learners > 1 else ''}**: ms per iteration (share aggregating)\n\n"
-                     + t.reset_index().to_markdown(index=False))
+        parts.append(f"**{esc(learners)} learner{'s' if learners > 1 else ''}**: ms per iteration (share "
+                     "aggregating)\n\n" + md(t.reset_index(), "g"))
     return ("Gradient aggregation per scheme, learner count and Q-network size (hidden layers, parameters).\n\n"
             + "\n\n".join(parts) + "\n\n" + source(results, name) + "\n")
 

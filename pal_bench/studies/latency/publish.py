@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.bench import suite_json
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, esc, md, missing, source
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.conditions import atomic_write_text
 from pal_bench.studies.latency.figures import draw_all
@@ -124,10 +124,11 @@ def instructions_block(results: Path) -> str:
              "instructions/call (project code)": b["instructions"][op],
              "instructions/call (all code)": b["total_instructions"][op],
              f"spread over {b['repeats']} runs": f"{b['relative_spread'][op]:.2%}"} for op in b["instructions"]]
-    tc = b["toolchain"]
-    return (f"Instruction-count baseline of the regression check (capacity {b['capacity']:.0e}, batch {b['batch']}; "
-            f"made {b['made']} on {b['cpu']}, commit {b['commit']}; {tc['compiler']}, Python {tc['python']}, "
-            f"numpy {tc['numpy']}, Cython {tc['cython']}, {tc['valgrind']}).\n\n" + md(pd.DataFrame(rows), ".0f")
+    tc = {k: esc(v) for k, v in b["toolchain"].items()}
+    return (f"Instruction-count baseline of the regression check (capacity {b['capacity']:.0e}, batch "
+            f"{esc(b['batch'])}; made {esc(b['made'])} on {esc(b['cpu'])}, commit {esc(b['commit'])}; "
+            f"{tc['compiler']}, Python {tc['python']}, numpy {tc['numpy']}, Cython {tc['cython']}, "
+            f"{tc['valgrind']}).\n\n" + md(pd.DataFrame(rows), ".0f")
             + "\n\nSource: `results/regression_baseline.json`.\n")
 
 
@@ -149,7 +150,7 @@ def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
     return (f"Instructions per `sample(256)` + `update_priorities(256)` at capacity {float(cap):.0e}, counted by "
             "callgrind and attributed to steps from the source line each instruction was generated for "
             "(`python -m pal_bench.bench.step_costs --tree DIR --label NAME`; deterministic, whatever the load).\n\n"
-            + t.reset_index().to_markdown(index=False)
+            + md(t.reset_index(), "g")
             + f"\n\nSource: `results/{name}` (instruction counts: the same on a busy or a quiet machine, so no load "
             "is recorded).\n")
 

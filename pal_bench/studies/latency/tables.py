@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pal_bench.bench.publishing import esc
+from pal_bench.bench.publishing import md as table_md
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.bench.suite_json import machine_line
 
@@ -92,36 +94,36 @@ def skipped_table(df: pd.DataFrame) -> pd.DataFrame:
 def tables_markdown(tidy: pd.DataFrame, machine: dict) -> str:
     """``results/latency_tables.md``: every suite's tables, skipped cases with their reason."""
     md = [f"Median latency in µs, full buffer, LunarLander fields (obs 8 x float32, action, reward, next obs, "
-          f"done), alpha 0.6, beta 0.4. Machine: {machine_line(machine)}.", ""]
+          f"done), alpha 0.6, beta 0.4. Machine: {esc(machine_line(machine))}.", ""]
     cap = tidy[tidy.suite == "latency_vs_capacity"]
     if not ok(cap).empty:
         md += ["### PAL PrioritizedReplayBuffer, latency vs capacity (batch 256)", "",
-               pal_table(cap).to_markdown(floatfmt=".2f"), ""]
+               table_md(pal_table(cap), ".2f", index=True), ""]
         sp = speedup_table(cap)
         if not sp.empty:
             md += ["### Speedup of PAL over each peer (peer median / PAL median, same run; bootstrap 95% interval "
                    "over the stored rounds where kept)", "",
-                   sp.to_markdown(), ""]
+                   table_md(sp, "g", index=True), ""]
     bat = tidy[tidy.suite == "latency_vs_batch"]
     if not ok(bat).empty:
         n = fmt_n(bat.capacity.min())
         md += [f"### sample+update latency vs batch size at N={n} (µs)", "",
-               batch_table(bat[bat.capacity == bat.capacity.min()]).to_markdown(floatfmt=".1f"), ""]
+               table_md(batch_table(bat[bat.capacity == bat.capacity.min()]), ".1f", index=True), ""]
     fan = ok(tidy[tidy.suite == "latency_vs_fanout"])
     if not fan.empty:
         n = fan.capacity.max()
         t = fan[fan.capacity == n].pivot_table(index="fanout", columns="op", values="median_us", aggfunc="first")
         t = t[[op for op in OP_LABELS if op in t.columns]]
         t.columns = [op_label(op, 256) for op in t.columns]
-        md += [f"### PAL fan-out sweep at N={fmt_n(n)} (µs)", "", t.to_markdown(floatfmt=".2f"), ""]
+        md += [f"### PAL fan-out sweep at N={fmt_n(n)} (µs)", "", table_md(t, ".2f", index=True), ""]
     tree = ok(tidy[tidy.suite == "tree_vs_buffer"])
     if not tree.empty:
         t = tree.pivot_table(index=["op", "peer"], columns="capacity", values="median_us", aggfunc="first")
         t.columns = [f"N={fmt_n(c)}" for c in t.columns]
         t.index = [f"{op_label(op, 256)}: {peer}" for op, peer in t.index]
         md += ["### The tree alone (pal-tree) vs the full buffer (pal) vs no tree (pal-uniform), µs", "",
-               t.to_markdown(floatfmt=".2f"), ""]
+               table_md(t, ".2f", index=True), ""]
     sk = skipped_table(tidy)
     if not sk.empty:
-        md += ["### Cases not run, and why", "", sk.to_markdown(index=False), ""]
+        md += ["### Cases not run, and why", "", table_md(sk, "g"), ""]
     return "\n".join(md)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, esc, md, missing, source
 from pal_bench.studies.longhaul import TOPOLOGIES
 
 
@@ -65,8 +65,8 @@ def longhaul_block(results: Path, name: str = "longhaul.csv") -> str:
                       "learner idle": df.learner_idle_frac.map(lambda v: f"{v:.0%}"),
                       "eval return": df.final_eval_return, "wall s": df.wall_s})
     fmt = tuple(".4f" if c == "final loss" else ".2f" for c in t.columns)
-    return (f"DQN on {df.env.iloc[0]}, one seed per row: learner-side replay (learner-replay) against replay at the "
-            "buffer node (buffer-replay) over each modelled link.\n\n" + md(t, fmt) + "\n\n"
+    return (f"DQN on {esc(df.env.iloc[0])}, one seed per row: learner-side replay (learner-replay) against replay at "
+            "the buffer node (buffer-replay) over each modelled link.\n\n" + md(t, fmt) + "\n\n"
             + source(results, name) + "\n")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, Unusable, md, missing, source
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 
 
@@ -16,14 +16,22 @@ def _times(cell) -> list[float]:
     return [float(x) for x in str(cell).split()] if isinstance(cell, str) and cell.strip() else []
 
 
-def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+def speedup_table(df: pd.DataFrame, path: Path | str = "plugin.csv") -> pd.DataFrame:
     """One row per configuration: median ms with each buffer, speedup default / PAL with a bootstrap 95%
     interval over the timed iterations (``speedup_low``/``_high``; NaN for results stored without their
-    iteration times), buffer shares, the Amdahl bound, and a ``note`` where the speedup exceeds the bound."""
+    iteration times), buffer shares, the Amdahl bound, and a ``note`` where the speedup exceeds the bound.
+    ``Unusable`` (naming ``path``) where a configuration has one buffer's row but not the other's (an interrupted
+    ``plugin-bench``)."""
 
     keys = ["framework", "env", "batch_size", "env_runners"]
     d = df[df.buffer == "default"].set_index(keys)
     p = df[df.buffer == "pal"].set_index(keys)
+    unmatched = [*p.index.difference(d.index), *d.index.difference(p.index)]
+    if unmatched:
+        key = unmatched[0]
+        lacking, other = ("default", "pal") if key in p.index else ("pal", "default")
+        raise Unusable(f"{path}: no {lacking!r} buffer row for {', '.join(f'{k} {v}' for k, v in zip(keys, key))}: "
+                       f"its {other!r} row has nothing to be compared with")
     t = pd.DataFrame({"default_ms": d.iteration_s * 1e3, "pal_ms": p.iteration_s * 1e3,
                       "speedup": d.iteration_s / p.iteration_s,
                       "buffer_share_default": d.buffer_share, "buffer_share_pal": p.buffer_share}).reset_index()
@@ -83,7 +91,7 @@ def plugin_block(results: Path) -> str:
     path = results / "plugin.csv"
     if not path.exists():
         return missing("plugin.csv", "make plugin-bench")
-    t = speedup_table(pd.read_csv(path))
+    t = speedup_table(pd.read_csv(path), path)
     out = pd.DataFrame({
         "framework": t.framework, "env": t.env, "batch": t.batch_size, "env runners": t.env_runners,
         "default ms": t.default_ms, "PAL ms": t.pal_ms,
@@ -104,7 +112,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     path = results / "plugin.csv"
     if not (figures and path.exists()):
         return []
-    return [draw(speedup_table(pd.read_csv(path)), results / "figures" / "plugin.png")]
+    return [draw(speedup_table(pd.read_csv(path), path), results / "figures" / "plugin.png")]
 
 
 PUBLICATION = Publication("plugin", {"plugin": plugin_block}, outputs)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, code, esc, md, missing, source
 from pal_bench.studies.race import results as race_results
 from pal_bench.studies.race.orchestrate import load_runs, runs_dir
 from pal_bench.studies.race.probe import probe_spread
@@ -35,8 +35,8 @@ def race_target_block(results: Path, track: str, task_name: str = "full") -> str
             f"run that never reached the target counts at its stop (`>=`: a lower bound). Wall to target: set-up "
             f"plus training, evaluation excluded (every contestant's training stands still while it is evaluated); "
             f"'with eval' adds the evaluations before the target. Ratios: the contestant's median over "
-            f"`{ref}`'s (PAL's best {'matched ' if track == 'matched' else ''}contestant here), the range over every "
-            f"pairing of seeds, and a "
+            f"{code(ref)}'s (PAL's best {'matched ' if track == 'matched' else ''}contestant here), the range over "
+            f"every pairing of seeds, and a "
             f"bootstrap 95% interval where both have at least 10 seeds. Speed probes of these runs: median "
             f"{med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n" + md(t, "") + "\n\n" + source(results, name) + "\n")
 
@@ -92,11 +92,11 @@ def race_profile_block(results: Path) -> str:
         return missing("race_profile_matched_rllib.json", "pal-bench race-profile rllib --seconds 240")
     parts = []
     for name, d in stored.items():
-        text = f"**{d['contestant']}** ({d['track']} track): {d['summary']}."
+        text = f"**{esc(d['contestant'])}** ({esc(d['track'])} track): {esc(d['summary'])}."
         if d.get("evaluation_s") is not None:
             text += f" The race's evaluation (cumulative, inside the areas below): {d['evaluation_s']:.1f} s."
         for title, records in d["tables"].items():
-            text += f"\n\n{title[0].upper() + title[1:]}:\n\n" + md(pd.DataFrame(records), ".1f")
+            text += f"\n\n{esc(title[0].upper() + title[1:])}:\n\n" + md(pd.DataFrame(records), ".1f")
         parts.append(text + "\n\n" + source(results, name))
     return "\n\n".join(parts) + "\n"
 
@@ -117,10 +117,10 @@ def race_headline_block(results: Path) -> str:
     for name, g in df[~df.contestant.isin(race_results.PAL_MATCHED)].groupby("contestant"):
         bound = "at least " if not g.reached.all() else ""
         parts.append(f"{bound}{g.wall_to_target_s.median() / mine.wall_to_target_s.median():.1f}x sooner than "
-                     f"{name} ({int(g.reached.sum())} of {len(g)} seeds reached; median "
+                     f"{esc(name)} ({int(g.reached.sum())} of {len(g)} seeds reached; median "
                      f"{g.steps_to_target.median() / 1000:.0f}k steps, {g.wall_to_target_s.median():.0f} s)")
     return (f"**The race** (matched track: every contestant trains the same Double DQN on the same data rhythm; "
-            f"LunarLander-v3 to 200): PAL's `{ref}` reached the target in {int(mine.reached.sum())} of {len(mine)} "
+            f"LunarLander-v3 to 200): PAL's {code(ref)} reached the target in {int(mine.reached.sum())} of {len(mine)} "
             f"seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k env steps and "
             f"{mine.wall_to_target_s.median():.0f} s of set-up and training: " + "; ".join(parts)
             + ". Ratios of medians; intervals, the speed table and the tuned track: [docs/race.md](docs/race.md).\n")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, Unusable, esc, md, missing, source
 from pal_bench.bench.stats import fmt_ci, median_ci, ratio_ci
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 
@@ -16,11 +16,14 @@ def _reps(cell) -> list[float]:
     return [float(v) for v in str(cell).split()] if isinstance(cell, str) else []
 
 
-def _curves(df: pd.DataFrame) -> pd.DataFrame:
-    """f_a / f_l rows; the speedup over 1 worker with a bootstrap interval where the repetitions are stored."""
+def _curves(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """f_a / f_l rows (of ``path``); the speedup over 1 worker with a bootstrap interval where the repetitions are
+    stored (``Unusable`` where they are but the 1-worker point it is taken over is not)."""
     speedups = []
     for r in df.itertuples():
         base = df[(df.curve == r.curve) & (df.threads == 1)]
+        if base.empty:
+            raise Unusable(f"{path}: no 1-worker point for {r.curve}: the speedup over 1 worker is taken from it")
         mine, ref = _reps(getattr(r, "throughput_reps", None)), _reps(base.iloc[0].get("throughput_reps"))
         speedups.append(fmt_ci(*ratio_ci(mine, ref)) if r.threads > 1 and mine and ref else f"{r.speedup:.2f}")
     t = pd.DataFrame({"curve": df.curve, "workers": df.threads, "throughput": df.throughput,
@@ -40,8 +43,9 @@ def scaling_block(results: Path) -> str:
         # (speedup intervals: bootstrap over the interleaved rounds of `--repeats`, where stored)
         if (results / name).exists():
             df = pd.read_csv(results / name)
-            parts.append(f"Thread backend, {df.algo.iloc[0]} on {df.env.iloc[0]}, {what}: f_a in transitions/s, "
-                         f"f_l in updates/s.\n\n" + md(_curves(df), ".2f") + "\n\n" + source(results, name) + "\n")
+            parts.append(f"Thread backend, {esc(df.algo.iloc[0])} on {esc(df.env.iloc[0])}, {what}: f_a in "
+                         f"transitions/s, f_l in updates/s.\n\n" + md(_curves(df, results / name), ".2f") + "\n\n"
+                         + source(results, name) + "\n")
     return "\n".join(parts) if parts else missing("scaling.csv", "make scaling")
 
 
@@ -60,8 +64,8 @@ def end_to_end_block(results: Path, name: str = "end_to_end.csv") -> str:
     backend = df.backend.iloc[0] if "backend" in df else "threads"
     runs = (f"the median of {int(df['rounds'].min())} interleaved rounds per cell" if "rounds" in df
             else "one run per cell")
-    return (f"The whole trainer ({backend} backend) at each split: env steps/s / updates/s, {runs}.\n\n"
-            + cell.reset_index().to_markdown(index=False) + "\n\n" + source(results, name) + "\n")
+    return (f"The whole trainer ({esc(backend)} backend) at each split: env steps/s / updates/s, {runs}.\n\n"
+            + md(cell.reset_index(), "g") + "\n\n" + source(results, name) + "\n")
 
 
 def backends_block(results: Path) -> str:
@@ -215,7 +219,7 @@ def two_nodes_block(results: Path) -> str:
              f"({paired[0]:.2f}-{paired[-1]:.2f}, {len(paired)} rounds)" if paired else "")
     ceil = df[df.placement.str.startswith("ceiling")].groupby("placement").agg(
         rows_per_s=("rows_per_s", "median"), mb_per_s=("mb_in_per_s", "median"), rounds=("round", "count"))
-    ceiling = "; ".join(f"{k}: {v.rows_per_s:,.0f} rows/s ({v.mb_per_s:.1f} MB/s, median of {int(v.rounds)})"
+    ceiling = "; ".join(f"{esc(k)}: {v.rows_per_s:,.0f} rows/s ({v.mb_per_s:.1f} MB/s, median of {int(v.rounds)})"
                         for k, v in ceil.iterrows())
     return ("Two Ray nodes on this machine (1 CPU each): DQN on CartPole-v1 with 1 actor and 1 learner, the actor on "
             "the driver's node (one node) or on the other node sending chunks through the inserter (two nodes), "

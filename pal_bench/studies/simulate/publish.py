@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.bench.publishing import Publication, md, missing, source
+from pal_bench.bench.publishing import Publication, code, esc, md, missing, source
 
 INPUT_UNITS = {
     "threads.act_us": "inference per env step, thread actor (µs)", "threads.env_us": "env step, thread actor (µs)",
@@ -48,7 +48,7 @@ INPUT_UNITS = {
 
 def _simulated(results: Path, *names: str) -> str:
     """The caption's last line of a simulated table: its files, and the measured inputs it was simulated from."""
-    files = ", ".join(f"`results/{n}`" for n in names)
+    files = ", ".join(code(f"results/{n}") for n in names)
     return f"Simulated ({files}) from the measured inputs. " + source(results, "simulation_inputs.csv")
 
 
@@ -82,7 +82,7 @@ def validation_block(results: Path) -> str:
                       "error": [f"{e:+.0%}" if pd.notna(e) else c for e, c in zip(v.error, v.covered)],
                       "oversubscribed": v.oversubscribed.map({True: "yes", False: ""})})
     s = summary(v)
-    per = "; ".join(f"{b}: median {d['median_abs_error']:.0%}, worst {d['worst_abs_error']:.0%} ({d['points']})"
+    per = "; ".join(f"{esc(b)}: median {d['median_abs_error']:.0%}, worst {d['worst_abs_error']:.0%} ({d['points']})"
                     for b, d in s["per_backend"].items())
     return ("Every stored point on 1-3 workers predicted with itself left out of the fit (signed error, "
             "(predicted - measured) / measured; a one-worker point is predicted from the measured phase costs "
@@ -130,8 +130,8 @@ def sensitivity_block(results: Path) -> str:
         t = d.drop(columns=["backend", "cores"]).head(6).copy()
         for c in t.columns[1:]:
             t[c] = t[c].map(lambda x: f"{x:+.1%}")
-        parts.append(f"{b}, {n} cores: the change in each prediction for +10% on one input (largest first).\n\n"
-                     + md(t))
+        parts.append(f"{esc(b)}, {esc(n)} cores: the change in each prediction for +10% on one input (largest "
+                     "first).\n\n" + md(t))
     return "\n\n".join(parts) + "\n\n" + _simulated(results, name) + "\n"
 
 
@@ -146,7 +146,7 @@ def design_block(results: Path) -> str:
                                                             for a, lr, m in zip(d.actors, d.learners, d["mode"])],
                           "throughput": d.throughput, "busiest resource": [f"{b} {s:.0%}" for b, s in
                                                                            zip(d.busiest, d.busiest_share)]})
-        parts.append(f"**{q}** (simulated; env steps/s for f_a, updates/s for f_l)\n\n" + md(t, ".0f"))
+        parts.append(f"**{esc(q)}** (simulated; env steps/s for f_a, updates/s for f_l)\n\n" + md(t, ".0f"))
     return "\n\n".join(parts) + "\n\n" + _simulated(results, name) + "\n"
 
 
@@ -166,7 +166,7 @@ def candidate_block(results: Path) -> str:
     simulated = o.simulated.iloc[0] / b.simulated.iloc[0]
     return (f"f_a (env steps/s) of {int(df.actors.iloc[0])} actor processes on {int(df.cores.iloc[0])} cores, "
             f"measured in {df['round'].nunique()} interleaved rounds, beside the model's prediction for the same "
-            f"workload.\n\n{md(pd.DataFrame(rows), '.0f')}\n\n{other} against {base}: measured "
+            f"workload.\n\n{md(pd.DataFrame(rows), '.0f')}\n\n{esc(other)} against {esc(base)}: measured "
             f"{measured}x (ratio of medians, bootstrap interval), simulated {simulated:.3f}x.\n\n"
             + source(results, name) + "\n")
 
