@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -72,6 +73,8 @@ SEED = Range(0, SEED_MAX)
 POSITIVE = Range(0, lo_open=True)   # a finite number > 0
 NONNEG_FLOAT = Range(0)
 FINITE = Range()
+CORES = Range(1, 1024)              # simulated cores of one machine (simulate --cores, --sensitivity)
+SECONDS = Range(0.1, 86_400)        # a duration a command runs or measures for (s): a tenth of a second to a day
 
 
 def parse_int(text: str) -> int:
@@ -122,6 +125,24 @@ def number_list(rng: Range, kind: type = int) -> Callable[[str], list]:
     return parse
 
 
+def int_ranges(rng: Range) -> Callable[[str], list[int]]:
+    """An argparse ``type``: comma-separated integers and ranges ``a-b`` (``1-64``, ``1,2,4,8-12``), each in ``rng``;
+    the sorted distinct values."""
+    def parse(text: str) -> list[int]:
+        out: set[int] = set()
+        for part in text.split(","):
+            found = re.fullmatch(r"\s*([0-9]{1,12})\s*(?:-\s*([0-9]{1,12})\s*)?", part)
+            lo, hi = (int(found[1]), int(found[2] or found[1])) if found else (None, None)
+            if lo is None or lo > hi or rng.problem(lo) or rng.problem(hi):
+                raise argparse.ArgumentTypeError(f"expected integers or ranges a-b (1-64, 1,2,4) {rng}, got "
+                                                 f"{part.strip()!r} (in {text!r})")
+            out.update(range(lo, hi + 1))
+        return sorted(out)
+
+    parse.__name__ = "list of int"
+    return parse
+
+
 def choice_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
     """An argparse ``type``: a comma-separated list of names from ``choices`` (at least one, each once)."""
     known = tuple(choices)
@@ -145,3 +166,4 @@ rng_seed = number(SEED)
 positive_float = number(POSITIVE, float)
 nonneg_float = number(NONNEG_FLOAT, float)
 finite_float = number(FINITE, float)
+duration = number(SECONDS, float)        # --seconds and other durations (s)

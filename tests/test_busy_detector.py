@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs 
 MEASURE = r"""
 import json, subprocess, sys, time
 from pal_bench import conditions
-burn = "import sys, time\nwhile time.process_time() < float(sys.argv[1]): pass\nprint('done', flush=True)\ntime.sleep(60)"
+burn = ("import sys, time\nwhile time.process_time() < float(sys.argv[1]): pass\n"
+        "print('done', flush=True)\ntime.sleep(60)")
 t0 = time.monotonic()
 c = conditions.Conditions("detector test")
 reaped = subprocess.Popen([sys.executable, "-c", burn, "1.0"], stdout=subprocess.PIPE, text=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.argtypes import choice_list, positive_float
+from pal_bench.argtypes import choice_list, duration
 from pal_bench.bench.adapters import ADAPTERS, lunar_row, make_adapter
 from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", type=choice_list(ADAPTERS), default=["pal", "tianshou"],
                     help=f"comma-separated, of {', '.join(ADAPTERS)} (default: pal,tianshou)")
-    ap.add_argument("--seconds", type=positive_float, default=1.0, help="measured seconds per point (default 1)")
+    ap.add_argument("--seconds", type=duration, default=1.0, help="measured seconds per point (default 1)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)

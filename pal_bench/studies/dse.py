@@ -15,6 +15,8 @@ balanced f_l / (r f_a)), the full table, and the frontier (the best split for ea
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,9 +26,10 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.argtypes import WORKERS, Range, UsageError, nonneg_int, number, positive_int
-from pal_bench.bench.publishing import Publication, missing, source
+from pal_bench.bench.publishing import Markup, Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import SCALING_COLUMNS, SCALING_WHAT, THROUGHPUT, Column, read_table
 
 
 @dataclass(frozen=True)
@@ -42,22 +45,33 @@ class Allocation:
                 f"--set updates_per_step={ratio:g}")
 
 
+def _finite(v) -> float | None:
+    """``v`` as a finite float; None when it is not a number (a string, a bool), NaN, infinite or too large."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
 def _curve(f: Mapping[int, float] | list[float], name: str) -> dict[int, float]:
     curve = dict(enumerate(f, start=1)) if isinstance(f, (list, tuple)) else dict(f)
     if not curve:
         raise ValueError(f"{name} is empty")
     for x, v in curve.items():
-        if int(x) != x or x < 1:
+        if (fx := _finite(x)) is None or not fx.is_integer() or fx < 1:
             raise ValueError(f"{name}: core counts must be integers >= 1, got {x!r}")
-        if not v >= 0:
+        if (fv := _finite(v)) is None or fv < 0:
             raise ValueError(f"{name}({x}) = {v!r}: throughputs must be finite and >= 0")
     return {int(x): float(v) for x, v in curve.items()}
 
 
 def table(f_a, f_l, ratio: float, max_cores: int) -> pd.DataFrame:
     """Every split (x_a, x_l) with x_a + x_l <= max_cores that both curves cover."""
-    if not ratio > 0:
-        raise ValueError(f"ratio must be > 0, got {ratio}")
+    if (r := _finite(ratio)) is None or r <= 0:
+        raise ValueError(f"ratio must be a finite number > 0, got {ratio!r}")
     if max_cores < 2:
         raise ValueError(f"max_cores must be >= 2 (one actor and one learner core), got {max_cores}")
     fa, fl = _curve(f_a, "f_a"), _curve(f_l, "f_l")
@@ -102,14 +116,14 @@ def validation_text(v: pd.DataFrame) -> str:
     t = v[cols].rename(columns={"transitions_per_s": "predicted transitions/s",
                                 "measured_transitions_per_s": "measured transitions/s",
                                 "measured_updates_per_s": "measured updates/s"})
-    t["chosen"] = t.chosen.map({True: "**chosen**", False: ""})
+    t["chosen"] = t.chosen.map({True: Markup("**chosen**"), False: ""})
     rounds = len(str(v.get("measured_transitions_per_s_reps", pd.Series([""])).iloc[0]).split())
     runs = f"running the trainer at every split ({rounds} rounds, medians)" if rounds > 1 else \
         "running the trainer at every split"
     return (f"The solver chose {int(chosen.actors)} actor(s) + {int(chosen.learners)} learner(s) from the f_a / f_l "
             f"curves ({int(v.cores.max())} cores at most); {runs}, the chosen one is "
             f"{verdict}, so the choice {holds} (threshold: within 10% of the best).\n\n"
-            + t.to_markdown(index=False, floatfmt=".0f") + "\n")
+            + md(t, ".0f") + "\n")
 
 
 def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, measured: pd.DataFrame | None = None):
@@ -140,13 +154,16 @@ def split_from_curves(updates_per_step: float, backend: str = "threads",
     curves (``results/scaling.csv`` for threads, ``scaling_<backend>.csv`` otherwise) at ``updates_per_step``
     updates per env step; (1, 1) when none are stored."""
     curves = results / ("scaling.csv" if backend == "threads" else f"scaling_{backend}.csv")
-    if not curves.exists():
+    if not os.path.lexists(curves):
         return 1, 1
-    c = pd.read_csv(curves)
+    c = read_table(curves, SCALING_COLUMNS, SCALING_WHAT)
     if "backend" in c:
         c = c[c.backend.fillna("threads") == backend]
     f = {k: dict(zip(g.threads, g.throughput)) for k, g in c.groupby("curve")}
-    best, _, _ = solve(f["f_a"], f["f_l"], updates_per_step, max(2, usable_cores()))
+    try:
+        best, _, _ = solve(f.get("f_a", {}), f.get("f_l", {}), updates_per_step, max(2, usable_cores()))
+    except ValueError as e:
+        raise UsageError(f"{curves}: {e}") from None
     return best.actors, best.learners
 
 
@@ -191,6 +208,13 @@ def _placement(backend: str) -> dict:
 
 
 PREDICT_ONLY = ("learner-processes", "ray-node")     # backends --predict takes from the simulation's labels
+SIMULATION_COLUMNS = {"curve": Column(str, choices=("f_a", "f_l", "end_to_end")), "cores": Column(int, WORKERS),
+                      "predicted": Column(float, Range(0, THROUGHPUT.hi))}
+VALIDATION_COLUMNS = {"actors": Column(int, WORKERS), "learners": Column(int, WORKERS),
+                      "measured_transitions_per_s": Column(float, THROUGHPUT)}
+# --ratio, updates per collected transition: from one update per million transitions up to the config's own ceiling
+# for updates_per_step (FIELD_RANGES), so that the suggested `--set updates_per_step=` is one the trainer takes
+RATIO_MIN = 1e-6
 
 
 def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) -> tuple[pd.DataFrame, set[str]]:
@@ -200,10 +224,10 @@ def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) ->
     from pal_bench.paths import RESULTS
 
     path = RESULTS / f"simulation_{backend.replace('-', '_')}.csv"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise UsageError(f"--predict: {path} is not there; `pal-bench simulate --backend {backend} --cores "
                          f"1-{max_cores}` writes it")
-    sim = pd.read_csv(path)
+    sim = read_table(path, SIMULATION_COLUMNS, "the predictions `pal-bench simulate` writes")
     sim = sim[sim.curve.isin(["f_a", "f_l"]) & (sim.cores <= max_cores)]
     if sim.cores.max() < max_cores - 1:
         raise UsageError(f"--predict: {path} predicts up to {sim.cores.max()} cores; `pal-bench simulate "
@@ -211,8 +235,8 @@ def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) ->
     stored = measured_csv or RESULTS / ("scaling.csv" if backend == "threads" else
                                        f"scaling_{backend.replace('-', '_')}.csv")
     got = {}
-    if stored.is_file():
-        m = pd.read_csv(stored)
+    if measured_csv is not None or os.path.lexists(stored):
+        m = read_table(stored, SCALING_COLUMNS, SCALING_WHAT)
         if "env_backend" in m:
             m = m[m.env_backend == "sync"]
         if "oversubscribed" in m:
@@ -236,8 +260,14 @@ def run(args) -> int:
     from pal_bench.studies.scaling import measure as scaling
     from pal_bench.train import make_config
 
-    if args.measured and not Path(args.measured).is_file():
+    if args.measured and not os.path.lexists(args.measured):
         raise UsageError(f"--measured {args.measured}: no such file")
+    if args.curves and not os.path.lexists(args.curves):
+        raise UsageError(f"--curves {args.curves}: no such file (make one with `python -m "
+                         "pal_bench.studies.scaling`)")
+    # every file the command reads, checked before anything is measured
+    measured = (read_table(Path(args.measured), VALIDATION_COLUMNS, "a stored dse_validation.csv",
+                           label=f"--measured {args.measured}") if args.measured else None)
     if args.backend in PREDICT_ONLY and not args.predict:
         raise UsageError(f"--backend {args.backend}: its curves come from the simulation here; add --predict "
                          "(or measure them with python -m pal_bench.studies.scaling)")
@@ -250,17 +280,7 @@ def run(args) -> int:
               f"{', '.join(sorted(predicted)) or 'no'} point(s); measured where stored (backend {backend})")
         cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1")
     elif args.curves:
-        if not Path(args.curves).is_file():
-            raise UsageError(f"--curves {args.curves}: no such file (make one with `python -m "
-                             "pal_bench.studies.scaling`)")
-        try:
-            curves = pd.read_csv(args.curves)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-            raise UsageError(f"--curves {args.curves}: not a curves CSV ({str(e).splitlines()[0]})") from None
-        missing = {"curve", "threads", "throughput"} - set(curves.columns)
-        if missing:
-            raise UsageError(f"--curves {args.curves}: missing column(s) {', '.join(sorted(missing))} "
-                             "(expected the CSV that `python -m pal_bench.studies.scaling` writes)")
+        curves = read_table(Path(args.curves), SCALING_COLUMNS, SCALING_WHAT, label=f"--curves {args.curves}")
         for flag, col in (("algo", "algo"), ("env", "env")):   # the curves say what they were measured on
             found = sorted(curves[col].dropna().unique()) if col in curves else []
             given = getattr(args, flag)
@@ -323,7 +343,6 @@ def run(args) -> int:
     print(best.command(args.algo, args.env, ratio) + (f" --backend {backend}" if backend != "threads" else ""))
     fig_path = args.out / "figures" / "dse.png"
     fig_path.parent.mkdir(parents=True, exist_ok=True)
-    measured = pd.read_csv(args.measured) if args.measured else None
     if args.validate:
         if refuse_if_busy("pal-bench dse --validate", args.force):
             return 2
@@ -348,14 +367,16 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     """``pal-bench dse``'s flags."""
     from pal_bench.train.config import FIELD_RANGES
 
+    ratio = Range(RATIO_MIN, FIELD_RANGES["updates_per_step"].hi)
     d.add_argument("--algo", help="algorithm of the curves and of the suggested command (default: the curves' "
                                   "algo column, else dqn)")
     d.add_argument("--env", help="environment (default: the curves' env column, else CartPole-v1)")
     d.add_argument("--out", type=Path, default=Path(DSE_OUT),
                    help=f"where the figure (figures/dse.png) and --validate's dse_validation.csv go (default: "
                         f"{DSE_OUT}/ in the current directory; the Makefile passes --out results)")
-    d.add_argument("--ratio", type=number(FIELD_RANGES["updates_per_step"], float),
-                   help="updates per transition (default: the algorithm's config)")
+    d.add_argument("--ratio", type=number(ratio, float),
+                   help=f"learner updates per collected transition (the config's updates_per_step), {ratio} "
+                        "(default: the algorithm's config)")
     d.add_argument("--max-cores", type=number(Range(2, WORKERS.hi)),
                    help="core budget M, at least 2: one actor and one learner (default: usable cores)")
     d.add_argument("--curves", help="stored f_a/f_l curves (results/scaling.csv, scaling_processes.csv, "

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.argtypes import positive_float, positive_int, rng_seed
+from pal_bench.argtypes import SECONDS, UsageError, duration, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
 from pal_bench.conditions import Conditions
 from pal_bench.paths import RESULTS
@@ -39,6 +39,7 @@ from pal_bench.studies.race import CONTESTANTS, TASKS, TRACKS
 from pal_bench.studies.race.contestants import TRACK_CONTESTANTS
 from pal_bench.studies.race.contestants.pal import BACKENDS as PAL_BACKENDS
 from pal_bench.studies.race.run import run_one
+from pal_bench.studies.race.task import SettingsMismatch
 
 # (area, substrings of a code path that put a function in it), first match wins
 AREAS = (
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench race-profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("contestant", choices=CONTESTANTS)
-    ap.add_argument("--seconds", type=positive_float, default=300.0, help="wall-clock to run (default 300)")
+    ap.add_argument("--seconds", type=duration, default=300.0,
+                    help=f"wall-clock to run, {SECONDS} (default 300); the run must get well past the task's "
+                         "learning_starts: on the full task that takes RLlib under cProfile about 110 s")
     ap.add_argument("--seed", type=rng_seed, default=0)
     ap.add_argument("--task", choices=sorted(TASKS), default="full", help="the race's task (default: full)")
     ap.add_argument("--track", choices=TRACKS, default="matched", help="the race's track (default: matched)")
@@ -153,11 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{name} does not race in the {args.track} track ({', '.join(TRACK_CONTESTANTS[args.track])})")
     with Conditions(f"race profile ({args.track}, {name})") as cond:
         t0 = time.perf_counter()
-        if name in PAL_BACKENDS:
-            run = run_one(name, args.track, args.task, args.seed, task=task)
-            stats = None
-        else:
-            run, stats = profile_framework(name, args.track, args.task, task, args.seed)
+        try:
+            if name in PAL_BACKENDS:
+                run = run_one(name, args.track, args.task, args.seed, task=task)
+                stats = None
+            else:
+                run, stats = profile_framework(name, args.track, args.task, task, args.seed)
+        except SettingsMismatch as e:    # the matched track's check after the run: too short to measure its updates
+            raise UsageError(f"{e}; a run of --seconds {args.seconds:g} may end before it gets well past the "
+                             f"task's learning_starts ({task.learning_starts} env steps): give it more --seconds"
+                             ) from None
         wall = time.perf_counter() - t0
     head = (f"{name} ({args.track}) on {task.env}, seed {args.seed}: {wall:.1f} s (set-up {run['setup_s']:.1f} s), "
             f"{len(run['curve'])} evaluations, {run['env_steps']} env steps"

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.argtypes import choice_list, positive_float
+from pal_bench.argtypes import choice_list, duration
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
 from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", type=choice_list(IMPLS), default=list(IMPLS),
                     help=f"comma-separated, of {', '.join(IMPLS)} (default: all)")
-    ap.add_argument("--seconds", type=positive_float, default=2.0, help="measured seconds per point (default 2)")
+    ap.add_argument("--seconds", type=duration, default=2.0, help="measured seconds per point (default 2)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)

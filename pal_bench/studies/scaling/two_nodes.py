@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pal_bench.argtypes import duration
 from pal_bench.bench.publishing import store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import ROOT
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20_000, help="env steps per run")
     ap.add_argument("--actors", type=int, default=1, help="actors (on the second node in the two-node runs)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds (each: both placements and the ceiling)")
-    ap.add_argument("--ceiling-s", type=float, default=5.0, help="seconds of each inserter ceiling measurement")
+    ap.add_argument("--ceiling-s", type=duration, default=5.0, help="seconds of each inserter ceiling measurement")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     add_force_flag(ap)
     args = ap.parse_args(argv)

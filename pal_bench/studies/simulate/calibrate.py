@@ -5,17 +5,21 @@ one-worker points (``fit``). Everything else (two workers, every split, other co
 The inputs file (``results/simulation_inputs.csv``, one row per measurement round) holds flat columns:
 ``threads.act_us`` / ``processes.act_us`` ... (actor phases per backend), ``sample_us`` ... (learner phases),
 ``insert_lock_us`` ..., ``publish_us``, ``pull_us``, ``mem_bw_core``, ``mem_bw_total``, ``gil.act`` ...,
-``gil_handoff.act`` ..., ``ray_call_us``, ``ray_call_cpu_us``, ``ray.learner_remote_us`` ...
+``gil_handoff.act`` ..., ``ray_call_us``, ``ray_call_cpu_us``, ``ray.learner_remote_us`` ... ``INPUT_COLUMNS`` says what
+each must hold (``read_inputs`` checks a stored file against it before anything is simulated).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, throughput
+from pal_bench.argtypes import NONNEG, WORKERS, Range
+from pal_bench.stored_tables import Column, read_table
+from pal_bench.studies.simulate.model import CHUNK, MAX_CALL_US, Inputs, Workload, throughput
 
 ACTOR_PHASES = ("act_us", "env_us", "insert_us", "insert_call_us")
 LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
@@ -23,6 +27,44 @@ LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 # assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
 # GCS, the Ray threads of the driver and the actor processes) keep busy while a run goes
 BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "learner-processes": 0.0, "ray-node": 0.1, "ray": 0.1}
+
+
+# what each stored input may hold: a cost (µs per call) at most MAX_CALL_US (10 s; the measured ones are 0.01 µs to
+# 8 ms), a phase every env step or update pays at least 1 ns (the model's time must move), shares in [0, 1]; the
+# columns later rounds added are optional (an empty cell or no column: not measured then)
+COST = Range(0, MAX_CALL_US)
+PHASE = Range(1e-3, MAX_CALL_US)
+SHARE = Range(0, 1)
+RATE = Range(0, 1e9)                          # calls per second (one-worker f_a, f_l: a few thousand)
+MEM_BW = Range(1e9, 1e14)                     # bytes/s copied: 1 GB/s to 100 TB/s (measured: about 15 GB/s)
+_ACTOR = ("act_us", "env_us", "insert_us")
+INPUT_COLUMNS: dict[str, Column] = {
+    "round": Column(int, NONNEG, required=False), "cores": Column(int, WORKERS),
+    **{f"{b}.{k}": Column(float, PHASE) for b in ("threads", "processes") for k in _ACTOR},
+    **{f"{b}.insert_call_us": Column(float, COST, required=False) for b in ("threads", "processes")},
+    **{f"{b}.f_a_1": Column(float, RATE, required=False) for b in ("threads", "processes")},
+    **{k: Column(float, PHASE) for k in ("sample_us", "grad_us", "prio_us", "apply_us", "publish_us", "pull_us")},
+    **{k: Column(float, COST) for k in ("insert_lock_us", "sample_lock_us", "prio_lock_us")},
+    **{k: Column(float, COST, required=False) for k in (
+        "insert_lock_call_us", "snapshot_load_us", "ps_grad_us", "ray_call_us", "ray_call_cpu_us",
+        "ray.learner_remote_us", "ray.learner_remote_cpu_us", "lp.process_us", "lp.handoff_us", "lp.driver_us")},
+    **{k: Column(float, RATE, required=False) for k in ("f_l_1", "lp.f_l_1", "ray.f_l_1")},
+    "weight_bytes": Column(int, Range(1, 10**9)),          # online + target networks: at most 1 GB (measured 139 kB)
+    "mem_bw_total": Column(float, MEM_BW), "mem_bw_core": Column(float, MEM_BW, required=False),
+    "corun_slowdown": Column(float, Range(0, 0.9), required=False),
+    **{f"gil.{p}": Column(float, SHARE) for p in ("act", "env", "sample", "grad", "apply")},
+    **{f"gil.{p}": Column(float, SHARE, required=False) for p in ("insert", "load")},
+    **{f"gil_handoff.{p}": Column(float, COST, required=False) for p in ("act", "env", "insert", "sample", "grad",
+                                                                         "apply", "load")},
+    **{f"speedup2.{p}": Column(float, Range(0, 64), required=False) for p in ("act", "env", "insert", "sample",
+                                                                                "grad", "apply", "load")},
+}
+
+
+def read_inputs(path: Path) -> pd.DataFrame:
+    """The measured rounds stored at ``path`` (``simulation_inputs.csv``), every column checked against
+    ``INPUT_COLUMNS``: a ``UsageError`` naming the file, column, row and value otherwise."""
+    return read_table(path, INPUT_COLUMNS, "the inputs `pal-bench simulate --measure-inputs` writes", min_rows=1)
 
 
 def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:

@@ -8,22 +8,24 @@ predict the trainer past the cores this machine has.
     pal-bench simulate --design                         # results/simulation_design.csv
 
 The predictions use the stored inputs (measured first when there are none) and the one-worker points of the
-stored scaling CSVs (the model's one fit, ``calibrate.fit``).
+stored scaling CSVs (the model's one fit, ``calibrate.fit``). Every stored file is checked before anything is
+simulated (``calibrate.INPUT_COLUMNS``, ``stored_tables``): a bad one is one line naming it, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.argtypes import choice_list, positive_int
+from pal_bench.argtypes import CORES, choice_list, number, positive_int
 from pal_bench.atomic import atomic_write_text
 from pal_bench.paths import RESULTS
 from pal_bench.studies.simulate.model import BACKENDS
-from pal_bench.studies.simulate.predict import DEFAULT_CORES, parse_cores
+from pal_bench.studies.simulate.predict import DEFAULT_CORES, cores_type
 
 INPUTS = "simulation_inputs.csv"
 
@@ -37,18 +39,22 @@ def _write_csv(df: pd.DataFrame, path: Path, conditions=None) -> Path:
 
 
 def load_inputs(results: Path) -> pd.DataFrame | None:
+    """The stored inputs, checked (``calibrate.read_inputs``); None when there is no file (a link, even a dangling
+    one, is there: it is refused, not measured over)."""
+    from pal_bench.studies.simulate.calibrate import read_inputs
+
     path = results / INPUTS
-    return pd.read_csv(path) if path.exists() else None
+    return read_inputs(path) if os.path.lexists(path) else None
 
 
 def one_worker_points(results: Path, backend: str) -> dict:
     """The stored one-worker f_a and f_l of ``backend`` (the fit's targets; empty where none are stored)."""
-    from pal_bench.studies.simulate.validate import SCALING
+    from pal_bench.studies.simulate.validate import SCALING, read_scaling
 
     path = results / SCALING[backend]
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
-    df = pd.read_csv(path)
+    df = read_scaling(path)
     one = df[(df.threads == 1) & (df.get("env_backend", "sync") == "sync")]
     return {c: float(one[one.curve == c].throughput.iloc[0]) for c in ("f_a", "f_l") if (one.curve == c).any()}
 
@@ -57,15 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench simulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", type=choice_list(BACKENDS), default=["processes"],
                     help=f"comma list of {', '.join(BACKENDS)} (default processes)")
-    ap.add_argument("--cores", default=DEFAULT_CORES, help=f"core counts to predict, e.g. 1-64 or 1,2,4 "
-                                                           f"(default {DEFAULT_CORES})")
+    ap.add_argument("--cores", type=cores_type, default=DEFAULT_CORES,
+                    help=f"core counts to predict, e.g. 1-64 or 1,2,4, each {CORES} (default {DEFAULT_CORES})")
     ap.add_argument("--samples", type=positive_int, default=10,
                     help="resampled inputs per prediction, for its interval (default 10)")
     ap.add_argument("--measure-inputs", action="store_true", help="measure the inputs (and store them)")
     ap.add_argument("--rounds", type=positive_int, default=3, help="input measurement rounds (default 3)")
     ap.add_argument("--validate", action="store_true", help="predict every stored point, each left out of the fit")
-    ap.add_argument("--sensitivity", type=positive_int, metavar="CORES",
-                    help="which input moves the prediction at CORES most")
+    ap.add_argument("--sensitivity", type=number(CORES), metavar="CORES",
+                    help=f"which input moves the prediction at CORES most ({CORES})")
     ap.add_argument("--design", action="store_true",
                     help="the design at scale: the buffer's lock at 64 actors (batched inserts, shards, seqlock "
                          "samplers), 16 learners (parameter server or all-reduce), Ray on 1-8 nodes")
@@ -78,13 +84,21 @@ def main(argv: list[str] | None = None) -> int:
 
     add_force_flag(ap)
     args = ap.parse_args(argv)
-    backends = args.backend
-    try:
-        cores = parse_cores(args.cores)
-    except ValueError as e:
-        ap.error(f"--cores: {e}")
+    backends, cores = args.backend, args.cores
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
-    rounds = load_inputs(args.out)
+    # every stored file the command reads, checked before anything is measured or simulated (--measure-inputs
+    # replaces the stored inputs: they are not read)
+    rounds = None if args.measure_inputs else load_inputs(args.out)
+    needed = set(backends) | ({"processes"} if args.design or args.candidate else set())
+    points = {b: one_worker_points(args.out, b) for b in BACKENDS if b in needed}
+    if args.validate:
+        from pal_bench.studies.simulate.validate import measured_points
+
+        measured_points(args.out)
+    if args.design:
+        from pal_bench.studies.simulate.design import design_inputs
+
+        extra = design_inputs(args.out)
     if args.measure_inputs or rounds is None:
         rounds = _measure(args, log)
         if rounds is None:
@@ -106,19 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         from pal_bench.studies.simulate.design import design_at_scale
         from pal_bench.studies.simulate.predict import fitted
 
-        inp = fitted(rounds, "processes", one_worker_points(args.out, "processes"), int(rounds.cores.iloc[0]))
-        df = design_at_scale(inp, args.out, progress=log)
+        inp = fitted(rounds, "processes", points["processes"], int(rounds.cores.iloc[0]))
+        df = design_at_scale(inp, args.out, progress=log, extra=extra)
         _write_csv(df, args.out / "simulation_design.csv")
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         return 0
     if args.candidate:
-        return _candidate(args, rounds, log)
+        return _candidate(args, rounds, points["processes"], log)
     if args.sensitivity:
         from pal_bench.studies.simulate.predict import fitted, sensitivity
 
         frames = []
         for b in backends:
-            inp = fitted(rounds, b, one_worker_points(args.out, b), int(rounds.cores.iloc[0]))
+            inp = fitted(rounds, b, points[b], int(rounds.cores.iloc[0]))
             frames.append(sensitivity(inp, b, args.sensitivity).assign(backend=b, cores=args.sensitivity))
         df = pd.concat(frames, ignore_index=True)
         _write_csv(df, args.out / "simulation_sensitivity.csv")
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     from pal_bench.studies.simulate.predict import predict
 
     for b in backends:
-        df = predict(rounds, b, cores, one_worker_points(args.out, b), samples=args.samples, progress=log)
+        df = predict(rounds, b, cores, points[b], samples=args.samples, progress=log)
         path = _write_csv(df, args.out / f"simulation_{b.replace('-', '_')}.csv")
         print(df.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
         print(f"wrote {path}")
@@ -138,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _candidate(args, rounds: pd.DataFrame, log) -> int:
+def _candidate(args, rounds: pd.DataFrame, one_worker: dict, log) -> int:
     from pal_bench.conditions import Conditions, refuse_if_busy
     from pal_bench.studies.simulate.design import candidate_check
     from pal_bench.studies.simulate.predict import fitted
@@ -146,7 +160,7 @@ def _candidate(args, rounds: pd.DataFrame, log) -> int:
 
     if refuse_if_busy("pal-bench simulate --candidate", args.force):
         return 2
-    inp = fitted(rounds, "processes", one_worker_points(args.out, "processes"), int(rounds.cores.iloc[0]))
+    inp = fitted(rounds, "processes", one_worker, int(rounds.cores.iloc[0]))
     with Conditions("simulation candidate (batched inserts, measured)") as c:
         df = candidate_check(inp, make_config("dqn", "CartPole-v1"), progress=log)
     _write_csv(df, args.out / "simulation_candidate.csv", c)

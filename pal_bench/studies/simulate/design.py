@@ -7,23 +7,30 @@ network sizes at 2 learners) and the two-node study's inserter ceiling (``end_to
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.studies.simulate.model import Inputs, Workload, simulate
+from pal_bench.argtypes import WORKERS, Range
+from pal_bench.stored_tables import THROUGHPUT, Column, read_table
+from pal_bench.studies.simulate.model import MAX_CALL_US, Inputs, Workload, simulate
 
 NODE_CORES = 16          # cores per node in the multi-node rows (a named assumption: a common cluster node)
+AGGREGATION_COLUMNS = {"scheme": Column(str), "learners": Column(int, WORKERS),
+                       "params": Column(int, Range(1, 10**12)),
+                       "communicate_s": Column(float, Range(0, MAX_CALL_US / 1e6))}
+TWO_NODES_COLUMNS = {"placement": Column(str), "rows_per_s": Column(float, THROUGHPUT, required=False)}
 
 
 def allreduce_inputs(results: Path) -> dict:
     """``allreduce_alpha_us`` and ``allreduce_bw`` from the aggregation study's all-reduce at 2 learners (two
     network sizes: the communication time is 2 steps x (alpha + bytes / 2 / bw)); empty when not stored."""
     path = results / "aggregation.csv"
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
-    a = pd.read_csv(path)
+    a = read_table(path, AGGREGATION_COLUMNS, "the aggregation study's CSV")
     a = a[(a.scheme == "allreduce") & (a.learners == 2)].sort_values("params")
     if len(a) < 2:
         return {}
@@ -38,9 +45,9 @@ def inserter_inputs(results: Path, chunk: int = 256) -> dict:
     """``inserter_row_us`` (its ceiling with 4 chunks in flight) and ``inserter_call_us`` (a chunk's round trip
     beyond its rows at 1 in flight) from the two-node study; empty when not stored."""
     path = results / "end_to_end_ray_two_nodes.csv"
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
-    d = pd.read_csv(path)
+    d = read_table(path, TWO_NODES_COLUMNS, "the two-node study's CSV")
     one = d[d.placement == "ceiling, 1 in flight"].rows_per_s.median()
     four = d[d.placement == "ceiling, 4 in flight"].rows_per_s.median()
     if not (one > 0 and four > 0):
@@ -49,10 +56,18 @@ def inserter_inputs(results: Path, chunk: int = 256) -> dict:
     return {"inserter_row_us": row_us, "inserter_call_us": max(0.0, chunk * (1e6 / one - row_us))}
 
 
-def design_at_scale(inp: Inputs, results: Path, progress=print, length: float = 1.0) -> pd.DataFrame:
+def design_inputs(results: Path) -> dict:
+    """The design's inputs beyond the measured rounds, from the stored studies (``allreduce_inputs``,
+    ``inserter_inputs``)."""
+    return allreduce_inputs(results) | inserter_inputs(results)
+
+
+def design_at_scale(inp: Inputs, results: Path, progress=print, length: float = 1.0,
+                    extra: dict | None = None) -> pd.DataFrame:
     """One row per (question, variant): the simulated throughput and the shared resource held most. ``length``
-    scales every simulated run's steps or updates (tests run short ones)."""
-    inp = replace(inp, **allreduce_inputs(results), **inserter_inputs(results))
+    scales every simulated run's steps or updates (tests run short ones); ``extra``: ``design_inputs(results)``,
+    read already."""
+    inp = replace(inp, **(design_inputs(results) if extra is None else extra))
     rows = []
 
     def run(question: str, variant: str, w: Workload) -> None:

@@ -4,8 +4,8 @@ and (threads) the GIL, for each backend; remote actors on other nodes feeding an
 
 Every worker is a SimPy process that alternates phases; a phase costs its measured service time (``Inputs``, µs)
 on one of its node's ``cores`` (a FIFO ``Resource``: a phase holds a core for at most ``quantum_us`` at a time, so
-oversubscribed workers take turns as the OS time-slices them). What a backend changes is which resources a phase
-also holds:
+oversubscribed workers take turns as the OS time-slices them; one longer than ``MAX_SLICES`` quanta, in that many
+slices). What a backend changes is which resources a phase also holds:
 
 - **threads**: every worker is a thread of one process. A phase's GIL share (``Inputs.gil``) runs holding the GIL
   (a ``Resource`` of one), in ``gil_segments`` pieces with the GIL released between them (torch releases it around
@@ -44,6 +44,9 @@ import simpy
 
 from pal_bench.train.rate_policy import RatePolicy, default_slack
 
+MAX_CALL_US = 1e7      # the longest one call (a phase, a lock hold, a copy, a round trip) the inputs may say: 10 s
+MAX_SLICES = 16        # a phase longer than this many quanta is cut into this many slices (its events stay bounded;
+#                        the measured phases, under 10 ms, are never cut so coarsely)
 BACKENDS = ("threads", "processes", "learner-processes", "ray-node", "ray")
 # rows per insert call: local_buffer, ray_chunk
 CHUNK = {"threads": 1, "processes": 1, "learner-processes": 1, "ray-node": 1, "ray": 256}
@@ -142,10 +145,10 @@ class _Node:
         self.speed = max(0.05, cores - background) / cores    # the background load's share taken off every core
 
     def cpu(self, us: float):
-        """``us`` of one core's time, in slices of at most the quantum."""
-        left = us
+        """``us`` of one core's time, in slices of at most the quantum (at most ``MAX_SLICES`` of them)."""
+        left, quantum = us, max(self.quantum_us, us / MAX_SLICES)
         while left > 1e-9:
-            piece = min(left, self.quantum_us)
+            piece = min(left, quantum)
             with self.cores.request() as req:
                 yield req
                 busy = (self.cores.count - 1) / (self.n - 1) if self.n > 1 else 0.0

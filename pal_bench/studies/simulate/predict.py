@@ -6,9 +6,12 @@ limits each point (and whether that makes it untrustworthy), and which input mov
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pandas as pd
 
+from pal_bench.argtypes import CORES, int_ranges
 from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs, resample
 from pal_bench.studies.simulate.model import CHUNK, Inputs, Workload, simulate
 
@@ -20,18 +23,23 @@ LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}
 
 
 DEFAULT_CORES = "1,2,3,4,6,8,12,16,24,32,48,64"
+# the core counts whose f_a and f_l the split search at n cores interpolates (those below n, and n): fixed, so that a
+# point's split does not depend on which other points were asked for (powers of two: the published predictions')
+SPLIT_GRID = tuple(2**k for k in range(11))
+cores_type = int_ranges(CORES)      # --cores: 1-64, 1,2,4 (each 1..1024)
 
 
 def parse_cores(text: str) -> list[int]:
-    """``1-64`` or ``1,2,4,8``: the core counts (each 1..1024)."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        a, b = int(lo), int(hi or lo)
-        if not 1 <= a <= b <= 1024:
-            raise ValueError(f"cores: {part!r} is not a range of 1..1024")
-        out += range(a, b + 1)
-    return sorted(set(out))
+    """``1-64`` or ``1,2,4,8``: the core counts (each 1..1024); ValueError otherwise."""
+    try:
+        return cores_type(text)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(str(e)) from None
+
+
+def split_grid(n: int) -> list[int]:
+    """The core counts the split search at ``n`` cores reads the curves at: ``SPLIT_GRID`` below ``n``, and ``n``."""
+    return [k for k in SPLIT_GRID if k < n] + [n]
 
 
 def _workload(backend: str, mode: str, n: int, actors: int = 1, learners: int = 1) -> Workload:
@@ -68,17 +76,30 @@ def best_split(fa: dict[int, float], fl: dict[int, float], cores: int, ratio: fl
 
 
 def curves(inp: Inputs, backend: str, cores: list[int], progress=print) -> pd.DataFrame:
-    """f_a, f_l at every ``cores`` value, and end to end at the split ``best_split`` picks from them."""
-    rows, fa, fl = [], {}, {}
+    """f_a, f_l at every ``cores`` value, and end to end at the split ``best_split`` picks at n cores from f_a and
+    f_l at ``split_grid(n)`` (simulated as well where not asked for): each point's rows are the same whichever other
+    points are asked for."""
+    rows, sims = [], {}
+
+    def curve(mode: str, n: int) -> dict:
+        if (mode, n) not in sims:
+            sims[mode, n] = simulate(inp, _workload(backend, mode, n))
+        return sims[mode, n]
+
+    def value(mode: str, n: int) -> float:
+        r = curve(mode, n)
+        return r["updates_per_s"] if mode == "f_l" else r["env_steps_per_s"]
+
     for n in cores:
-        for mode, store in (("f_a", fa), ("f_l", fl)):
-            r = simulate(inp, _workload(backend, mode, n))
-            store[n] = r["updates_per_s"] if mode == "f_l" else r["env_steps_per_s"]
+        for mode in ("f_a", "f_l"):
             rows.append({"backend": backend, "cores": n, "curve": mode, "actors": n if mode == "f_a" else 0,
-                         "learners": n if mode == "f_l" else 0, "predicted": store[n], "limit": limit_of(r["busy"])})
+                         "learners": n if mode == "f_l" else 0, "predicted": value(mode, n),
+                         "limit": limit_of(curve(mode, n)["busy"])})
     for n in cores:
         if n < 2:
             continue
+        fa = {k: value("f_a", k) for k in split_grid(n)}
+        fl = {k: value("f_l", k) for k in split_grid(n)}
         a, lrn = best_split(fa, fl, n, LEARNING["updates_per_step"])
         r = simulate(inp, _workload(backend, "end_to_end", n, a, lrn))
         rows.append({"backend": backend, "cores": n, "curve": "end_to_end", "actors": a, "learners": lrn,

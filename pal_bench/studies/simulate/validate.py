@@ -9,12 +9,15 @@ Ray's all-reduce), not dropped silently.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
 
+from pal_bench.argtypes import WORKERS, Range
+from pal_bench.stored_tables import SCALING_COLUMNS, SCALING_WHAT, THROUGHPUT, Column, read_table
 from pal_bench.studies.simulate.calibrate import fit, inputs_for
-from pal_bench.studies.simulate.model import CHUNK, Workload, throughput
+from pal_bench.studies.simulate.model import AGGREGATIONS, CHUNK, Workload, throughput
 
 SCALING = {"threads": "scaling.csv", "processes": "scaling_processes.csv", "ray": "scaling_ray.csv",
            "ray-node": "scaling_ray_node.csv", "learner-processes": "scaling_learner_processes.csv"}
@@ -22,6 +25,16 @@ END_TO_END = {"threads": "end_to_end.csv", "processes": "end_to_end_processes.cs
               "ray-node": "end_to_end_ray_node.csv", "learner-processes": "end_to_end_learner_processes.csv"}
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}     # DQN CartPole-v1's (the stored runs')
 MAX_WORKERS = 3
+END_TO_END_COLUMNS = {"actors": Column(int, WORKERS), "learners": Column(int, WORKERS),
+                      "aggregation": Column(str, choices=AGGREGATIONS), "env_backend": Column(str),
+                      "measured_transitions_per_s": Column(float, THROUGHPUT),
+                      "wall_s": Column(float, Range(0, 10**7, lo_open=True)),
+                      "oversubscribed": Column(bool, required=False, default=False)}
+
+
+def read_scaling(path: Path) -> pd.DataFrame:
+    """A stored scaling CSV, its columns checked (``UsageError`` naming the file, column, row and value)."""
+    return read_table(path, SCALING_COLUMNS, SCALING_WHAT)
 
 
 def measured_points(results: Path) -> pd.DataFrame:
@@ -29,9 +42,9 @@ def measured_points(results: Path) -> pd.DataFrame:
     env_backend, measured, steps (what the run collected), oversubscribed, covered (why not, when not)."""
     rows = []
     for backend, name in SCALING.items():
-        if not (results / name).exists():
+        if not os.path.lexists(results / name):
             continue
-        df = pd.read_csv(results / name)
+        df = read_scaling(results / name)
         df = df[df.env_backend == "sync"] if "env_backend" in df else df
         for r in df.itertuples():
             if r.threads <= MAX_WORKERS:
@@ -40,9 +53,9 @@ def measured_points(results: Path) -> pd.DataFrame:
                              "env_backend": "sync", "measured": r.throughput, "steps": 20_000,
                              "oversubscribed": bool(r.oversubscribed), "covered": ""})
     for backend, name in END_TO_END.items():
-        if not (results / name).exists():
+        if not os.path.lexists(results / name):
             continue
-        for r in pd.read_csv(results / name).itertuples():
+        for r in read_table(results / name, END_TO_END_COLUMNS, "the end-to-end CSV of the scaling study").itertuples():
             if r.actors + r.learners > MAX_WORKERS:
                 continue
             why = ("environments in subprocesses" if r.env_backend != "sync" else
