@@ -22,6 +22,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from pal_bench.argtypes import UsageError
 from pal_bench.atomic import atomic_write_text  # noqa: F401 - re-exported: the studies write through it
 from pal_bench.paths import ROOT
 
@@ -306,10 +307,22 @@ def write_meta(result: Path, meta: dict) -> Path:
     return path
 
 
+MAX_META_BYTES = 1 << 20        # a conditions file is about 2 kB
+
+
 def read_meta(result: Path) -> dict | None:
-    """The conditions stored beside ``result`` (None where none were recorded)."""
+    """The conditions stored beside ``result`` (None where none were recorded); ValueError naming the file where
+    it is not a small regular file of JSON (a FIFO, a link, nested past the recursion limit: results directories
+    are exchanged)."""
+    from pal_bench.stored_tables import read_json  # (it loads pandas: only where conditions are read)
+
     path = meta_path(result)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not os.path.lexists(path):
+        return None
+    try:
+        return read_json(path, MAX_META_BYTES)
+    except UsageError as e:
+        raise ValueError(str(e)) from None
 
 
 def describe(meta: dict | None) -> str:

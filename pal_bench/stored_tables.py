@@ -9,11 +9,9 @@ fault; ``pal-bench`` prints it and exits with status 2.
 
 from __future__ import annotations
 
-import errno
 import io
+import json
 import math
-import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.argtypes import WORKERS, Range, UsageError, parse_int
+from pal_bench.untrusted import read_bytes
 
 MAX_TABLE_BYTES = 16 << 20      # the stored tables are a few kB; 16 MiB is far past any of them
 TRUE, FALSE = ("true", "1"), ("false", "0")
@@ -41,43 +40,31 @@ class Column:
     default: object = None
 
 
+SCALING_BACKENDS = ("threads", "processes", "learner-processes", "ray", "ray-node")
 # the f_a / f_l curves `python -m pal_bench.studies.scaling` writes (results/scaling*.csv): dse and simulate read them
 SCALING_COLUMNS = {"curve": Column(str, choices=("f_a", "f_l")), "threads": Column(int, WORKERS),
                    "throughput": Column(float, THROUGHPUT),
                    "oversubscribed": Column(bool, required=False, default=False),
-                   **{k: Column(str, required=False) for k in ("env_backend", "backend", "algo", "env")}}
+                   "backend": Column(str, required=False, choices=SCALING_BACKENDS),
+                   **{k: Column(str, required=False) for k in ("env_backend", "algo", "env")}}
 SCALING_WHAT = "f_a/f_l curves as `python -m pal_bench.studies.scaling` writes them"
 
 
-def read_bytes(path: Path, max_bytes: int = MAX_TABLE_BYTES, label: str | None = None) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``max_bytes`` (not a link, FIFO, device or directory);
-    ``label`` names it in the error (default: the path)."""
+def read_csv(path: Path, label: str | None = None, **kw) -> pd.DataFrame:
+    """``pd.read_csv`` of a stored results file read through ``read_bytes`` (a regular file, bounded, no link
+    followed: a FIFO or a link to /dev/zero is a ``UsageError``, not a hang)."""
+    return pd.read_csv(io.BytesIO(read_bytes(path, label=label)), **kw)
+
+
+def read_json(path: Path, max_bytes: int = MAX_TABLE_BYTES, label: str | None = None):
+    """A stored JSON file (results, conditions) read through ``read_bytes``; text that is not UTF-8 JSON, or nests
+    past Python's recursion limit, is a ``UsageError`` naming it."""
     label = label or str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        why = "a symbolic link; a stored table must be a regular file" if e.errno == errno.ELOOP else \
-            f"cannot be opened ({e.strerror or e})"
+        return json.loads(read_bytes(path, max_bytes, label).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else f"not JSON ({str(e).splitlines()[0]})"
         raise UsageError(f"{label}: {why}") from None
-    except ValueError:                                  # a NUL in the path
-        raise UsageError(f"{label!r}: not a file name (it holds a NUL byte)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            what = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
-                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a plain file")
-            raise UsageError(f"{label}: {what}; a stored table must be a regular file")
-        chunks, size = [], 0
-        while size <= max_bytes and (chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size))):
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        raise UsageError(f"{label}: cannot be read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    if size > max_bytes:
-        raise UsageError(f"{label}: larger than {max_bytes >> 20} MiB; not a stored table")
-    return b"".join(chunks)
 
 
 def read_table(path: Path, columns: Mapping[str, Column], what: str = "", min_rows: int = 0,

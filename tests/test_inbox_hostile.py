@@ -72,16 +72,14 @@ def test_what_the_sweep_cannot_remove_is_skipped(tmp, monkeypatch):
     for d in (stuck, gone):
         d.mkdir()
         (d / "s").touch()
-    real = inbox_mod.shutil.rmtree
+    real = os.rmdir
 
-    def rmtree(path, ignore_errors=False, **kw):
+    def rmdir(path, *a, **kw):
         if os.path.basename(path) == stuck.name:
-            if ignore_errors:
-                return
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real(path, ignore_errors=ignore_errors, **kw)
+        return real(path, *a, **kw)
 
-    monkeypatch.setattr(inbox_mod.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(inbox_mod.os, "rmdir", rmdir)
     inbox = SocketInbox()
     inbox.kill()
     assert stuck.exists() and not gone.exists()
@@ -355,7 +353,9 @@ def test_each_read_of_a_peer_that_never_pauses_is_bounded(tmp):
         inbox.kill()
 
 
-def test_a_flood_of_peers_is_refused_past_a_bound(tmp):
+def test_a_flood_of_peers_is_held_to_a_bound(tmp):
+    """At most MAX_PEERS connections are read at once; the rest wait in the backlog (or are refused by the kernel
+    when it is full), and once the flood has gone a writer gets through."""
     inbox = SocketInbox()
     flood = []
     try:
@@ -373,6 +373,9 @@ def test_a_flood_of_peers_is_refused_past_a_bound(tmp):
         for s in flood:
             s.close()
         flood.clear()
+        for _ in range(10):              # the driver's polls: the closed connections leave the places and the backlog
+            with pytest.raises(queue.Empty):
+                inbox.get_nowait()
         good = pickle.loads(pickle.dumps(inbox))
         good.put(("ready", 0, 1))                                    # the flood gone, a writer gets through
         assert inbox.get(timeout=10) == ["ready", 0, 1]
@@ -471,3 +474,58 @@ def test_hostile_peers_never_raise_grow_memory_or_cost_a_good_writer_a_message(p
             inbox.kill()
             for s in socks:
                 s.close()
+
+
+def test_a_writer_past_the_peer_bound_waits_and_loses_nothing(tmp):
+    """Eight idle connections fill the inbox's places: a ninth writer's messages wait in the backlog (they were
+    accepted and dropped, the writer none the wiser) and arrive, all of them, once a place frees."""
+    inbox = SocketInbox()
+    idle = []
+    good = None
+    try:
+        for _ in range(PEERS_AT_MOST):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(inbox.path)
+            idle.append(s)
+        with pytest.raises(queue.Empty):
+            inbox.get_nowait()
+        assert len(inbox._peers) == PEERS_AT_MOST
+        good = pickle.loads(pickle.dumps(inbox))
+        good.put(("ready", 0, 1))
+        good.put(("error", 0, "boom"))
+        for _ in range(5):
+            with pytest.raises(queue.Empty):
+                inbox.get_nowait()
+        idle.pop().close()                                           # a place frees
+        got = [inbox.get(timeout=10), inbox.get(timeout=10)]
+        assert got == [["ready", 0, 1], ["error", 0, "boom"]]
+        assert not good._broken
+    finally:
+        if good is not None:
+            good.close()
+        inbox.kill()
+        for s in idle:
+            s.close()
+
+
+def test_the_sweep_leaves_a_directory_holding_what_it_did_not_make(tmp):
+    """A stale-looking socket directory (this user's, its lock free) that holds anything besides the socket and the
+    lock file is not removed (not recursed into: a tree 3,000 deep overflowed rmtree), and the inbox still starts."""
+    d = tmp / "pal-inbox-4000000-abcdefgh.l"
+    d.mkdir()
+    (d / "lock").write_text("")
+    chain = [d / "x"]
+    for _ in range(1500):                        # deeper than the recursion limit
+        chain.append(chain[-1] / "x")
+    for p in chain:                              # (os.makedirs recurses too)
+        p.mkdir()
+    plain = tmp / "pal-inbox-4000001-abcdefgh.l"
+    plain.mkdir()
+    (plain / "lock").write_text("")
+    inbox = SocketInbox()
+    try:
+        assert d.is_dir() and not plain.exists()
+    finally:
+        inbox.kill()
+        for p in reversed(chain):                # without recursion
+            os.rmdir(p)

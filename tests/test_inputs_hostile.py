@@ -7,6 +7,7 @@ timeout."""
 
 from __future__ import annotations
 
+import io
 import os
 import resource
 import subprocess
@@ -381,3 +382,39 @@ def test_a_race_profile_too_short_to_measure_is_one_line(nothing_runs, capsys, m
     monkeypatch.setattr("pal_bench.studies.race_profile.run_one", short)
     line = one_line(capsys, ["race-profile", "pal-processes", "--seconds", "3", "--task", "smoke", "--out", "o"])
     assert "updates_per_step = 0.0" in line and "give it more --seconds" in line, line
+
+
+# ---- text from a stored file that reaches a terminal or a suggested command
+
+@pytest.mark.parametrize("column, value", [("backend", "threads; touch PWNED #"), ("env", "CartPole-v1$(id)"),
+                                           ("backend", "thr\x1b]0;PWNED\x07eads"), ("algo", "dqn`id`")])
+def test_curves_text_never_reaches_the_suggested_command_raw(nothing_runs, tmp_path, capsys, column, value):
+    """A ``backend``, ``env`` or ``algo`` cell that is not a known backend or a plain name is refused in one line
+    (it was pasted unquoted into the ``pal-bench train ...`` line dse suggests, and printed with its escapes)."""
+    df = pd.read_csv(io.StringIO(CURVES))
+    df[column] = value
+    df.to_csv(tmp_path / "c.csv", index=False)
+    err = one_line(capsys, ["dse", "--curves", "c.csv", "--max-cores", "2", "--out", "o"])
+    assert "\x1b" not in err and "PWNED\x07" not in err
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_the_suggested_command_quotes_what_it_pastes():
+    from pal_bench.studies.dse import Allocation
+
+    line = Allocation(1, 1, 1.0, 1.0, "actors").command("dqn", "ALE/Pong v5", 0.25)
+    assert "--env 'ALE/Pong v5'" in line
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero link"])
+def test_a_run_config_that_is_not_a_small_regular_file_is_one_line(tmp_path, kind):
+    """``train --resume`` reads the run's config.yaml first: a FIFO hung it, a link to /dev/zero read until memory
+    ran out (a subprocess, killed after 60 s if it hangs)."""
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    make_hostile(run / "config.yaml", kind)
+    r = subprocess.run([sys.executable, "-m", "pal_bench.cli", "train", "--algo", "dqn", "--env", "CartPole-v1",
+                        "--resume", "--name", "r1", "--out-dir", str(tmp_path / "runs"), "--steps", "2000"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "config.yaml" in r.stderr and "regular file" in r.stderr

@@ -1,9 +1,13 @@
 """The report on results it did not write: hostile labels are shown, never run (README.md, docs/*.md and the HTML
 page), and a file missing a row, a point or a column skips its block with one line instead of a traceback."""
 
+import base64
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -206,3 +210,66 @@ def test_a_relabelled_column_skips_only_its_block_and_check_mode_still_raises(tm
     assert "OLD longhaul-quick" in readme.read_text() and "OLD plugin" not in readme.read_text()
     with pytest.raises(AttributeError):        # the docs' own check (and any caller without `skipped`) still fails
         publishing.regenerate([readme], results, registry.blocks(), check=True)
+
+
+# ---------------------------------------------------------------------- files that are not small regular files
+
+def _report(root: Path, results: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The report in a subprocess (a FIFO that hangs it would hang the test run), 120 s at most."""
+    return subprocess.run([sys.executable, "-m", "pal_bench.report", "--root", str(root), "--results", str(results),
+                           "--no-figures", *extra], capture_output=True, text=True, timeout=120, cwd=root)
+
+
+def test_a_figure_that_is_a_link_a_fifo_or_not_a_png_is_left_out_of_the_page(tmp_path):
+    """A shared results folder whose figure is a link to a private file (it was embedded in the page, base64), a
+    FIFO (it hung the report), not a PNG, or outside the project: left out, named as missing with why; a real PNG
+    is embedded."""
+    root = tmp_path / "root"
+    figures = root / "results" / "figures"
+    figures.mkdir(parents=True)
+    (root / "docs").mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET KEY\n")
+    (figures / "link.png").symlink_to(secret)
+    os.mkfifo(figures / "fifo.png")
+    (figures / "text.png").write_text("<script>alert(1)</script>")
+    (tmp_path / "outside.png").write_bytes(html_report.PNG_SIGNATURE + b"outside")
+    (figures / "good.png").write_bytes(html_report.PNG_SIGNATURE + b"good")
+    (figures / "inlink.png").symlink_to(figures / "good.png")
+    text = "".join(f"![{n}](../results/figures/{n}.png)\n" for n in ("link", "inlink", "fifo", "text", "good"))
+    text += "![outside](../../outside.png)\n"
+    missing: list[str] = []
+    out = html_report._embed_images(text, root / "docs", missing, root)
+    assert base64.b64encode(b"SECRET KEY\n").decode() not in out
+    assert base64.b64encode(html_report.PNG_SIGNATURE + b"outside").decode() not in out
+    assert base64.b64encode(html_report.PNG_SIGNATURE + b"good").decode() in out
+    why = dict(m.split(" (", 1) for m in missing)
+    assert set(why) == {f"../results/figures/{n}.png" for n in ("link", "inlink", "fifo", "text")} | {
+        "../../outside.png"}
+    assert why["../results/figures/link.png"].startswith("outside the project")
+    assert "symbolic link" in why["../results/figures/inlink.png"] and "FIFO" in why["../results/figures/fifo.png"]
+    assert why["../results/figures/text.png"].startswith("not a PNG")
+
+
+@pytest.mark.parametrize("fault", ["meta_nested", "meta_fifo", "csv_fifo", "csv_directory", "csv_dev_zero"])
+def test_a_stored_file_that_is_not_a_small_regular_file_skips_its_block_only(tmp_path, fault):
+    """results/fanout.csv (or its conditions) as a FIFO, a directory, a link to /dev/zero, or JSON nested past the
+    recursion limit: one ``skipped`` line, the other blocks and the page still written, exit 0 (it hung, aborted
+    with RecursionError, or stopped with exit 2)."""
+    results, root = checkout(tmp_path)
+    csv, meta = results / "fanout.csv", results / "fanout.csv.meta.json"
+    if fault == "meta_nested":
+        meta.write_text("[" * 100_000 + "]" * 100_000)
+    elif fault == "meta_fifo":
+        meta.unlink(missing_ok=True)
+        os.mkfifo(meta)
+    else:
+        csv.unlink()
+        {"csv_fifo": lambda: os.mkfifo(csv), "csv_directory": csv.mkdir,
+         "csv_dev_zero": lambda: csv.symlink_to("/dev/zero")}[fault]()
+    r = _report(root, results, "--html")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    if fault.startswith("csv"):
+        assert "pal-bench report: skipped" in r.stderr and "fanout.csv" in r.stderr, r.stderr[-3000:]
+    assert (results / "report" / "index.html").is_file()

@@ -338,3 +338,25 @@ def test_a_learner_process_killed_with_sigkill_checkpoints_and_says_so_in_one_li
     d = run / "checkpoints" / pointer(run)["checkpoint"]
     assert (d / "checkpoint.pt").is_file() and (d / "buffer.pal").is_file()
     assert _shm(run) == set()
+
+
+def test_a_hard_linked_lock_file_is_refused_and_never_truncated(tmp_path):
+    """A ``.lock`` that is another name of a user's file (or of another run's lock: a ``cp -al`` copy) is refused
+    in one line and left as it was (the lock used to write its pid over the file)."""
+    from pal_bench.train.recorder import RunFileError, RunLock
+
+    run = tmp_path / "h"
+    run.mkdir()
+    (run / "notes.txt").write_text("precious\n")
+    os.link(run / "notes.txt", run / ".lock")
+    with pytest.raises(RunFileError, match="hard link"):
+        RunLock(run, create=False)
+    assert (run / "notes.txt").read_text() == "precious\n"
+    first = RunLock(tmp_path / "run1")
+    try:
+        (tmp_path / "run2").mkdir()
+        os.link(tmp_path / "run1" / ".lock", tmp_path / "run2" / ".lock")
+        with pytest.raises(RunFileError, match="cp -al"):
+            RunLock(tmp_path / "run2")
+    finally:
+        first.release()

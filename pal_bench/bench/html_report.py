@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import base64
 import html
-import json
+import os
 import re
 from pathlib import Path
 
 from pal_bench import conditions
+from pal_bench.argtypes import UsageError
 from pal_bench.bench import publishing
+from pal_bench.stored_tables import read_bytes, read_json
 
 #: the generated blocks' marker lines (HTML comments: with raw HTML off they would show as text)
 MARKER = re.compile(r"^<!-- (?:BEGIN|END) generated:[\w-]+ -->\n", re.M)
@@ -96,15 +98,38 @@ def page_id(path: Path) -> str:
     return "readme" if path.name == "README.md" else path.stem
 
 
-def _embed_images(text: str, base: Path, missing: list[str]) -> str:
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_FIGURE_BYTES = 32 << 20
+
+
+def _png(path: Path, root: Path) -> bytes | str:
+    """The bytes of the figure ``path`` (a regular PNG file of at most ``MAX_FIGURE_BYTES``, inside ``root``, not
+    a link), or why it is left out: a results folder is exchanged, and an embedded file goes into the page."""
+    try:
+        if not path.resolve().is_relative_to(root.resolve()):
+            return "outside the project"
+        data = read_bytes(path, MAX_FIGURE_BYTES, label=str(path))
+    except (UsageError, OSError, RuntimeError) as e:     # RuntimeError: a symlink loop in resolve()
+        return str(e).removeprefix(f"{path}: ")
+    return data if data.startswith(PNG_SIGNATURE) else "not a PNG file"
+
+
+def _embed_images(text: str, base: Path, missing: list[str], root: Path | None = None) -> str:
+    """Figures (``![alt](x.png)``, relative to ``base``) embedded as data: addresses; one that is absent or cannot
+    be embedded (``_png``) keeps its relative address and is added to ``missing`` (with why, where it exists)."""
+    root = root or base.parent
+
     def repl(m: re.Match) -> str:
         alt, src = m.group(1), m.group(2)
-        path = (base / src).resolve()
-        if not path.exists():
+        path = base / src
+        if not os.path.lexists(path):
             missing.append(src)
             return f"![{alt}]({src})"
-        data = base64.b64encode(path.read_bytes()).decode()
-        return f"![{alt}](data:image/png;base64,{data})"
+        data = _png(path, root)
+        if isinstance(data, str):
+            missing.append(f"{src} ({data})")
+            return f"![{alt}]({src})"
+        return f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode()})"
     return re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", repl, text)
 
 
@@ -129,8 +154,8 @@ def conditions_table(results: Path) -> str:
         try:
             meta = conditions.read_meta(path)
             if meta is None and path.suffix == ".json":
-                meta = json.loads(path.read_text()).get("conditions")
-        except (OSError, ValueError, AttributeError):       # another version's or a damaged file: not recorded
+                meta = read_json(path).get("conditions")
+        except (OSError, ValueError, AttributeError, UsageError):   # another version's or a damaged file: not recorded
             meta = None
         rel = path.relative_to(results)
         if isinstance(meta, dict) and meta:
@@ -155,7 +180,7 @@ def build(root: Path, results: Path) -> tuple[str, list[str]]:
     missing: list[str] = []
     sections, nav = [], []
     for path in docs:
-        text = _relink(_embed_images(MARKER.sub("", path.read_text()), path.parent, missing), pages)
+        text = _relink(_embed_images(MARKER.sub("", path.read_text()), path.parent, missing, root), pages)
         body = _markdown().convert(text)
         title = re.search(r"^# (.+)$", path.read_text(), re.M)
         title = title.group(1) if title else path.stem

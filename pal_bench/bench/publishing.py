@@ -28,7 +28,6 @@ a message that already names the file and what is missing).
 
 from __future__ import annotations
 
-import json
 import numbers
 import re
 import subprocess
@@ -38,10 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pal_bench import conditions
+from pal_bench.argtypes import UsageError
+from pal_bench.paths import ROOT
+from pal_bench.stored_tables import read_json
 
 if TYPE_CHECKING:
     import pandas as pd
-from pal_bench.paths import ROOT
 
 BLOCK = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END generated:(?P=name) -->)",
                    re.S)
@@ -56,7 +57,8 @@ class Unusable(ValueError):
 
 #: what a builder raises on a results file it did not expect (another version's, someone else's, an interrupted
 #: run's): ``pal-bench report`` skips the block or figure with one line instead of ending in a traceback
-SKIPPABLE = (KeyError, IndexError, ValueError, TypeError, AttributeError, ZeroDivisionError)
+SKIPPABLE = (KeyError, IndexError, ValueError, TypeError, AttributeError, ZeroDivisionError,
+             UsageError, RecursionError)    # UsageError: a stored file that is not a small regular file
 
 
 def reason(error: BaseException) -> str:
@@ -154,8 +156,8 @@ def _meta(path: Path) -> dict | None:
     try:
         meta = conditions.read_meta(path)
         if meta is None and path.suffix == ".json" and path.exists():
-            meta = json.loads(path.read_text()).get("conditions")
-    except (OSError, ValueError, AttributeError):
+            meta = read_json(path).get("conditions")
+    except (OSError, ValueError, AttributeError, UsageError):
         return None
 
     def clean(v):

@@ -24,6 +24,7 @@ from pal_bench.bench.adapters import ADAPTERS, lunar_row, make_adapter
 from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import read_csv
 
 CAPACITY = 10**5
 BATCH = 256
@@ -154,7 +155,7 @@ def concurrency_block(results: Path) -> str:
     path = results / "buffer_concurrency.csv"
     if not path.exists():
         return missing("buffer_concurrency.csv", "python -m pal_bench.studies.concurrency")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     t = pd.DataFrame({"buffer": df.impl, "writer threads": df.writers, "sampler threads": df.samplers,
                       "inserts/s": df.inserts_per_s.round(0),
                       "sample+update batches/s": df.sample_updates_per_s.round(0),
@@ -170,7 +171,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     path = results / "buffer_concurrency.csv"
     if not (figures and path.exists()):
         return []
-    return [draw(pd.read_csv(path), results / "figures" / "buffer_concurrency.png")]
+    return [draw(read_csv(path), results / "figures" / "buffer_concurrency.png")]
 
 
 PUBLICATION = Publication("concurrency", {"concurrency": concurrency_block}, outputs)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +31,9 @@ from pal_bench.argtypes import WORKERS, Range, UsageError, nonneg_int, number, p
 from pal_bench.bench.publishing import Markup, Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
-from pal_bench.stored_tables import SCALING_COLUMNS, SCALING_WHAT, THROUGHPUT, Column, read_table
+from pal_bench.stored_tables import SCALING_COLUMNS, SCALING_WHAT, THROUGHPUT, Column, read_csv, read_table
+
+ENV_ID = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")   # a gymnasium id (ALE/Pong-v5) or an algorithm name, as stored
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,8 @@ class Allocation:
     bottleneck: str          # "actors" or "learners" (the side that sets the pace)
 
     def command(self, algo: str, env: str, ratio: float) -> str:
-        return (f"pal-bench train --algo {algo} --env {env} --actors {self.actors} --learners {self.learners} "
-                f"--set updates_per_step={ratio:g}")
+        return (f"pal-bench train --algo {shlex.quote(algo)} --env {shlex.quote(env)} --actors {self.actors} "
+                f"--learners {self.learners} --set updates_per_step={ratio:g}")
 
 
 def _finite(v) -> float | None:
@@ -171,7 +175,7 @@ def dse_block(results: Path) -> str:
     path = results / "dse_validation.csv"
     if not path.exists():
         return missing("dse_validation.csv", "make scaling")
-    v = pd.read_csv(path)
+    v = read_csv(path)
     return validation_text(v) + "\n" + source(results, "dse_validation.csv") + "\n"
 
 
@@ -181,7 +185,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     path = results / "dse_validation.csv"
     if not (figures and path.exists()):
         return []
-    v = pd.read_csv(path)
+    v = read_csv(path)
     t = v.drop(columns=[c for c in v.columns if c.startswith("measured") or c in ("wall_s", "predicted_rank",
                                                                                  "chosen")])
     t["imbalance"] = t.balance.clip(lower=1e-12).apply(lambda b: max(b, 1 / b))
@@ -283,6 +287,9 @@ def run(args) -> int:
         curves = read_table(Path(args.curves), SCALING_COLUMNS, SCALING_WHAT, label=f"--curves {args.curves}")
         for flag, col in (("algo", "algo"), ("env", "env")):   # the curves say what they were measured on
             found = sorted(curves[col].dropna().unique()) if col in curves else []
+            if bad := [v for v in found if not ENV_ID.fullmatch(v)]:
+                raise UsageError(f"--curves {args.curves}: column {col!r} holds {bad[0]!r}, not an environment or "
+                                 "algorithm name (letters, digits and the characters _.:/-)")
             given = getattr(args, flag)
             if given is not None and found and found != [given]:
                 raise UsageError(f"--{flag} {given}: the curves in {args.curves} were measured with "

@@ -26,6 +26,7 @@ from pal_bench.bench.publishing import Publication, md, missing, show, source, s
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import read_csv
 
 OPS = ("insert_one", "sample", "update", "sample_update")
 BATCH = 256
@@ -95,7 +96,7 @@ def fanout_block(results: Path) -> str:
     path = results / "fanout.csv"
     if not path.exists():
         return missing("fanout.csv", "python -m pal_bench.studies.fanout")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     ops = [op for op in ("insert_one", "sample", "update", "sample_update") if op in set(df.op)]
     rows = []
     for k, g in df.groupby("fanout"):

@@ -25,6 +25,7 @@ from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, lunar_batch
 from pal_bench.bench.publishing import Publication, md, missing, show, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import read_csv
 
 CAPACITY = 10**5
 BATCH = 256
@@ -118,7 +119,7 @@ def shared_throughput_block(results: Path) -> str:
     path = results / "shared_throughput.csv"
     if not path.exists():
         return missing("shared_throughput.csv", "python -m pal_bench.studies.shared_buffer")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     t = df.pivot_table(index=["writers", "samplers"], columns="impl",
                        values=["inserts_per_s", "sample_updates_per_s"], aggfunc="first")
     rows = []

@@ -11,7 +11,6 @@ docs/trainer.md's blocks: the reference runs (``training``) and the learning tes
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pandas as pd
 from pal_bench.bench.publishing import Markup, Publication, md, missing, source
 from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import read_csv, read_json
 
 RUNS = RESULTS / "runs"
 
@@ -79,7 +79,7 @@ def command(name: str) -> list[str]:
 def summarise(runs: Path = RUNS) -> pd.DataFrame:
     rows = []
     for f in sorted(runs.glob("*/summary.json")):
-        s = json.loads(f.read_text())
+        s = read_json(f)
         evals = [e["mean_return"] for e in s.get("eval", [])]
         target = TARGETS.get(s["env"])
         best = max(evals) if evals else None
@@ -107,7 +107,7 @@ def training_block(results: Path) -> str:
     path = results / "training.csv"
     if not path.exists():
         return missing("training.csv", "make train-results")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     t = pd.DataFrame({
         "run": df.run, "algorithm": df.algo, "env": df.env, "actors / learners": df.actors.astype(str) + " / "
         + df.learners.astype(str), "env steps": df.env_steps, "updates": df.updates,
@@ -124,7 +124,7 @@ def learning_sweeps_block(results: Path) -> str:
     path = results / "learning_sweeps.csv"
     if not path.exists():
         return missing("learning_sweeps.csv", "python tests/learning_runs.py RUN --seeds 0-9")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     rows = []
     for run, g in df.groupby("run", sort=False):
         row = {"run": run, "seeds": len(g), "best: min": g.best.min(), "best: median": g.best.median(),

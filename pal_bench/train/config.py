@@ -13,9 +13,21 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pal_bench.argtypes import CAPACITY, COUNT, FINITE, NONNEG, NONNEG_FLOAT, POSITIVE, SEED, WORKERS, Range
+from pal_bench.argtypes import (
+    CAPACITY,
+    COUNT,
+    FINITE,
+    NONNEG,
+    NONNEG_FLOAT,
+    POSITIVE,
+    SEED,
+    WORKERS,
+    Range,
+    UsageError,
+)
 from pal_bench.train.errors import ConfigError  # noqa: F401 - re-exported: callers catch it from here
 from pal_bench.train.rate_policy import unsent_bound
+from pal_bench.untrusted import read_bytes
 
 ALGOS = ("dqn", "ddqn", "ddpg", "td3", "sac", "r2d2")
 Q_ALGOS = ("dqn", "ddqn", "r2d2")                      # epsilon-greedy, discrete actions
@@ -285,6 +297,9 @@ def _parse(path: Path, text: str) -> Any:
         raise ConfigError(f"config file {path}: not valid YAML: {_yaml_problem(e, line=True)}") from None
 
 
+MAX_CONFIG_BYTES = 1 << 20       # a config is a few hundred bytes
+
+
 def load_file(path: str | os.PathLike) -> dict:
     """Read a TOML (.toml) or YAML (.yaml/.yml) file into a dict of fields."""
     path = Path(path)
@@ -293,7 +308,12 @@ def load_file(path: str | os.PathLike) -> dict:
     if path.suffix not in (".toml", ".yaml", ".yml"):
         raise ConfigError(f"config file {path}: expected .toml, .yaml or .yml")
     try:
-        data = _parse(path, path.read_text(encoding="utf-8"))
+        # a small regular file (a link to one is followed): a FIFO or a link to /dev/zero is one line, not a hang
+        raw = read_bytes(path, MAX_CONFIG_BYTES, label=f"config file {path}", follow_links=True)
+    except UsageError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        data = _parse(path, raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"config file {path}: not a text file (not UTF-8 at byte {e.start})") from None
     except RecursionError:

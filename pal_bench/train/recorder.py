@@ -101,10 +101,11 @@ def _not_a_dir(mode: int) -> str | None:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<run_dir>/.lock`` (opened without following a link, created if missing, the
-    holder's pid written into it), held until ``release`` or until the process dies (the kernel releases it). A
-    second holder is refused at once (``RunLocked``, naming the directory and the holder's pid), never kept
-    waiting. ``create``: make the run directory if it is missing (otherwise ``FileNotFoundError``)."""
+    """An exclusive ``flock`` on ``<run_dir>/.lock`` (opened without following a link, created if missing, refused
+    if it is not a plain file with one name (a hard link), the holder's pid written into it), held until
+    ``release`` or until the process dies (the kernel releases it). A second holder is refused at once
+    (``RunLocked``, naming the directory and the holder's pid), never kept waiting. ``create``: make the run
+    directory if it is missing (otherwise ``FileNotFoundError``)."""
 
     def __init__(self, run_dir: Path, create: bool = True):
         path = run_dir / LOCK
@@ -119,8 +120,12 @@ class RunLock:
                 raise RunFileError(f"{path}: a symbolic link, not the run lock (a plain file); refused") from None
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise RunFileError(f"{path}: not a regular file, not the run lock; refused")
+            if st.st_nlink != 1:         # a hard link: another file's contents (or another run's lock, cp -al)
+                raise RunFileError(f"{path}: has {st.st_nlink} names (a hard link to another file, or a copy made "
+                                   f"with cp -al); refused, nothing written: remove {LOCK} to use this directory")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from pal_bench.bench.publishing import Publication, esc, md, missing, source
+from pal_bench.stored_tables import read_csv
 
 SCHEMES = ("threads-ps", "ps-sync", "ps-async", "allreduce", "hierarchical")
 
@@ -59,7 +59,7 @@ def aggregation_block(results: Path, name: str = "aggregation.csv") -> str:
     path = results / name
     if not path.exists():
         return missing(name, "pal-bench aggregation --quick")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     df["cell"] = [f"{s * 1e3:.1f} ({a:.0%})" for s, a in zip(df.iteration_s, df.aggregation_share)]
     df["size"] = df.hidden + " (" + df.params.map(lambda p: f"{p / 1e6:.2f}M" if p >= 1e5 else f"{p / 1e3:.0f}k") + ")"
     parts = []
@@ -81,7 +81,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     out: list[Path] = []
     for base in (results, results / "full"):
         if figures and (base / "aggregation.csv").exists():
-            out += draw(pd.read_csv(base / "aggregation.csv"), base / "figures")
+            out += draw(read_csv(base / "aggregation.csv"), base / "figures")
     return out
 
 

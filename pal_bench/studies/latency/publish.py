@@ -5,7 +5,6 @@ latency figures."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from pal_bench.bench import suite_json
 from pal_bench.bench.publishing import Publication, esc, md, missing, source
 from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.conditions import atomic_write_text
+from pal_bench.stored_tables import read_csv, read_json
 from pal_bench.studies.latency.figures import draw_all
 from pal_bench.studies.latency.tables import fmt_n, op_label, speedup_ci, tables_markdown
 
@@ -119,7 +119,7 @@ def instructions_block(results: Path) -> str:
     path = results / "regression_baseline.json"
     if not path.exists():
         return missing("regression_baseline.json", "python -m pal_bench.bench.regression --update-baseline")
-    b = json.loads(path.read_text())
+    b = read_json(path)
     rows = [{"operation": op, "calls counted": b["calls"][op],
              "instructions/call (project code)": b["instructions"][op],
              "instructions/call (all code)": b["total_instructions"][op],
@@ -136,7 +136,7 @@ def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
     path = results / name
     if not path.exists():
         return missing(name, "python -m pal_bench.bench.step_costs")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     cap = df.capacity.iloc[0]
     t = df[df.capacity == cap].pivot_table(index="step", columns="label", values="instructions", aggfunc="first",
                                            sort=False)

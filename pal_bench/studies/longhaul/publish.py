@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.bench.publishing import Publication, esc, md, missing, source
+from pal_bench.stored_tables import read_csv
 from pal_bench.studies.longhaul import TOPOLOGIES
 
 
@@ -56,7 +57,7 @@ def longhaul_block(results: Path, name: str = "longhaul.csv") -> str:
     path = results / name
     if not path.exists():
         return missing(name, "pal-bench longhaul --quick")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     t = pd.DataFrame({"link": df.link, "topology": df.topology, "env steps": df.env_steps, "updates": df.updates,
                       "final loss": df.loss_final,
                       "crossed priority": df.crossed_priority,
@@ -78,7 +79,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     out: list[Path] = []
     for base in (results, results / "full"):
         if figures and (base / "longhaul.csv").exists() and (base / "longhaul_timeline.csv").exists():
-            out += draw(pd.read_csv(base / "longhaul.csv"), pd.read_csv(base / "longhaul_timeline.csv"),
+            out += draw(read_csv(base / "longhaul.csv"), read_csv(base / "longhaul_timeline.csv"),
                         base / "figures")
     return out
 

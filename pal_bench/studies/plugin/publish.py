@@ -10,6 +10,7 @@ import pandas as pd
 
 from pal_bench.bench.publishing import Publication, Unusable, md, missing, source
 from pal_bench.bench.stats import fmt_ci, ratio_ci
+from pal_bench.stored_tables import read_csv
 
 
 def _times(cell) -> list[float]:
@@ -91,7 +92,7 @@ def plugin_block(results: Path) -> str:
     path = results / "plugin.csv"
     if not path.exists():
         return missing("plugin.csv", "make plugin-bench")
-    t = speedup_table(pd.read_csv(path), path)
+    t = speedup_table(read_csv(path), path)
     out = pd.DataFrame({
         "framework": t.framework, "env": t.env, "batch": t.batch_size, "env runners": t.env_runners,
         "default ms": t.default_ms, "PAL ms": t.pal_ms,
@@ -112,7 +113,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     path = results / "plugin.csv"
     if not (figures and path.exists()):
         return []
-    return [draw(speedup_table(pd.read_csv(path), path), results / "figures" / "plugin.png")]
+    return [draw(speedup_table(read_csv(path), path), results / "figures" / "plugin.png")]
 
 
 PUBLICATION = Publication("plugin", {"plugin": plugin_block}, outputs)

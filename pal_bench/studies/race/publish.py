@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.bench.publishing import Publication, code, esc, md, missing, source
+from pal_bench.stored_tables import read_csv, read_json
 from pal_bench.studies.race import results as race_results
 from pal_bench.studies.race.orchestrate import load_runs, runs_dir
 from pal_bench.studies.race.probe import probe_spread
@@ -20,7 +21,7 @@ def race_target_block(results: Path, track: str, task_name: str = "full") -> str
     path = results / name
     if not path.exists():
         return missing(name, "pal-bench race" + (" --quick" if task_name == "quick" else ""))
-    df = pd.read_csv(path)
+    df = read_csv(path)
     df = df[df.track == track]
     if df.empty:
         return missing(name, f"pal-bench race --track {track}" + (" --quick" if task_name == "quick" else ""))
@@ -46,7 +47,7 @@ def race_speed_block(results: Path, track: str = "matched", task_name: str = "fu
     path = results / name
     if not path.exists():
         return missing(name, "pal-bench race --speed")
-    sp = pd.read_csv(path)
+    sp = read_csv(path)
     sp = sp[sp.track == track]
     if sp.empty:
         return missing(name, f"pal-bench race --speed --track {track}")
@@ -84,9 +85,8 @@ def race_phases_block(results: Path, track: str = "matched", task_name: str = "f
 def race_profile_block(results: Path) -> str:
     """The stored ``pal-bench race-profile`` tables: where a contestant's time went (cProfile for tianshou and
     RLlib, the trainer's own phase timers for PAL)."""
-    import json
 
-    stored = {f.name: json.loads(f.read_text()) for f in sorted(results.glob("race_profile_*.json"))}
+    stored = {f.name: read_json(f) for f in sorted(results.glob("race_profile_*.json"))}
     stored = {name: d for name, d in stored.items() if d.get("task") == "full"}
     if not stored:
         return missing("race_profile_matched_rllib.json", "pal-bench race-profile rllib --seconds 240")
@@ -107,7 +107,7 @@ def race_headline_block(results: Path) -> str:
     path = results / "race.csv"
     if not path.exists():
         return missing("race.csv", "pal-bench race")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     df = df[df.track == "matched"]
     ref = race_results.best_pal(df)
     if ref is None:
@@ -144,7 +144,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     for task in ("quick", "full"):
         path = results / f"race{suffix(task)}_curves.csv"
         if path.exists():
-            curves = pd.read_csv(path)
+            curves = read_csv(path)
             for track, c in curves.groupby("track"):
                 out.append(draw(c, track, TASKS[task], results / "figures" / f"race{suffix(task)}_{track}.png"))
     return out

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.conditions import usable_cores
+from pal_bench.stored_tables import read_csv
 
 
 def draw(df: pd.DataFrame, path: Path) -> Path:
@@ -143,13 +144,13 @@ def backends_figure(results: Path) -> Path | None:
     threads_csv, ray_csv = results / "scaling.csv", results / "scaling_ray.csv"
     if not (threads_csv.exists() and ray_csv.exists()):
         return None
-    e2e = {b: pd.read_csv(results / f"end_to_end{s}.csv")
+    e2e = {b: read_csv(results / f"end_to_end{s}.csv")
            for b, s in (("threads", ""), ("ray", "_ray"), ("processes", "_processes"))
            if (results / f"end_to_end{s}.csv").exists()}
     processes_csv = results / "scaling_processes.csv"
-    return draw_backends(pd.read_csv(threads_csv), pd.read_csv(ray_csv), results / "figures" / "scaling_backends.png",
+    return draw_backends(read_csv(threads_csv), read_csv(ray_csv), results / "figures" / "scaling_backends.png",
                          e2e if {"threads", "ray"} <= set(e2e) else None,
-                         pd.read_csv(processes_csv) if processes_csv.exists() else None)
+                         read_csv(processes_csv) if processes_csv.exists() else None)
 
 
 def overhead_table(threads: pd.DataFrame, ray: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import pandas as pd
 from pal_bench.argtypes import nonneg_int, positive_int, workers
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import read_csv
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.config import ALGOS
@@ -350,7 +351,7 @@ def _write_curves(args, curves: dict[str, pd.DataFrame], measured: Conditions) -
         print(f"figure: {draw(df, args.out / 'figures' / name.replace('.csv', '.png'))}")
     threads_csv, ray_csv = args.out / "scaling.csv", args.out / "scaling_ray.csv"
     if args.env_backend == "sync" and threads_csv.exists() and ray_csv.exists():
-        t, r = pd.read_csv(threads_csv), pd.read_csv(ray_csv)
+        t, r = read_csv(threads_csv), read_csv(ray_csv)
         print("\nRay vs threads (overhead_us: 1/f_ray - 1/f_threads per transition or update):")
         print(overhead_table(t, r).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"figure: {backends_figure(args.out)}")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from pal_bench.bench.publishing import Publication, Unusable, esc, md, missing, source
 from pal_bench.bench.stats import fmt_ci, median_ci, ratio_ci
+from pal_bench.stored_tables import read_csv
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 
 
@@ -42,7 +43,7 @@ def scaling_block(results: Path) -> str:
                        ("scaling_async_env.csv", "environments in subprocesses (`--env-backend async`)")):
         # (speedup intervals: bootstrap over the interleaved rounds of `--repeats`, where stored)
         if (results / name).exists():
-            df = pd.read_csv(results / name)
+            df = read_csv(results / name)
             parts.append(f"Thread backend, {esc(df.algo.iloc[0])} on {esc(df.env.iloc[0])}, {what}: f_a in "
                          f"transitions/s, f_l in updates/s.\n\n" + md(_curves(df, results / name), ".2f") + "\n\n"
                          + source(results, name) + "\n")
@@ -53,7 +54,7 @@ def end_to_end_block(results: Path, name: str = "end_to_end.csv") -> str:
     path = results / name
     if not path.exists():
         return missing(name, "python -m pal_bench.studies.scaling --end-to-end 5000")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     df["split"] = df.actors.astype(str) + " + " + df.learners.astype(str) + df.oversubscribed.map(
         {True: " (oversubscribed)", False: ""})
     df["variant"] = df.aggregation + ", env " + df.env_backend
@@ -72,7 +73,7 @@ def backends_block(results: Path) -> str:
     t_path, r_path = results / "scaling.csv", results / "scaling_ray.csv"
     if not (t_path.exists() and r_path.exists()):
         return missing("scaling_ray.csv", "python -m pal_bench.studies.scaling --backend ray")
-    m = overhead_table(pd.read_csv(t_path), pd.read_csv(r_path))
+    m = overhead_table(read_csv(t_path), read_csv(r_path))
     unit = {"f_a": "transition", "f_l": "update"}
     t = pd.DataFrame({"curve": m.curve, "workers": m.threads, "threads": m.throughput_threads, "Ray": m.throughput_ray,
                       "Ray / threads": m.ray_over_threads,
@@ -95,7 +96,7 @@ def processes_block(results: Path) -> str:
     t_path, p_path = results / "scaling.csv", results / "scaling_processes.csv"
     if not (t_path.exists() and p_path.exists()):
         return missing("scaling_processes.csv", "python -m pal_bench.studies.scaling --backend processes")
-    t, p = pd.read_csv(t_path), pd.read_csv(p_path)
+    t, p = read_csv(t_path), read_csv(p_path)
     cols = ["curve", "threads", "throughput", "throughput_reps"]
     m = t.reindex(columns=cols).merge(p.reindex(columns=cols + ["speedup"]), on=["curve", "threads"],
                                       suffixes=("_threads", "_processes"))
@@ -108,7 +109,7 @@ def processes_block(results: Path) -> str:
     note = "the process backend's learners are driver threads, as the thread backend's"
     lp_path = results / "scaling_learner_processes.csv"
     if lp_path.exists():
-        lp = pd.read_csv(lp_path).reindex(columns=cols)
+        lp = read_csv(lp_path).reindex(columns=cols)
         lp = lp[lp.curve == "f_l"].set_index("threads")
         fl = out.curve == "f_l"
         out["learner processes"] = out.workers.map(lp.throughput).where(fl)
@@ -144,7 +145,7 @@ def ray_node_block(results: Path) -> str:
         return missing("scaling_ray_node.csv",
                        "python -m pal_bench.studies.scaling --backend threads,processes,ray-node")
     cols = ["curve", "threads", "throughput", "throughput_reps"]
-    t, p, r = (pd.read_csv(paths[b]).reindex(columns=cols) for b in ("threads", "processes", "ray-node"))
+    t, p, r = (read_csv(paths[b]).reindex(columns=cols) for b in ("threads", "processes", "ray-node"))
     m = t.merge(p, on=["curve", "threads"], suffixes=("_t", "_p")).merge(r, on=["curve", "threads"])
     one = {c: m[(m.curve == c) & (m.threads == 1)] for c in ("f_a", "f_l")}
     out = pd.DataFrame({
@@ -178,7 +179,7 @@ def ray_node_end_to_end_block(results: Path) -> str:
     if not all((results / n).exists() for n in names.values()):
         return missing("end_to_end_ray_node.csv",
                        "python -m pal_bench.studies.scaling --backend processes,ray-node --end-to-end 5000")
-    frames = {b: pd.read_csv(results / n) for b, n in names.items()}
+    frames = {b: read_csv(results / n) for b, n in names.items()}
     if not all("measured_transitions_per_s_reps" in f and "rounds" in f for f in frames.values()):
         return missing("end_to_end_ray_node.csv (in rounds)",
                        "python -m pal_bench.studies.scaling --backend processes,ray-node --end-to-end 5000")
@@ -204,7 +205,7 @@ def two_nodes_block(results: Path) -> str:
     path = results / name
     if not path.exists():
         return missing(name, "python -m pal_bench.studies.scaling.two_nodes")
-    df = pd.read_csv(path)
+    df = read_csv(path)
     runs = df[df.placement.isin(["one node", "two nodes"])]
     rows = []
     for placement, d in runs.groupby("placement", sort=False):
@@ -248,11 +249,11 @@ def outputs(results: Path, figures: bool) -> list[Path]:
         return []
     out: list[Path] = []
     for csv in sorted(results.glob("scaling*.csv")):
-        out.append(draw(pd.read_csv(csv), results / "figures" / csv.with_suffix(".png").name))
+        out.append(draw(read_csv(csv), results / "figures" / csv.with_suffix(".png").name))
     if (fig := backends_figure(results)) is not None:
         out.append(fig)
     for csv in sorted(results.glob("end_to_end*.csv")):
-        df = pd.read_csv(csv)
+        df = read_csv(csv)
         if "threads" not in df:          # not a per-split table (the two-node study's rounds draw their own)
             continue
         out.append(draw_end_to_end(df, results / "figures" / csv.with_suffix(".png").name))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from pal_bench.stored_tables import read_csv
+
 
 def measured_curves(results: Path, backend: str) -> pd.DataFrame:
     """The stored f_a / f_l points of ``backend`` (empty when none)."""
@@ -16,7 +18,7 @@ def measured_curves(results: Path, backend: str) -> pd.DataFrame:
     path = results / SCALING[backend]
     if not path.exists():
         return pd.DataFrame(columns=["curve", "threads", "throughput"])
-    df = pd.read_csv(path)
+    df = read_csv(path)
     return df[df.get("env_backend", "sync") == "sync"]
 
 

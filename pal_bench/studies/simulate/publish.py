@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.bench.publishing import Publication, code, esc, md, missing, source
+from pal_bench.stored_tables import read_csv
 
 INPUT_UNITS = {
     "threads.act_us": "inference per env step, thread actor (µs)", "threads.env_us": "env step, thread actor (µs)",
@@ -56,7 +57,7 @@ def inputs_block(results: Path) -> str:
     name = "simulation_inputs.csv"
     if not (results / name).exists():
         return missing(name, "pal-bench simulate --measure-inputs")
-    df = pd.read_csv(results / name)
+    df = read_csv(results / name)
     rows = []
     for col, what in INPUT_UNITS.items():
         if col in df and df[col].notna().any():
@@ -73,7 +74,7 @@ def validation_block(results: Path) -> str:
     name = "simulation_validation.csv"
     if not (results / name).exists():
         return missing(name, "pal-bench simulate --validate")
-    v = pd.read_csv(results / name)
+    v = read_csv(results / name)
     v["covered"] = v.covered.fillna("")
     v["split"] = [f"{int(r.actors)} + {int(r.learners)}" if r.curve == "end_to_end" else
                   str(int(r.actors or r.learners)) for r in v.itertuples()]
@@ -101,7 +102,7 @@ def predictions_block(results: Path) -> str:
         return missing("simulation_processes.csv", f"pal-bench simulate --backend {','.join(BACKENDS)}")
     rows = []
     for f in files:
-        df = pd.read_csv(f)
+        df = read_csv(f)
         for n in (8, 16, 32, 64):
             at = df[df.cores == n].set_index("curve")
             if "end_to_end" not in at.index:
@@ -124,7 +125,7 @@ def sensitivity_block(results: Path) -> str:
     name = "simulation_sensitivity.csv"
     if not (results / name).exists():
         return missing(name, "pal-bench simulate --sensitivity 64 --backend threads,processes,learner-processes")
-    df = pd.read_csv(results / name)
+    df = read_csv(results / name)
     parts = []
     for (b, n), d in df.groupby(["backend", "cores"], sort=False):
         t = d.drop(columns=["backend", "cores"]).head(6).copy()
@@ -139,7 +140,7 @@ def design_block(results: Path) -> str:
     name = "simulation_design.csv"
     if not (results / name).exists():
         return missing(name, "pal-bench simulate --design")
-    df = pd.read_csv(results / name)
+    df = read_csv(results / name)
     parts = []
     for q, d in df.groupby("question", sort=False):
         t = pd.DataFrame({"variant": d.variant, "workers": [f"{a} actors" if m != "f_l" else f"{lr} learners"
@@ -157,7 +158,7 @@ def candidate_block(results: Path) -> str:
     name = "simulation_candidate.csv"
     if not (results / name).exists():
         return missing(name, "pal-bench simulate --candidate")
-    df = pd.read_csv(results / name)
+    df = read_csv(results / name)
     groups = dict(list(df.groupby("variant", sort=False)))
     rows = [{"variant": v, "measured f_a (median [95% CI])": fmt_ci(*median_ci(d.measured), 0),
              "simulated f_a": d.simulated.iloc[0]} for v, d in groups.items()]
@@ -181,7 +182,7 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     for b in BACKENDS:
         path = results / f"simulation_{b.replace('-', '_')}.csv"
         if path.exists():
-            out.append(draw_predictions(pd.read_csv(path), results, b))
+            out.append(draw_predictions(read_csv(path), results, b))
     return out
 
 

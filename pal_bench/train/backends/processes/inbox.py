@@ -112,7 +112,7 @@ def _remove_if_dead(path: str, pid: int, locked_kind: bool) -> None:
             lock = os.open(LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
         except FileNotFoundError:
             if not locked_kind and pid != os.getpid() and not _pid_alive(pid):
-                shutil.rmtree(path)                          # an older PAL-Bench's, its driver gone
+                _remove_ours(dfd, path)                      # an older PAL-Bench's, its driver gone
             return
         try:
             if not stat.S_ISREG(os.fstat(lock).st_mode):
@@ -121,11 +121,23 @@ def _remove_if_dead(path: str, pid: int, locked_kind: bool) -> None:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return                                       # its driver lives (here or in another container)
-            shutil.rmtree(path)                              # does not follow links inside
+            _remove_ours(dfd, path)
         finally:
             os.close(lock)
     finally:
         os.close(dfd)
+
+
+def _remove_ours(dfd: int, path: str) -> None:
+    """Remove the socket directory ``path`` (open as ``dfd``) if it holds only what ``_listen`` puts there (the
+    socket, the lock file under either name); anything else in it is not ours, and the directory is left as it is
+    (no recursion into what someone else made: a tree 3,000 deep overflowed ``shutil.rmtree``)."""
+    names = os.listdir(dfd)
+    if not set(names) <= {"s", LOCK, f".{LOCK}"}:
+        return
+    for name in names:
+        os.unlink(name, dir_fd=dfd)
+    os.rmdir(path)
 
 
 def _sweep_stale(tmp: str) -> None:
@@ -142,7 +154,7 @@ def _sweep_stale(tmp: str) -> None:
             continue
         try:
             _remove_if_dead(os.path.join(tmp, name), int(m[1]), m[2] is not None)
-        except OSError:
+        except Exception:                # OSError, and whatever else a hostile directory finds: skipped
             continue
 
 
@@ -265,14 +277,13 @@ class SocketInbox:
         that ended first: their places are free) and read them."""
         self._read_peers(list(self._peers))
         new = []
-        for _ in range(MAX_PEERS):
+        # only while there is room: a connection past MAX_PEERS waits in the kernel's backlog until a place frees
+        # (accepted and closed, it would lose what its writer had already sent, and the writer would not know)
+        for _ in range(MAX_PEERS - len(self._peers)):
             try:
                 conn, _ = self._server.accept()
             except OSError:                          # BlockingIOError: nobody waiting
                 break
-            if len(self._peers) >= MAX_PEERS:
-                conn.close()                         # a flood of connections: refused
-                continue
             conn.setblocking(False)
             self._peers[conn] = bytearray()
             new.append(conn)
