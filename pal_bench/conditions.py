@@ -16,6 +16,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -294,6 +295,20 @@ class Conditions:
         if self.load_after is None:
             self.finish()
         return write_meta(result, self.as_dict())
+
+
+OUTLIER_DEVIATION = 0.15     # a repeat this far from the median of the others is flagged (17% seen: issue 49)
+
+
+def outlier_repeats(values) -> list[int]:
+    """Indices of the repeats of one point whose throughput is an outlier among its repeats: more than
+    ``OUTLIER_DEVIATION`` (relative) away from the median of all of them. Needs three repeats (of two, neither can
+    be told from the other: none is flagged)."""
+    values = [float(v) for v in values]
+    if len(values) < 3:
+        return []
+    mid = statistics.median(values)
+    return [i for i, v in enumerate(values) if mid > 0 and abs(v - mid) / mid > OUTLIER_DEVIATION]
 
 
 def meta_path(result: Path) -> Path:

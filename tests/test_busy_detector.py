@@ -71,3 +71,14 @@ def test_a_measurement_alone_counts_its_own_cpu_once():
     assert 1.2 <= meta["own_cpu_s"] <= 1.9, meta          # each child once, the live one's from /proc
     assert meta["other_cores"] <= meta["noisy_limit"], meta
     assert meta["noisy"] is (meta["load_before"] > meta["noisy_limit"]), meta
+
+
+def test_a_repeat_far_from_the_others_is_flagged():
+    """The tianshou run of issue 49 (1,993 env steps/s against its rerun's 2,395, and a third like the rerun) is
+    flagged; repeats within a few percent are not; two repeats cannot be told apart."""
+    from pal_bench.conditions import outlier_repeats
+
+    assert outlier_repeats([1993.0, 2395.0, 2380.0]) == [0]
+    assert outlier_repeats([2395.0, 2380.0, 2350.0, 2410.0]) == []
+    assert outlier_repeats([1993.0, 2395.0]) == []
+    assert outlier_repeats([100.0, 100.0, 140.0]) == [2]

@@ -242,6 +242,13 @@ def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(
     """Actor 1 stalls inside the reservation lock (the fault seam) and is killed there: the driver releases
     the lock for the others, restarts actor 1, and the run completes its budget."""
     from pal_bench.train.backends.processes import ProcessTrainer
+    from pal_bench.train.backends.processes.shared import (
+        HOLDER,
+        TOTAL_INSERTED,
+        TOTAL_RESERVED,
+        inserted_slot,
+        reserved_slot,
+    )
     from pal_bench.train.faults import StallInReservation
 
     monkeypatch.setattr(ProcessTrainer, "faults", StallInReservation(actor=1, after=800))
@@ -249,7 +256,9 @@ def test_an_actor_killed_holding_the_reservation_lock_does_not_stall_the_others(
     cfg = _cfg(tmp_path, steps=4000)
     with make_trainer(cfg) as tr:
         # HOLDER == actor 1 with its 800 transitions in: it is stalled inside the lock
-        result = _kill_actor_when(tr, lambda: tr.counters[3] == 2 and tr.counters[8 + 2 * 1 + 1] >= 800)
+        result = _kill_actor_when(tr, lambda: tr.counters[HOLDER] == 2 and tr.counters[inserted_slot(1)] >= 800)
+        assert tr.counters[TOTAL_RESERVED] == sum(tr.counters[reserved_slot(a)] for a in range(cfg.actors))
+        assert tr.counters[TOTAL_INSERTED] == sum(tr.counters[inserted_slot(a)] for a in range(cfg.actors))
     assert result["env_steps"] == cfg.steps
     assert len(result["restarts"]) == 1
     assert _shm() == before
@@ -338,19 +347,25 @@ def test_scaling_measures_learner_processes_and_cleans_up():
 def test_a_waiting_learner_polls_rarely_only_while_its_update_is_far_off():
     """The driver's learner polls the shared counters every 0.5 ms next to its update, every 10 ms while the
     update lacks more than FAR_STEPS env steps (the prefill), and at the near rate again once they come."""
-    from pal_bench.train.backends.processes.shared import HEADER
-    from pal_bench.train.backends.processes.shared import inserted_slot as _inserted
+    import threading
+
+    import numpy as np
+
+    from pal_bench.train.backends.processes.shared import HEADER, count_inserted
     from pal_bench.train.backends.processes.trainer import SharedRate
 
     cfg = make_config(algo="dqn", env="CartPole-v1", backend="processes", actors=2, steps=10_000,
                       learning_starts=1_000, updates_per_step=0.25)
-    counters = mp.get_context("spawn").RawArray("q", HEADER + 2 * cfg.actors)
+    counters = np.zeros(HEADER + 2 * cfg.actors, dtype=np.int64)
+    lock = threading.Lock()
     rate = SharedRate(cfg, counters)
     assert rate._poll_s("learner") == SharedRate.FAR_POLL_S          # 1,004 steps short of update 1
-    counters[_inserted(0)] = 500
-    counters[_inserted(1)] = 1_004 - 500 - SharedRate.FAR_STEPS     # exactly FAR_STEPS short
+    count_inserted(counters, lock, 0, 500)
+    count_inserted(counters, lock, 1, 1_004 - 500 - SharedRate.FAR_STEPS - 1)
+    assert rate._poll_s("learner") == SharedRate.FAR_POLL_S          # FAR_STEPS + 1 short
+    count_inserted(counters, lock, 1, 1)                               # exactly FAR_STEPS short
     assert rate._poll_s("learner") == SharedRate.POLL_S
-    counters[_inserted(1)] -= 1
+    rate = SharedRate(cfg, np.zeros_like(counters))                   # far off again ...
     assert rate._poll_s("learner") == SharedRate.FAR_POLL_S
-    rate.paused = True                                                # a checkpoint's pause: watch closely
+    rate.paused = True                                                # ... but a checkpoint's pause: watch closely
     assert rate._poll_s("learner") == SharedRate.POLL_S

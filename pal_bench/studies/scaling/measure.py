@@ -16,10 +16,11 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 
-from pal_bench.argtypes import nonneg_int, positive_int, workers
-from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy, usable_cores
+from pal_bench.argtypes import WORKERS, duration, int_ranges, nonneg_int, positive_int, workers
+from pal_bench.conditions import Conditions, add_force_flag, outlier_repeats, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
 from pal_bench.stored_tables import read_csv
+from pal_bench.studies.scaling import worker_costs
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.config import ALGOS
@@ -197,7 +198,8 @@ def end_to_end_backends(cfgs: list, max_threads: int, steps: int, progress=print
     """``end_to_end`` for each backend of ``cfgs`` in interleaved rounds (round 1 runs every backend's splits, then
     round 2 ...), so that the backends share the machine's drift: per backend, split and variant the median over
     rounds, and every round's value (in round order) in ``measured_transitions_per_s_reps`` and
-    ``measured_updates_per_s_reps``, for paired ratios between backends."""
+    ``measured_updates_per_s_reps``, for paired ratios between backends; ``outlier_reps``: the rounds whose
+    transitions/s is an outlier among them (``conditions.outlier_repeats``)."""
     runs: dict[str, list[pd.DataFrame]] = {label(c): [] for c in cfgs}
     for r in range(repeats):
         for c in cfgs:
@@ -216,18 +218,21 @@ def _median_of_rounds(frames: list[pd.DataFrame]) -> pd.DataFrame:
         measured_transitions_per_s_reps=("measured_transitions_per_s", lambda v: " ".join(f"{x:.1f}" for x in v)),
         measured_updates_per_s_reps=("measured_updates_per_s", lambda v: " ".join(f"{x:.1f}" for x in v)),
         threads=("threads", "first"), oversubscribed=("oversubscribed", "first"), backend=("backend", "first"),
+        outlier_reps=("measured_transitions_per_s", lambda v: " ".join(map(str, outlier_repeats(list(v))))),
         rounds=("round", "count")).reset_index()
     return out
 
 
-def sweep(cfg, max_threads: int, steps: int, updates: int, progress=print, repeats: int = 1) -> pd.DataFrame:
-    """f_a and f_l at x = 1..max_threads threads (``cfg.backend`` "ray": processes), each point measured
+def sweep(cfg, threads: int | list[int], steps: int, updates: int, progress=print, repeats: int = 1) -> pd.DataFrame:
+    """f_a and f_l at x = 1..threads threads, or at each x of a list (``thread_points``; ``cfg.backend`` "ray":
+    processes), each point measured
     ``repeats`` times in interleaved rounds (x = 1..M, then again): ``throughput`` is the median,
-    ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups."""
-    return sweep_backends([cfg], max_threads, steps, updates, progress, repeats)[label(cfg)]
+    ``throughput_reps`` every value (space-separated), for bootstrap intervals of the speedups, ``outlier_reps`` the
+    indices of the repeats that are outliers among them (``conditions.outlier_repeats``: re-measure those points)."""
+    return sweep_backends([cfg], threads, steps, updates, progress, repeats)[label(cfg)]
 
 
-def sweep_backends(cfgs: list, max_threads: int, steps: int, updates: int, progress=print,
+def sweep_backends(cfgs: list, threads: int | list[int], steps: int, updates: int, progress=print,
                    repeats: int = 1) -> dict[str, pd.DataFrame]:
     """``sweep`` for several backends at once, interleaved point by point (each x and curve measured on every
     backend in turn, round after round), so that a drifting machine affects them alike: backend -> curves."""
@@ -235,14 +240,21 @@ def sweep_backends(cfgs: list, max_threads: int, steps: int, updates: int, progr
     with contextlib.ExitStack() as sessions:
         for cfg in cfgs:
             sessions.enter_context(ray_session(cfg))       # Ray: one session for every point
-        _interleave(cfgs, max_threads, steps, updates, progress, repeats, got)
+        _interleave(cfgs, threads, steps, updates, progress, repeats, got)
     return {label(cfg): _curves(cfg, {(k, x): r for (b, k, x), r in got.items() if b == label(cfg)})
             for cfg in cfgs}
 
 
-def _interleave(cfgs, max_threads, steps, updates, progress, repeats, got) -> None:
+def thread_points(threads: int | list[int]) -> list[int]:
+    """The thread counts a sweep measures: 1..``threads``, or the list given (``--threads 1,2,4,8``)."""
+    return list(range(1, threads + 1)) if isinstance(threads, int) else sorted(set(threads))
+
+
+def _interleave(cfgs, threads, steps, updates, progress, repeats, got) -> None:
+    points = thread_points(threads)
+    max_threads = points[-1]
     for rep in range(repeats):
-        for x in range(1, max_threads + 1):
+        for x in points:
             for kind, fn, n in (("f_a", measure_fa, steps), ("f_l", measure_fl, updates)):
                 for cfg in cfgs:
                     where = f"[{label(cfg)} {kind} x={x}/{max_threads}" + (f" round {rep + 1}/{repeats}]"
@@ -263,6 +275,7 @@ def _curves(cfg, got: dict) -> pd.DataFrame:
         used = [r[2] for r in runs if r[2] is not None]
         rows.append({"curve": kind, "threads": x, "throughput": float(np.median(values)),
                      "throughput_reps": " ".join(f"{v:.3f}" for v in values),
+                     "outlier_reps": " ".join(map(str, outlier_repeats(values))),
                      "cores_used": float(np.median(used)) if used else None, "cores": cores,
                      "oversubscribed": x > cores, "algo": cfg.algo, "env": cfg.env, "env_backend": cfg.env_backend,
                      "backend": label(cfg), "load1": max(r[1] for r in runs)})
@@ -281,7 +294,20 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", choices=ALGOS, default="dqn")
     ap.add_argument("--env", default="CartPole-v1")
-    ap.add_argument("--max-threads", type=workers, default=usable_cores())
+    ap.add_argument("--max-threads", type=workers, default=usable_cores(),
+                    help="measure f_a and f_l at 1..N threads (default: the usable cores)")
+    ap.add_argument("--threads", type=int_ranges(WORKERS), metavar="LIST",
+                    help="measure at these thread counts instead (1,2,4,8,16,32,64 or 1-8; 1 must be in it: the "
+                         "speedups are against it)")
+    ap.add_argument("--reservation-cost", action="store_true",
+                    help="instead, time one step reservation and one pump poll with --actors actors registered "
+                         "(DIR/reservation_cost.csv, DIR/pump_cost.csv; see pal_bench.studies.scaling.worker_costs)")
+    ap.add_argument("--actors", type=int_ranges(WORKERS), default=[1, 16, 64, 256], metavar="LIST",
+                    help="with --reservation-cost: actor counts (default 1,16,64,256)")
+    ap.add_argument("--rounds", type=positive_int, default=20_000,
+                    help="with --reservation-cost: calls per timed block (default 20000)")
+    ap.add_argument("--seconds", type=duration, default=1.0,
+                    help="with --reservation-cost: seconds of the contended measurement per point (default 1)")
     ap.add_argument("--steps", type=positive_int, default=20_000, help="transitions per f_a point")
     ap.add_argument("--updates", type=positive_int, default=1_000, help="updates per f_l point")
     ap.add_argument("--repeats", type=positive_int, default=3,
@@ -302,6 +328,14 @@ def main(argv: list[str] | None = None) -> int:
                          "runs them in interleaved rounds")
     add_force_flag(ap)
     args = ap.parse_args(argv)
+    if args.threads is not None and 1 not in args.threads:
+        ap.error(f"--threads must include 1 (the speedups are against one thread), got {args.threads}")
+    if args.reservation_cost:
+        if refuse_if_busy("pal_bench.studies.scaling --reservation-cost", args.force):
+            return 2
+        worker_costs.write(args.out, args.actors, args.rounds, args.repeats, args.seconds,
+                           Conditions("scaling --reservation-cost"), progress=lambda m: print(m, file=sys.stderr))
+        return 0
     cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
                         backend={"learner-processes": "processes", "ray-node": "ray"}.get(b, b),
                         learner_processes=b == "learner-processes", ray_placement="node" if b == "ray-node" else "pack")
@@ -310,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     measured = Conditions("scaling")
     if not args.end_to_end:
-        return _write_curves(args, sweep_backends(cfgs, args.max_threads, args.steps, args.updates,
+        return _write_curves(args, sweep_backends(cfgs, args.threads or args.max_threads, args.steps, args.updates,
                                                   progress=lambda m: print(m, file=sys.stderr), repeats=args.repeats),
                              measured)
     measured_all = end_to_end_backends(cfgs, max(2, args.max_threads), args.end_to_end,

@@ -10,19 +10,18 @@ from pal_bench.train.actor import actor_loop
 from pal_bench.train.backends.processes.shared import (
     FINISHED,
     GO,
-    HOLDER,
     PAUSED,
     READY,
-    STARTED,
     STOP,
     actor_tensors,
+    count_inserted,
     count_under_lock,
     die_with_parent,
     ignore_stop_signals,
     inserted_slot,
     pull_weights,
     report_failure,
-    reserved_slot,
+    reserve_steps,
 )
 from pal_bench.train.config import TrainConfig
 from pal_bench.train.errors import TrainingError
@@ -94,9 +93,10 @@ def actor_process(cfg: TrainConfig, actor: int, incarnation: int, resumed_steps:
 
 
 class SharedStepGrant:
-    """(actor process) The shared counter block as the actor's ``StepGrant``: a vector step is reserved under the
-    block's lock (marked as held, so that the driver knows when this process died inside) with
-    the rule of ``RatePolicy`` over every actor's reserved count; inserted steps go to this actor's own counter."""
+    """(actor process) The shared counter block as the actor's ``StepGrant``: a vector step is reserved with
+    ``shared.reserve_steps`` (the rule of ``RatePolicy`` over the running total of every actor's reservations,
+    O(1) in the number of actors, under the block's lock, marked as held so that the driver knows when this
+    process died inside); inserted steps go to this actor's own counter and the total (``count_inserted``)."""
 
     def __init__(self, counters, lock, actor: int, incarnation: int, n_actors: int, policy: RatePolicy,
                  driver_alive, faults: Faults):
@@ -104,32 +104,27 @@ class SharedStepGrant:
         self.n_actors, self.policy, self.driver_alive, self.faults = n_actors, policy, driver_alive, faults
         self.spent = False
 
+    def _inside(self) -> None:
+        self.faults.in_reservation(self.actor, int(self.c[inserted_slot(self.actor)]), self.incarnation)
+
     def reserve(self, n: int, flush=None) -> int | None:
         c = self.c
         while True:
             if c[STOP] or not self.driver_alive():
                 return None
-            with self.lock:
-                c[HOLDER] = self.actor + 1
-                self.faults.in_reservation(self.actor, int(c[inserted_slot(self.actor)]), self.incarnation)
-                reserved = sum(int(c[reserved_slot(a)]) for a in range(self.n_actors))
-                spent = self.policy.budget_spent(reserved)
-                ok = not spent and not c[PAUSED] and self.policy.actor_may_step(reserved, int(c[STARTED]))
-                if ok:
-                    c[reserved_slot(self.actor)] += n
-                c[HOLDER] = 0
+            granted, reserved, spent = reserve_steps(c, self.lock, self.actor, self.policy, n, inside=self._inside)
             if spent:        # another actor took the last steps
                 self.spent = True
                 return None
-            if ok:
-                return reserved + n
+            if granted:
+                return reserved + granted
             if flush is not None and c[PAUSED]:   # paused: what the actor holds goes in first (once)
                 flush()
                 flush = None
             time.sleep(0.0005)
 
     def inserted(self, steps: int) -> None:
-        self.c[inserted_slot(self.actor)] += steps
+        count_inserted(self.c, self.lock, self.actor, steps)
 
     def may_insert(self) -> bool:
         return self.driver_alive()

@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import re
+import select
 import shutil
 import socket
 import stat
@@ -208,6 +209,8 @@ class SocketInbox:
         # 0700: only this user's processes connect
         self._dir, self._lock_fd, self._server = _listen(fits[0])
         self.path = os.path.join(self._dir, "s")
+        self._poll = select.epoll()                         # the server and its writers: readable = mail
+        self._poll.register(self._server.fileno(), select.EPOLLIN)
         self._peers: dict[socket.socket, bytearray] = {}      # connection -> bytes of an unfinished line
         self._held: deque = deque()
         self._writer: socket.socket | None = None
@@ -220,7 +223,7 @@ class SocketInbox:
         return {"path": self.path}
 
     def __setstate__(self, state):
-        self.path, self._dir, self._server, self._lock_fd = state["path"], None, None, -1
+        self.path, self._dir, self._server, self._lock_fd, self._poll = state["path"], None, None, -1, None
         self._peers, self._held, self._writer, self._broken = {}, deque(), None, False
         self._episodes, self._sent, self._actor = [], 0.0, None
         self._lock = threading.Lock()
@@ -272,6 +275,11 @@ class SocketInbox:
             self._flush(self._actor)
 
     # reader (the driver)
+    def fileno(self) -> int:
+        """A descriptor readable while a writer is waiting to connect or has sent something (an epoll over the
+        listening socket and the writers): the driver's ``Mailboxes`` watches it."""
+        return self._poll.fileno()
+
     def _read(self) -> None:
         """Read what each writer sent (at most ``READS_PER_PEER`` recv()s of each), then accept new writers (those
         that ended first: their places are free) and read them."""
@@ -286,6 +294,7 @@ class SocketInbox:
                 break
             conn.setblocking(False)
             self._peers[conn] = bytearray()
+            self._poll.register(conn.fileno(), select.EPOLLIN)
             new.append(conn)
         self._read_peers(new)
 
@@ -293,6 +302,7 @@ class SocketInbox:
         for conn in conns:
             if not self._read_peer(conn, self._peers[conn]):
                 del self._peers[conn]                # a line cut short by a killed writer is dropped
+                self._poll.unregister(conn.fileno())
                 conn.close()
 
     def _read_peer(self, conn: socket.socket, buf: bytearray) -> bool:
@@ -347,6 +357,9 @@ class SocketInbox:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._poll is not None:
+            self._poll.close()
+            self._poll = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None

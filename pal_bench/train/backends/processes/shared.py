@@ -17,8 +17,9 @@ from pal_bench.train.shared_weights import SharedWeights
 STOP, PAUSED, STARTED, HOLDER = 0, 1, 2, 3        # HOLDER: 1 + the actor holding the reservation lock, or 0
 READY, GO = 4, 5                 # actors set up (count); the driver's clock has started (flag)
 FINISHED = 6                     # actors whose share of the budget is collected and inserted (count)
+TOTAL_RESERVED, TOTAL_INSERTED = 7, 8   # the sums of the per-actor pairs, kept beside them under the lock
 READY_TIMEOUT_S = 300.0          # longest wait for the first actors' set-up (imports, environments)
-HEADER = 8                       # counters before the per-actor pairs (reserved, inserted)
+HEADER = 9                       # counters before the per-actor pairs (reserved, inserted)
 POLL_S = 0.002                   # the driver's counter sync period
 STOP_JOIN_S = 1.5                # an actor process that has not exited this long after stop is killed
 
@@ -107,11 +108,76 @@ def read_messages(q, timeout: float | None = None):
         yield kind, payload
 
 
+def n_actors_of(counters) -> int:
+    """The actors a counter block has pairs for."""
+    return (len(counters) - HEADER) // 2
+
+
+def _enter(counters, actor: int) -> None:
+    """(lock held) Mark the lock as held by ``actor``. A holder mark left set means that the last holder died
+    inside, perhaps between a per-actor counter and its total: the totals are summed again from the pairs
+    (O(actors), only then)."""
+    if counters[HOLDER]:
+        repair_totals(counters)
+    counters[HOLDER] = actor + 1
+
+
+def repair_totals(counters) -> None:
+    """(lock held) ``TOTAL_RESERVED`` and ``TOTAL_INSERTED`` summed again from the per-actor pairs."""
+    pairs = counters[HEADER:HEADER + 2 * n_actors_of(counters)]
+    counters[TOTAL_RESERVED] = int(pairs[0::2].sum())
+    counters[TOTAL_INSERTED] = int(pairs[1::2].sum())
+
+
+def reserve_steps(counters, lock, actor: int, policy, n: int, unit: int = 0, inside=None) -> tuple[int, int, bool]:
+    """Grant ``actor`` up to ``n`` env steps under the rule of ``RatePolicy``, in O(1) whatever the number of
+    actors: one lock, four words read or written (the running total, the actor's own counter, the flags).
+    ``unit``: grant only whole multiples of it up to the end of the budget (a remote actor's vector step);
+    ``inside``: called with the lock held (the tests' fault seam). Returns (steps granted, 0 when the rule says
+    wait or the budget is spent; the steps reserved before this grant; whether the budget is spent)."""
+    with lock:
+        _enter(counters, actor)
+        if inside is not None:
+            inside()
+        reserved = int(counters[TOTAL_RESERVED])
+        spent = policy.budget_spent(reserved)
+        granted = 0
+        if not spent and not counters[PAUSED] and policy.actor_may_step(reserved, int(counters[STARTED])):
+            granted = min(n, -(-(policy.total_steps - reserved) // unit) * unit) if unit else n
+            counters[reserved_slot(actor)] += granted
+            counters[TOTAL_RESERVED] = reserved + granted
+        counters[HOLDER] = 0
+    return granted, reserved, spent
+
+
+def count_inserted(counters, lock, actor: int, steps: int) -> None:
+    """``steps`` env steps of ``actor`` are in the buffer: its own counter and the running total, under the lock
+    (O(1); the learners read the total)."""
+    with lock:
+        _enter(counters, actor)
+        counters[inserted_slot(actor)] += steps
+        counters[TOTAL_INSERTED] += steps
+        counters[HOLDER] = 0
+
+
+def give_back(counters, lock, actor: int) -> int:
+    """(driver, ``actor`` is dead) Return what it reserved and never inserted to the budget, repairing the totals
+    if it died holding the lock; returns the steps given back."""
+    with lock:
+        if counters[HOLDER]:
+            repair_totals(counters)
+            counters[HOLDER] = 0
+        lost = int(counters[reserved_slot(actor)] - counters[inserted_slot(actor)])
+        counters[reserved_slot(actor)] -= lost
+        counters[TOTAL_RESERVED] -= lost
+    return lost
+
+
 def count_under_lock(counters, lock, actor: int, slot: int) -> None:
     """Add one to a counter several actors write (READY, FINISHED): under the reservation lock, marked as
     held by ``actor`` (what the driver reads when the process dies inside)."""
     with lock:
-        counters[HOLDER] = actor + 1
+        _enter(counters, actor)
         counters[slot] += 1
         counters[HOLDER] = 0
 

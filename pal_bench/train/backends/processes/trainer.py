@@ -13,11 +13,11 @@ from pathlib import Path
 from pal_bench._segment import SharedControl
 from pal_bench.train.backends.processes.actor import actor_process
 from pal_bench.train.backends.processes.learner import L_FIELDS, L_READY, L_STOP, L_UPDATE, grads_spec, learner_process
+from pal_bench.train.backends.processes.mail import Mailboxes
 from pal_bench.train.backends.processes.shared import (
     FINISHED,
     GO,
     HEADER,
-    HOLDER,
     PAUSED,
     POLL_S,
     READY,
@@ -25,8 +25,11 @@ from pal_bench.train.backends.processes.shared import (
     STARTED,
     STOP,
     STOP_JOIN_S,
+    TOTAL_INSERTED,
+    TOTAL_RESERVED,
     ParentAlive,
     flat_state,
+    give_back,
     inserted_slot,
     read_messages,
     reserved_slot,
@@ -61,13 +64,14 @@ class LearnerDied(TrainingError, WorkerError):
 
 
 class SharedRate(RateController):
-    """The thread trainer's rate controller with its counters in the shared array: ``steps`` and ``reserved``
-    are the sums of the actors' inserted and reserved counts, ``started`` and ``paused`` are written through
-    for the actors to read. Learner threads wait on it as on the thread trainer's, polling (actor processes
-    cannot notify a condition variable): every 0.5 ms while the next update is near, every 10 ms while it
-    lacks more than ``FAR_STEPS`` env steps (the prefill, or an actors-only measurement). Actors collecting
-    under 25,600 steps/s cannot bring those steps in 10 ms, so there the longer poll never delays an update
-    (above, by one poll at most); it spares the actors' cores 1,900 wake-ups a second."""
+    """The thread trainer's rate controller with its counters in the shared array: ``steps`` and ``reserved`` are the
+    running totals of the actors' inserted and reserved counts (one word each, kept under the block's lock beside
+    the per-actor counters: reading them is O(1) in the number of actors), ``started`` and ``paused`` are written
+    through for the actors to read. Learner threads wait on it as on the thread trainer's, polling (actor processes
+    cannot notify a condition variable; each poll reads one word): every 0.5 ms while the next update is near, every
+    10 ms while it lacks more than ``FAR_STEPS`` env steps (the prefill, or an actors-only measurement). Actors
+    collecting under 25,600 steps/s cannot bring those steps in 10 ms, so there the longer poll never delays an
+    update (above, by one poll at most); it spares the actors' cores 1,900 wake-ups a second."""
 
     POLL_S = 0.0005
     FAR_POLL_S = 0.01
@@ -79,24 +83,23 @@ class SharedRate(RateController):
         self._paused = False
         super().__init__(cfg.updates_per_step, cfg.learning_starts, cfg.steps, default_slack(cfg), lockstep=False)
 
-    def _sum(self, at) -> int:
-        return sum(int(self._c[at(a)]) for a in range(self._actors))
-
     @property
     def steps(self) -> int:
-        return self._sum(inserted_slot)
+        return int(self._c[TOTAL_INSERTED])
 
     @steps.setter
     def steps(self, value: int) -> None:             # init and restore only: all on actor 0's account
-        self._c[inserted_slot(0)] = value - (self.steps - int(self._c[inserted_slot(0)]))
+        self._c[inserted_slot(0)] += value - self.steps
+        self._c[TOTAL_INSERTED] = value
 
     @property
     def reserved(self) -> int:
-        return self._sum(reserved_slot)
+        return int(self._c[TOTAL_RESERVED])
 
     @reserved.setter
     def reserved(self, value: int) -> None:
-        self._c[reserved_slot(0)] = value - (self.reserved - int(self._c[reserved_slot(0)]))
+        self._c[reserved_slot(0)] += value - self.reserved
+        self._c[TOTAL_RESERVED] = value
 
     @property
     def started(self) -> int:
@@ -145,6 +148,9 @@ class ProcessTrainer(Trainer):
         super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
         self._messages = [self._new_queue() for _ in range(cfg.actors)]
+        self._mail = Mailboxes()                         # the queues with something in them, O(1) each
+        for i, q in enumerate(self._messages):
+            self._mail.watch(i, q)
         self._sync_lock = threading.Lock()
         self._published = -1
         self._published_target: dict | None = None  # the snapshot target dict whose tensors the block holds
@@ -197,10 +203,11 @@ class ProcessTrainer(Trainer):
             self._published, self._published_target = snap.version, snap.target
 
     def _sync(self) -> None:
-        """Publish new weights and drain the actors' messages (episodes, timers, errors)."""
+        """Publish new weights and drain the actors' messages (episodes, timers, errors): only the queues the
+        epoll names, so that a poll costs O(messages), not O(actors)."""
         with self._sync_lock:
             self._publish()
-            for actor in range(self.cfg.actors):
+            for actor in self._mail.ready():
                 self._drain(actor)
 
     def _drain(self, actor: int) -> None:
@@ -473,11 +480,7 @@ class ProcessTrainer(Trainer):
             if p.exitcode == 0:
                 return
             self._sync()
-            if self.counters[HOLDER] == i + 1:   # killed holding the reservation lock: the next taker repairs it
-                self.counters[HOLDER] = 0
-            with self._counter_lock:             # give back what it reserved and never inserted
-                lost = int(self.counters[reserved_slot(i)] - self.counters[inserted_slot(i)])
-                self.counters[reserved_slot(i)] = self.counters[inserted_slot(i)]
+            lost = give_back(self.counters, self._counter_lock, i)   # what it reserved and never inserted
             self.lost[i] += lost
             self._process_ended(i, p)
             if i in self._training_errors:       # it diverged (actor-side priorities): no restart would help
@@ -490,7 +493,9 @@ class ProcessTrainer(Trainer):
             self.restarts[i] += 1
             with self._sync_lock:                # the dead actor's queue may hold its write lock: a new one
                 self._drain(i)
+                self._mail.forget(i)
                 self._messages[i] = self._new_queue()
+                self._mail.watch(i, self._messages[i])
             self._event(f"actor{i}", "restart", lost, f"process {p.pid} died ({cause}); "
                                                      f"{lost} reserved transitions lost; restarted")
             p = self._start(i)
@@ -541,6 +546,8 @@ class ProcessTrainer(Trainer):
             self._control.close()
         # the message queues' pipes: a queue this process never put to has no feeder thread for close() to stop,
         # and its two connections close when the queue is dropped
+        if getattr(self, "_mail", None) is not None:
+            self._mail.close()
         self._messages, self._lmessages = [], []
 
 

@@ -26,13 +26,11 @@ from pal_bench._segment import SharedControl
 from pal_bench.train.backends.processes.shared import (
     FINISHED,
     GO,
-    PAUSED,
     READY,
-    STARTED,
     STOP,
+    count_inserted,
     count_under_lock,
-    inserted_slot,
-    reserved_slot,
+    reserve_steps,
 )
 from pal_bench.train.backends.ray.context import chunk_size
 from pal_bench.train.config import TrainConfig
@@ -80,16 +78,10 @@ class Inserter:
             if c[STOP]:
                 return self._answer(0, 0, t0)
             if c[GO]:
-                with self.lock:
-                    reserved = sum(int(c[reserved_slot(a)]) for a in range(self.cfg.actors))
-                    spent = self.policy.budget_spent(reserved)
-                    ok = not spent and not c[PAUSED] and self.policy.actor_may_step(reserved, int(c[STARTED]))
-                    if ok:
-                        n = min(request, -(-(self.cfg.steps - reserved) // e) * e)
-                        c[reserved_slot(actor)] += n
+                n, reserved, spent = reserve_steps(c, self.lock, actor, self.policy, request, unit=e)
                 if spent:
                     return self._answer(0, reserved, t0)
-                if ok:
+                if n:
                     return self._answer(n, reserved, t0)
             if time.perf_counter() - t0 >= WAIT_S:
                 return self._answer(-1, 0, t0)
@@ -109,7 +101,7 @@ class Inserter:
             self.buffer.add_batch(priorities=priorities, **batch)
             self.rows += len(next(iter(batch.values())))
             self.bytes += sum(v.nbytes for v in batch.values()) + (priorities.nbytes if priorities is not None else 0)
-        self.c[inserted_slot(actor)] += n_steps
+        count_inserted(self.c, self.lock, actor, n_steps)
         if episodes:
             self.inboxes[actor].put(("episodes", actor, episodes))
         self.seconds["insert"] += time.perf_counter() - t0
