@@ -40,7 +40,7 @@ class Column:
     default: object = None
 
 
-SCALING_BACKENDS = ("threads", "processes", "learner-processes", "ray", "ray-node")
+SCALING_BACKENDS = ("threads", "processes", "learner-processes", "learner-allreduce", "ray", "ray-node")
 # the f_a / f_l curves `python -m pal_bench.studies.scaling` writes (results/scaling*.csv): dse and simulate read them
 SCALING_COLUMNS = {"curve": Column(str, choices=("f_a", "f_l")), "threads": Column(int, WORKERS),
                    "throughput": Column(float, THROUGHPUT),

@@ -50,7 +50,8 @@ class TrainConfig:
     envs_per_actor: int = 1
     learners: int = 1
     aggregation: str = "sync"                          # "sync": average one gradient per learner; "async";
-                                                       # "allreduce" (backend ray): gloo all-reduce among learners
+                                                       # "allreduce" (backend ray, or processes with learner
+                                                       # processes): gloo all-reduce among the learners
     max_staleness: int = 4                             # async: drop a gradient older than this many versions
     env_backend: str = "sync"                          # "sync" (in-thread) or "async" (subprocesses)
     pin_cores: bool = False                            # pin each worker thread to a core (round robin)
@@ -432,8 +433,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"backend must be 'threads', 'processes' or 'ray', got {cfg.backend!r}")
     if cfg.aggregation not in ("sync", "async", "allreduce"):
         raise ConfigError(f"aggregation must be 'sync', 'async' or 'allreduce', got {cfg.aggregation!r}")
-    if cfg.aggregation == "allreduce" and cfg.backend != "ray":
-        raise ConfigError("aggregation: 'allreduce' needs backend = 'ray' (threads share one parameter server)")
+    if cfg.aggregation == "allreduce" and cfg.backend != "ray" and not (cfg.backend == "processes"
+                                                                        and cfg.learner_processes):
+        raise ConfigError("aggregation: 'allreduce' needs learners in processes of their own: backend = 'ray', or "
+                          "backend = 'processes' with learner_processes (learner threads share one parameter server)")
     if cfg.ray_placement not in ("auto", "node", "pack", "spread"):
         raise ConfigError(f"ray_placement must be 'auto', 'node', 'pack' or 'spread', got {cfg.ray_placement!r}")
     if cfg.backend == "ray" and cfg.placement == "node" and cfg.aggregation == "allreduce":
@@ -477,8 +480,6 @@ def validate(cfg: TrainConfig) -> None:
                           "actors cannot start (each actor is already a process; use env_backend = 'sync')")
     if cfg.learner_processes and cfg.backend != "processes":
         raise ConfigError(f"learner_processes: learner processes need backend = 'processes' (got {cfg.backend!r})")
-    if cfg.learner_processes and cfg.aggregation == "allreduce":
-        raise ConfigError("aggregation: 'allreduce' is the Ray backend's; learner processes use 'sync' or 'async'")
     if cfg.backend in ("ray", "processes") and cfg.deterministic:
         raise ConfigError("deterministic: lockstep runs need backend = 'threads'")
     if cfg.lockstep and (cfg.actors != 1 or cfg.learners != 1):

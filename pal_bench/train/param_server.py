@@ -188,6 +188,14 @@ class ParameterServer:
         return {"version": self.version, "online": self.nets.state_dict(), "target": self.targets.state_dict(),
                 "optimizers": {g: o.state_dict() for g, o in self.optimizers.items()}}
 
+    def load_weights(self, online: dict, target: dict, version: int) -> None:
+        """Take weights stepped elsewhere (all-reduce learners) as version ``version``: the networks, the targets
+        and the snapshot; the optimizers' state is left as it is."""
+        self.nets.load_state_dict(online)
+        self.targets.load_state_dict(target)
+        self.version = version
+        self.snapshot = Snapshot(version, _clone(self.nets.state_dict()), _clone(self.targets.state_dict()))
+
     def load_state_dict(self, state: dict) -> None:
         self.nets.load_state_dict(state["online"])
         self.targets.load_state_dict(state["target"])

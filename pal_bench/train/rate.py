@@ -89,6 +89,26 @@ class RateController:
                     return False
                 self._wait("learner")
 
+    def acquire_round(self, n: int, stop: threading.Event, actors_finished: threading.Event) -> int:
+        """Start ``n`` updates at once, one per learner of an all-reduce round: waits (not paused) until the data
+        for all ``n`` is in; fewer only where the budget holds fewer, or the actors have finished and the data for
+        more will never come. Returns the updates started: 0 on stop or when none is left. Started together, so a
+        checkpoint's pause never waits on a round half-granted."""
+        with self.cond:
+            while True:
+                left = self.max_updates - self.started
+                if stop.is_set() or left <= 0:
+                    return 0
+                want = min(n, left)
+                if not self.paused:
+                    k = 0
+                    while k < want and self.policy.learner_may_start(self.steps, self.started + k):
+                        k += 1
+                    if k == want or actors_finished.is_set():
+                        self.started += k
+                        return k
+                self._wait("learner")
+
     def update_done(self) -> None:
         with self.cond:
             self.done += 1

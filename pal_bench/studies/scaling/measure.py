@@ -19,7 +19,7 @@ import pandas as pd
 from pal_bench.argtypes import WORKERS, duration, int_ranges, nonneg_int, positive_int, workers
 from pal_bench.conditions import Conditions, add_force_flag, outlier_repeats, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
-from pal_bench.stored_tables import read_csv
+from pal_bench.stored_tables import SCALING_BACKENDS, read_csv
 from pal_bench.studies.scaling import worker_costs
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 from pal_bench.train import Trainer, make_config, make_trainer
@@ -75,10 +75,11 @@ def transitions(tr, n: int, seed: int = 0) -> dict:
 
 def label(cfg) -> str:
     """The name a configuration's curves go by: its backend, "learner-processes" for the process backend with
-    learners as processes (``learner_processes``), or "ray-node" for Ray's one-node placement (``ray_placement =
-    "node"``: the process backend's pieces, its actor processes started by Ray)."""
+    learners as processes (``learner_processes``; "learner-allreduce" when they average among themselves), or
+    "ray-node" for Ray's one-node placement (``ray_placement = "node"``: the process backend's pieces, its actor
+    processes started by Ray)."""
     if cfg.backend == "processes" and cfg.learner_processes:
-        return "learner-processes"
+        return "learner-allreduce" if cfg.aggregation == "allreduce" else "learner-processes"
     if cfg.backend == "ray" and cfg.placement == "node":
         return "ray-node"
     return cfg.backend
@@ -96,7 +97,7 @@ def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
         if label(cfg) == "ray-node":        # the driver's learner threads on the shared segment, Ray connected
             with ray_session(c):
                 return _measure_fl(c, updates, filled, processes=True)
-        return _measure_fl(c, updates, filled, processes=label(cfg) == "learner-processes")
+        return _measure_fl(c, updates, filled, processes=label(cfg) in ("learner-processes", "learner-allreduce"))
 
 
 def _measure_fl(cfg, updates: int, filled: int, processes: bool = False) -> float:
@@ -175,12 +176,13 @@ def end_to_end(cfg, max_threads: int, steps: int, progress=print) -> pd.DataFram
     backend sync and async (the process backend: sync only)."""
     cores = usable_cores()
     splits = [(a, b) for a in range(1, max_threads) for b in range(1, max_threads) if a + b <= max_threads]
-    aggregations = ("sync", "async", "allreduce") if label(cfg) == "ray" else ("sync", "async")
+    aggregations = {"ray": ("sync", "async", "allreduce"), "learner-allreduce": ("allreduce",)}.get(label(cfg),
+                                                                                                  ("sync", "async"))
     frames = []
     with ray_session(cfg):
         for aggregation in aggregations:
             # actor processes step their environments in-process (they cannot start env subprocesses)
-            in_process = label(cfg) in ("processes", "learner-processes", "ray-node")
+            in_process = label(cfg) in ("processes", "learner-processes", "learner-allreduce", "ray-node")
             for backend in ("sync",) if in_process else ("sync", "async"):
                 c = dataclasses.replace(cfg, aggregation=aggregation, env_backend=backend)
                 df = measure_splits(c, splits, steps,
@@ -317,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", type=_backends, default=["threads"],
                     help="threads in this process, actor processes on the shared buffer "
                          "(results/scaling_processes.csv), the same with learner processes too "
-                         "(learner-processes: results/scaling_learner_processes.csv), or Ray processes "
+                         "(learner-processes: results/scaling_learner_processes.csv; learner-allreduce: averaging "
+                         "among themselves, results/scaling_learner_allreduce.csv), or Ray processes "
                          "(results/scaling_ray.csv); a comma list (threads,processes) measures them side by side, "
                          "interleaved point by point")
     ap.add_argument("--ray-address", help="with --backend ray: join this Ray cluster (default: a local Ray)")
@@ -337,8 +340,11 @@ def main(argv: list[str] | None = None) -> int:
                            Conditions("scaling --reservation-cost"), progress=lambda m: print(m, file=sys.stderr))
         return 0
     cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
-                        backend={"learner-processes": "processes", "ray-node": "ray"}.get(b, b),
-                        learner_processes=b == "learner-processes", ray_placement="node" if b == "ray-node" else "pack")
+                        backend={"learner-processes": "processes", "learner-allreduce": "processes",
+                                 "ray-node": "ray"}.get(b, b),
+                        learner_processes=b in ("learner-processes", "learner-allreduce"),
+                        aggregation="allreduce" if b == "learner-allreduce" else "sync",
+                        ray_placement="node" if b == "ray-node" else "pack")
             for b in args.backend]
     if refuse_if_busy("pal_bench.studies.scaling", args.force):
         return 2
@@ -365,10 +371,9 @@ def main(argv: list[str] | None = None) -> int:
 def _backends(text: str) -> list[str]:
     """``--backend``: one backend or a comma list of them."""
     names = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in names if b not in ("threads", "processes", "learner-processes", "ray", "ray-node")]
+    bad = [b for b in names if b not in SCALING_BACKENDS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"backends are threads, processes, learner-processes, ray and ray-node; "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"backends are {', '.join(SCALING_BACKENDS)}; got {text!r}")
     return list(dict.fromkeys(names))
 
 

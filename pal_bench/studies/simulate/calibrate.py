@@ -26,7 +26,8 @@ LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 
 # assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
 # GCS, the Ray threads of the driver and the actor processes) keep busy while a run goes
-BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "learner-processes": 0.0, "ray-node": 0.1, "ray": 0.1}
+BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "learner-processes": 0.0, "learner-allreduce": 0.0,
+                    "ray-node": 0.1, "ray": 0.1}
 
 
 # what each stored input may hold: a cost (µs per call) at most MAX_CALL_US (10 s; the measured ones are 0.01 µs to

@@ -16,6 +16,9 @@ slices). What a backend changes is which resources a phase also holds:
   sample, gradients and priorities outside any GIL, plus ``lp_process_us`` of weights pull and gradient publish);
   each update crosses to the driver's proxy thread and back (``lp_handoff_us`` each way), which reads the
   gradient (``lp_driver_us``) and applies it under the driver's GIL;
+- **learner-allreduce** (the same with ``aggregation = "allreduce"``): the driver only grants the rounds
+  (``lp_handoff_us`` each way); the learners average over a gloo ring and each applies the step itself, outside
+  any GIL, learner 0 publishing the weights;
 - **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
   an actor's insert (per chunk) and weights fetch are remote calls of ``ray_call_us``, a learner's update waits
   ``ray_learner_remote_us`` beyond its own work and the buffer's and parameter server's (its calls, serialization,
@@ -47,9 +50,9 @@ from pal_bench.train.rate_policy import RatePolicy, default_slack
 MAX_CALL_US = 1e7      # the longest one call (a phase, a lock hold, a copy, a round trip) the inputs may say: 10 s
 MAX_SLICES = 16        # a phase longer than this many quanta is cut into this many slices (its events stay bounded;
 #                        the measured phases, under 10 ms, are never cut so coarsely)
-BACKENDS = ("threads", "processes", "learner-processes", "ray-node", "ray")
+BACKENDS = ("threads", "processes", "learner-processes", "learner-allreduce", "ray-node", "ray")
 # rows per insert call: local_buffer, ray_chunk
-CHUNK = {"threads": 1, "processes": 1, "learner-processes": 1, "ray-node": 1, "ray": 256}
+CHUNK = {"threads": 1, "processes": 1, "learner-processes": 1, "learner-allreduce": 1, "ray-node": 1, "ray": 256}
 AGGREGATIONS = ("sync", "async", "allreduce")
 
 
@@ -256,7 +259,9 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     env = simpy.Environment()
     m, run = _Machine(env, inp, w), _Run(env, w)
     threads = w.backend == "threads"
-    lp = w.backend == "learner-processes"
+    if w.backend == "learner-allreduce":
+        w = replace(w, aggregation="allreduce")
+    lp = w.backend in ("learner-processes", "learner-allreduce")
     learner_gil = w.backend in ("threads", "processes", "ray-node", "learner-processes")   # the driver's GIL
     own_gil = learner_gil and not lp                 # a learner's own work: in the driver's threads, or not
     ray = w.backend == "ray"
@@ -382,7 +387,8 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             if lp:                                       # weights pull and gradient publish, back to the proxy,
                 yield from m.cpu(inp.lp_process_us)      # which reads the gradient under the driver's GIL
                 yield env.timeout(inp.lp_handoff_us)
-                yield from m.work(("l", j), inp.lp_driver_us, "apply", learner_gil)
+                if w.aggregation != "allreduce":         # (all-reduce: the gradient stays in the learners)
+                    yield from m.work(("l", j), inp.lp_driver_us, "apply", learner_gil)
             if ray:                                      # the calls' waits beyond the buffer's and server's work
                 yield from remote(*ray_remote)
             direct = w.learners == 1 and w.aggregation == "sync"
@@ -416,7 +422,7 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 ev.succeed()
             yield from m.cpu(2 * (L - 1) * (inp.allreduce_alpha_us + inp.weight_bytes / 2 / L
                                              / inp.allreduce_bw * 1e6))
-            yield from m.work(("l", j), inp.apply_us, "apply", learner_gil)
+            yield from m.work(("l", j), inp.apply_us, "apply", own_gil)     # in the learner's own process
             if j == 0:
                 yield from publish(("l", j))
             return

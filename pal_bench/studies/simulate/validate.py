@@ -20,9 +20,11 @@ from pal_bench.studies.simulate.calibrate import fit, inputs_for
 from pal_bench.studies.simulate.model import AGGREGATIONS, CHUNK, Workload, throughput
 
 SCALING = {"threads": "scaling.csv", "processes": "scaling_processes.csv", "ray": "scaling_ray.csv",
-           "ray-node": "scaling_ray_node.csv", "learner-processes": "scaling_learner_processes.csv"}
+           "ray-node": "scaling_ray_node.csv", "learner-processes": "scaling_learner_processes.csv",
+           "learner-allreduce": "scaling_learner_allreduce.csv"}
 END_TO_END = {"threads": "end_to_end.csv", "processes": "end_to_end_processes.csv", "ray": "end_to_end_ray.csv",
-              "ray-node": "end_to_end_ray_node.csv", "learner-processes": "end_to_end_learner_processes.csv"}
+              "ray-node": "end_to_end_ray_node.csv", "learner-processes": "end_to_end_learner_processes.csv",
+              "learner-allreduce": "end_to_end_learner_allreduce.csv"}
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}     # DQN CartPole-v1's (the stored runs')
 MAX_WORKERS = 3
 END_TO_END_COLUMNS = {"actors": Column(int, WORKERS), "learners": Column(int, WORKERS),

@@ -1,11 +1,15 @@
-"""The learner process (``learner_processes``): the driver grants each update; the process samples the
-shared buffer and publishes its gradient for the driver's parameter server."""
+"""The learner process (``learner_processes``): the driver grants each update; the process samples the shared
+buffer and publishes its gradient for the driver's parameter server, or (``aggregation = "allreduce"``) averages
+it with the other learner processes over gloo and steps its own networks, learner 0 publishing the weights for the
+actors, so that no gradient passes through the driver."""
 
 from __future__ import annotations
 
 import os
 
+from pal_bench.train.allreduce import average_gradients
 from pal_bench.train.backends.processes.shared import (
+    Publisher,
     StatePair,
     die_with_parent,
     flat_state,
@@ -19,7 +23,10 @@ from pal_bench.train.replay_spec import buffer_class
 from pal_bench.train.shared_weights import SharedWeights
 from pal_bench.train.workers import PhaseTimer, pin
 
-L_UPDATE, L_STOP, L_READY, L_FIELDS = 0, 1, 2, 4     # per learner slot: granted update number, stop, set up
+# per learner slot: granted update number (0 in an all-reduce round: none of its own), stop, set up, and the
+# weights' version (allreduce: the driver's at the start; learner 0's after each step)
+L_UPDATE, L_STOP, L_READY, L_VERSION, L_FIELDS = 0, 1, 2, 3, 4
+RENDEZVOUS_TIMEOUT_S = 120.0   # allreduce: the longest wait for the other learner processes to join the group
 
 
 def grads_spec(ps) -> list:
@@ -31,11 +38,13 @@ def grads_spec(ps) -> list:
 
 def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_name: str, weights_spec,
                     grads_name: str, gspec, slots, grant, done, messages, parent_pid: int,
-                    faults: Faults = NO_FAULTS) -> None:
+                    faults: Faults = NO_FAULTS, rendezvous: str | None = None) -> None:
     """Body of one learner process (spawned): for each update the driver grants, load the latest published
     weights, sample the shared buffer, compute the gradients, write |TD| back as priorities and publish the
     gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
-    the driver (one proxy thread per learner process), so they are the thread trainer's."""
+    the driver (one proxy thread per learner process), so they are the thread trainer's. With ``rendezvous`` (a
+    ``file://`` address: ``aggregation = "allreduce"``) the learners average their gradients among themselves
+    (``AllReduceSink``) and step their own networks; the driver only grants the rounds."""
     die_with_parent()
     ignore_stop_signals()
     import torch
@@ -58,20 +67,90 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
         params = param_groups(ctx.algo, nets)
         # the networks' own tensors as the read target: a new version is copied straight into them
         into = flat_state(StatePair(nets.state_dict(), targets.state_dict()))
+        source, sink = LearnerWeights(weights, into), PublishGradients(grads, params)
+        if rendezvous is not None:
+            source, sink = _join_allreduce(cfg, learner, rendezvous, ctx, nets, targets, params, source, weights,
+                                           slots, base)
         slots[base + L_READY] = 1
         timer.lap("setup")
         learner_loop(buf, nets, targets, params, SlotGrant(slots, base, grant, done, learner, parent_pid, faults),
-                     LearnerWeights(weights, into), PublishGradients(grads, params), ctx.algo, cfg, ctx.beta,
-                     ctx.to_tensors, f"learner{learner}", timer)
+                     source, sink, ctx.algo, cfg, ctx.beta, ctx.to_tensors, f"learner{learner}", timer)
         messages.put(("timers", learner, timer.seconds))
     except TrainingError as e:
         report_failure(f"learner{learner}", learner, messages, e)
     except BaseException:
         report_failure(f"learner{learner}", learner, messages)
     finally:
+        if rendezvous is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
         for h in (buf, weights, grads):
             if h is not None:
                 h.close()
+
+
+def _join_allreduce(cfg: TrainConfig, learner: int, rendezvous: str, ctx, nets, targets, params, source, weights,
+                    slots, base):
+    """(allreduce) Join the learners' gloo group, start from the weights the driver published (its parameter
+    server's version, in the slot), and return the ``WeightSource`` and ``GradientSink`` of a learner that steps
+    its own networks."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from pal_bench.train.param_server import ParameterServer
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=learner, world_size=cfg.learners,
+                            timeout=timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, cfg.learner_timeout_s)))
+    source.pull(-1)                                  # the driver's weights (a resumed run's too)
+    local = ParameterServer(ctx.algo, nets, targets, cfg, 1)   # its optimizers, clipping and target rule
+    local.version = int(slots[base + L_VERSION])
+    publisher = Publisher(weights) if learner == 0 else None
+    if publisher is not None:
+        publisher.holds(local.snapshot)
+    return OwnSteps(local), AllReduceSink(local, learner, cfg.learners, params, slots, base, publisher)
+
+
+class PeerLost(TrainingError):
+    """(allreduce, learner process) Another learner of the group is gone: this one stops with one line, the driver
+    reports the one that died."""
+
+
+class OwnSteps:
+    """(allreduce) The ``WeightSource`` of a learner that steps its own networks: nothing to copy."""
+
+    def __init__(self, local):
+        self.local = local
+
+    def pull(self, version: int) -> int:
+        return self.local.version
+
+
+class AllReduceSink:
+    """(allreduce) The ``GradientSink``: the gradients averaged over the learner processes
+    (``allreduce.average_gradients``; a round where the driver granted this learner no update of its own adds
+    nothing), then this learner's own optimizer step; learner 0 then publishes the weights for the actors and the
+    driver, with their version in its slot."""
+
+    phase = "aggregation"
+
+    def __init__(self, local, learner: int, learners: int, params: dict, slots, base: int, publisher):
+        self.local, self.learner, self.learners, self.params = local, learner, learners, params
+        self.slots, self.base, self.publisher = slots, base, publisher
+
+    def deliver(self, version: int, grads: dict) -> None:
+        mine = grads if self.slots[self.base + L_UPDATE] else {}
+        try:
+            averaged = average_gradients(mine, self.params, self.learners)
+        except RuntimeError as e:      # gloo: a peer is gone (killed); the driver names it, this one ends quietly
+            raise PeerLost(f"learner{self.learner}: the all-reduce group lost a learner "
+                           f"({str(e).splitlines()[0][-200:]})") from None
+        if averaged:
+            self.local._step([averaged], [self.learner])
+        if self.publisher is not None and self.publisher.publish(self.local.snapshot):
+            self.slots[self.base + L_VERSION] = self.local.version
 
 
 class SlotGrant:

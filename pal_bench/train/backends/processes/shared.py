@@ -200,6 +200,30 @@ def pull_weights(weights: SharedWeights, into: dict, version: int) -> int:
     return version if got is None else got[0]
 
 
+class Publisher:
+    """Publishes a parameter server's snapshots into a ``SharedWeights`` block (the one writer of that block: the
+    driver, or with ``aggregation = "allreduce"`` learner process 0): a new version only, and its targets only when
+    they changed (the server keeps the same target dict until they do)."""
+
+    def __init__(self, block: SharedWeights):
+        self.block = block
+        self.version = -1
+        self.target: dict | None = None       # the snapshot target dict whose tensors the block holds
+
+    def publish(self, snap) -> bool:
+        """Copy ``snap`` in unless the block holds its version already; whether it copied."""
+        if snap.version == self.version:
+            return False
+        new_targets = snap.target is not self.target
+        self.block.publish(flat_state(snap, targets=new_targets), partial=not new_targets)
+        self.version, self.target = snap.version, snap.target
+        return True
+
+    def holds(self, snap) -> None:
+        """The block already holds ``snap`` (read back from it): nothing to copy until the next version."""
+        self.version, self.target = snap.version, snap.target
+
+
 class StatePair:
     """Online and target state dicts in the shape ``flat_state`` reads (a snapshot's ``online``/``target``)."""
 

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 from pal_bench._segment import SharedControl
 from pal_bench.train.backends.processes.actor import actor_process
-from pal_bench.train.backends.processes.learner import L_FIELDS, L_READY, L_STOP, L_UPDATE, grads_spec, learner_process
+from pal_bench.train.backends.processes.learner import (
+    L_FIELDS,
+    L_READY,
+    L_STOP,
+    L_UPDATE,
+    L_VERSION,
+    grads_spec,
+    learner_process,
+)
 from pal_bench.train.backends.processes.mail import Mailboxes
 from pal_bench.train.backends.processes.shared import (
     FINISHED,
@@ -28,6 +38,7 @@ from pal_bench.train.backends.processes.shared import (
     TOTAL_INSERTED,
     TOTAL_RESERVED,
     ParentAlive,
+    Publisher,
     flat_state,
     give_back,
     inserted_slot,
@@ -144,6 +155,7 @@ class ProcessTrainer(Trainer):
         self._weights: SharedWeights | None = None
         self._lprocs: dict[int, mp.Process] = {}
         self._grads: list[SharedWeights] = []
+        self._gloo_dir: str | None = None             # allreduce: the learners' rendezvous directory
         self._training_errors: dict[int, tuple[str, str]] = {}    # actor -> a TrainingError it sent (name, line)
         super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
@@ -152,8 +164,6 @@ class ProcessTrainer(Trainer):
         for i, q in enumerate(self._messages):
             self._mail.watch(i, q)
         self._sync_lock = threading.Lock()
-        self._published = -1
-        self._published_target: dict | None = None  # the snapshot target dict whose tensors the block holds
         self.restarts = [0] * cfg.actors
         self.lost = [0] * cfg.actors
         name = segment_name(self.run_dir, "w")
@@ -161,6 +171,7 @@ class ProcessTrainer(Trainer):
         if stale.exists():                                # left by a driver killed in this run directory
             stale.unlink()
         self._weights = SharedWeights.create(spec_of(flat_state(self.ps.snapshot)), name=name)
+        self._publisher = Publisher(self._weights)
         self._publish()
         if cfg.learner_processes:
             self._gspec = grads_spec(self.ps)
@@ -194,13 +205,9 @@ class ProcessTrainer(Trainer):
     # ------------------------------------------------------------------ counters and weights
 
     def _publish(self) -> None:
-        """Copy the server's latest snapshot into the shared block, its targets only when they changed (the server
-        keeps the same target dict until they do)."""
-        snap = self.ps.snapshot
-        if snap.version != self._published:
-            new_targets = snap.target is not self._published_target
-            self._weights.publish(flat_state(snap, targets=new_targets), partial=not new_targets)
-            self._published, self._published_target = snap.version, snap.target
+        """Copy the server's latest snapshot into the shared block (``Publisher``: new versions only, targets only
+        when they changed)."""
+        self._publisher.publish(self.ps.snapshot)
 
     def _sync(self) -> None:
         """Publish new weights and drain the actors' messages (episodes, timers, errors): only the queues the
@@ -251,7 +258,7 @@ class ProcessTrainer(Trainer):
         t0 = time.perf_counter()
         self._procs = {i: self._start(i) for i in range(self.cfg.actors)}
         if self.cfg.learner_processes:
-            self._lprocs = {i: self._start_learner(i) for i in range(self.cfg.learners)}
+            self._start_learners()
         try:
             self._wait_ready()
         except BaseException:
@@ -295,12 +302,23 @@ class ProcessTrainer(Trainer):
 
     # ------------------------------------------------------------------ learner processes
 
-    def _start_learner(self, i: int) -> mp.Process:
+    def _start_learners(self) -> None:
+        """Every learner process, the all-reduce group's rendezvous made first (``allreduce``: a fresh ``file://``
+        store in a private temporary directory, and the weights' version the learners start from)."""
+        rendezvous = None
+        if self.cfg.aggregation == "allreduce":
+            self._gloo_dir = tempfile.mkdtemp(prefix="pal-gloo-")
+            rendezvous = "file://" + os.path.join(self._gloo_dir, "store")
+            for i in range(self.cfg.learners):
+                self._lslots[i * L_FIELDS + L_VERSION] = self.ps.version
+        self._lprocs = {i: self._start_learner(i, rendezvous) for i in range(self.cfg.learners)}
+
+    def _start_learner(self, i: int, rendezvous: str | None = None) -> mp.Process:
         p = self._ctx.Process(
             target=learner_process, name=f"pal-learner{i}", daemon=True,
             args=(self.cfg, i, self.buffer.shared_name, self._weights.name, self._weights.spec,
                   self._grads[i].name, self._gspec, self._lslots, self._grant[i], self._done[i],
-                  self._lmessages[i], os.getpid(), self.faults))
+                  self._lmessages[i], os.getpid(), self.faults, rendezvous))
         p.start()
         return p
 
@@ -308,7 +326,7 @@ class ProcessTrainer(Trainer):
         """(``run_learners``) The learner processes (``learner_processes``), set up before the clock."""
         self._procs, self._last_error, self._ready = {}, {}, set()
         if self.cfg.learner_processes:
-            self._lprocs = {i: self._start_learner(i) for i in range(self.cfg.learners)}
+            self._start_learners()
             self._wait_ready()
 
     def _learner(self, i: int) -> None:
@@ -317,6 +335,10 @@ class ProcessTrainer(Trainer):
         waits for its gradient and submits it to the parameter server, as a learner thread would."""
         if not self.cfg.learner_processes:
             return super()._learner(i)
+        if self.cfg.aggregation == "allreduce":
+            if i == 0:                                   # one thread grants every learner's rounds
+                self._allreduce_rounds()
+            return
         import torch
 
         # the proxy applies gradients with the parameter server's optimizer here, in the driver: one torch thread,
@@ -332,7 +354,7 @@ class ProcessTrainer(Trainer):
                 timer.lap("rate_wait")
                 with self._sync_lock:
                     self._publish()                      # the learner reads the latest version
-                    version = self._published
+                    version = self._publisher.version
                 self._lslots[base + L_UPDATE] = self.next_update_index()
                 self._grant[i].release()
                 while not self._done[i].acquire(timeout=0.05):
@@ -364,6 +386,73 @@ class ProcessTrainer(Trainer):
             self.ps.learner_left()
             self._lslots[base + L_STOP] = 1
             self._grant[i].release()
+
+    def _allreduce_rounds(self) -> None:
+        """(``aggregation = "allreduce"``) Grant the learner processes their updates a round at a time: one update
+        each (``rate.acquire_round``), or in the budget's last round an update for some and a round without one for
+        the others (slot ``L_UPDATE`` 0: they still join the all-reduce, adding nothing), so that every learner takes
+        part in every all-reduce. Then wait for all of them. The gradients never come here: the driver holds only
+        the rate rule and the update numbers."""
+        L = self.cfg.learners
+        timer = self.timers["learner0"] = PhaseTimer()
+        try:
+            while (started := self.rate.acquire_round(L, self.stop, self.actors_finished)) > 0:
+                timer.lap("rate_wait")
+                for j in range(L):
+                    self._lslots[j * L_FIELDS + L_UPDATE] = self.next_update_index() if j < started else 0
+                    self._grant[j].release()
+                for j in range(L):
+                    while not self._done[j].acquire(timeout=0.05):
+                        if self._lprocs[j].exitcode is not None:
+                            raise self._group_death(j)
+                        if self.stop.is_set():
+                            return
+                timer.lap("learner_processes")
+                for _ in range(started):
+                    self.rate.update_done()
+                if started < L:
+                    return
+        finally:
+            for j in range(L):
+                self.ps.learner_left()
+                self._lslots[j * L_FIELDS + L_STOP] = 1
+                self._grant[j].release()
+
+    def _group_death(self, j: int) -> BaseException:
+        """(allreduce) Learner ``j`` has ended mid-round; the others end too once the all-reduce loses it (up to 1 s).
+        The error of the one killed by a signal, if any (the others only lost their peer), else ``j``'s."""
+        deadline = time.monotonic() + 1.0
+        while any(p.exitcode is None for p in self._lprocs.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed = [k for k, p in self._lprocs.items() if p.exitcode is not None and p.exitcode < 0]
+        k = killed[0] if killed else j
+        return self._learner_death(k, self._lprocs[k])
+
+    def _learned(self) -> None:
+        """(allreduce) The driver's parameter server takes the weights learner 0 last published (its version from
+        learner 0's slot), for a checkpoint, an evaluation or the summary; the optimizers' moments stay in the
+        learners (a resumed run's learners start theirs afresh, as Ray's all-reduce learners do)."""
+        if self.cfg.aggregation != "allreduce" or not self.cfg.learner_processes or self._closed:
+            return
+        version = int(self._lslots[L_VERSION])
+        if version <= self.ps.version:
+            return
+        got = self._weights.read(min_version=1)
+        if got is None:
+            return
+        _, flat = got
+        part = {w: {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(w + ".")}
+                for w in ("online", "target")}
+        self.ps.load_weights(part["online"], part["target"], version)
+        self._publisher.holds(self.ps.snapshot)          # the block holds them already: nothing to publish back
+
+    def save_checkpoint(self) -> Path:
+        self._learned()
+        return super().save_checkpoint()
+
+    def evaluate(self) -> dict:
+        self._learned()
+        return super().evaluate()
 
     def _process_ended(self, i: int, p) -> None:
         """Actor ``i``'s process ``p`` has ended with an error, its messages read (a launcher whose process handle
@@ -439,6 +528,9 @@ class ProcessTrainer(Trainer):
                 if kind == "timers":
                     self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
         self._lprocs = {}
+        if self._gloo_dir is not None:                 # the all-reduce group's rendezvous store
+            shutil.rmtree(self._gloo_dir, ignore_errors=True)
+            self._gloo_dir = None
 
     # ------------------------------------------------------------------ placement (what another launcher replaces)
 
@@ -507,6 +599,7 @@ class ProcessTrainer(Trainer):
             super()._join()
 
     def summary(self) -> dict:
+        self._learned()
         out = super().summary()
         out["backend"] = "processes"
         out["learner_processes"] = self.cfg.learner_processes

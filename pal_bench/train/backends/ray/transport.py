@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 import ray
-import torch
 
+from pal_bench.train.allreduce import average_gradients
 from pal_bench.train.backends.ray.context import from_numpy, to_numpy
 from pal_bench.train.param_server import ParameterServer
 from pal_bench.train.workers import PhaseTimer
@@ -275,31 +275,8 @@ class AllReduceGradients:
             self.timer.lap("serialize")
 
     def reduce(self, grads: dict | None) -> dict | None:
-        """Average gradients over the learners: one gloo all-reduce of every group's gradients (zeros for a group
-        this update has no loss for), a count per group and a have-batch flag. Returns the averaged gradients, or
-        None when some learner has no batch (``grads`` None here: this learner tells the others it stops)."""
-        import torch.distributed as dist
-
-        names = sorted(self.groups)
-        parts, counts = [], []
-        for g in names:
-            mine = grads is not None and g in grads
-            parts += [t.reshape(-1) for t in grads[g]] if mine else [torch.zeros(p.numel()) for p in self.groups[g]]
-            counts.append(float(mine))
-        flat = torch.cat(parts + [torch.tensor(counts + [float(grads is not None)])])
-        dist.all_reduce(flat)
-        if flat[-1] < self.learners:
-            return None
-        out, offset = {}, 0
-        for i, g in enumerate(names):
-            seg = []
-            for p in self.groups[g]:
-                seg.append(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
-            count = float(flat[len(flat) - 1 - len(names) + i])
-            if count > 0:
-                out[g] = [x / count for x in seg]
-        return out
+        """``allreduce.average_gradients`` over this learner's groups (None: some learner stops)."""
+        return average_gradients(grads, self.groups, self.learners)
 
     def publish(self, wait: bool = False) -> None:
         snap = self.local.snapshot
