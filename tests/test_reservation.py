@@ -244,3 +244,39 @@ def test_threads_list_must_hold_one(capsys):
         main(["--threads", "2,4"])
     assert e.value.code == 2
     assert "--threads must include 1" in capsys.readouterr().err
+
+
+def _write_half_a_message(q) -> None:
+    """(a spawned child) The length of a 1 MB message and 100 bytes of it, then death, as a kill mid-put leaves it."""
+    import os
+    import struct
+
+    os.write(q._writer.fileno(), struct.pack("!i", 1_000_000) + b"x" * 100)
+    os._exit(0)
+
+
+def test_a_message_cut_short_by_a_dead_actor_ends_the_read_instead_of_hanging_the_pump():
+    """The driver drops its copy of an actor queue's write end once the actor has it (``_drop_write_end``), so a
+    message the actor died in the middle of reads as end of file: the pump's drain returns (it waited forever for
+    the rest, holding the sync lock)."""
+    import multiprocessing as mp
+    import threading
+
+    from pal_bench.train.backends.processes.shared import read_messages
+    from pal_bench.train.backends.processes.trainer import _drop_write_end
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_write_half_a_message, args=(q,))
+    p.start()
+    _drop_write_end(q)
+    p.join(30)
+    got, done = [], threading.Event()
+
+    def drain():
+        got.extend(read_messages(q))
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    assert done.wait(10), "the drain waited for the rest of a message nobody will write"
+    assert got == []

@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                          "runs them in interleaved rounds")
     add_force_flag(ap)
     args = ap.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"argument --out: {args.out} exists and is not a directory")
     if args.threads is not None and 1 not in args.threads:
         ap.error(f"--threads must include 1 (the speedups are against one thread), got {args.threads}")
     if args.reservation_cost:

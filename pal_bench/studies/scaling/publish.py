@@ -117,7 +117,17 @@ def processes_block(results: Path) -> str:
                         out["learner processes"] / out.threads)
         out["learner processes / threads [95% CI]"] = ratio.where(fl, "")
         sources.append("scaling_learner_processes.csv")
-        note += "; the last two columns: f_l with learner processes (`learner_processes = true`)"
+        note += "; then f_l with learner processes (`learner_processes = true`)"
+    ar_path = results / "scaling_learner_allreduce.csv"
+    if ar_path.exists():
+        ar = read_csv(ar_path).reindex(columns=cols + ["speedup"])
+        ar = ar[ar.curve == "f_l"].set_index("threads")
+        fl = out.curve == "f_l"
+        out["all-reduce learner processes"] = out.workers.map(ar.throughput).where(fl)
+        out["all-reduce: speedup over 1"] = out.workers.map(ar.speedup).where(fl)
+        sources.append("scaling_learner_allreduce.csv")
+        note += ("; and learner processes that average among themselves (`aggregation = \"allreduce\"`), with "
+                 "their speedup over one")
     return ("DQN on CartPole-v1: f_a (transitions/s, actors only) and f_l (updates/s, learners only) with actor "
             f"processes on the shared buffer against actor threads ({note}). Throughputs are medians over the "
             "rounds of `--repeats`; a ratio is the median over rounds of the two measured side by side in that "
@@ -260,7 +270,37 @@ def outputs(results: Path, figures: bool) -> list[Path]:
     return out
 
 
+def worker_costs_block(results: Path) -> str:
+    """One step reservation and one pump poll against the number of actors (``--reservation-cost``), with the
+    pre-issue-49 way of each measured beside it."""
+    r_path, p_path = results / "reservation_cost.csv", results / "pump_cost.csv"
+    if not (r_path.exists() and p_path.exists()):
+        return missing("reservation_cost.csv", "pal-bench scaling --reservation-cost --actors 1,16,64,256")
+    r, p = read_csv(r_path), read_csv(p_path)
+    one = r[r.actors == r.actors.min()].iloc[0]
+    res = pd.DataFrame({"actors": r.actors, "µs per reservation": r.us_per_reservation,
+                        "vs the fewest actors": r.us_per_reservation / one.us_per_reservation,
+                        "µs per insert count": r.us_per_insert,
+                        "before: summing every actor (µs)": r.us_summing_all,
+                        "two processes at once (reservations/s)": r.contended_per_s})
+    pump = pd.DataFrame({"actor queues": p.queues, "µs per idle poll (epoll)": p.us_per_poll,
+                         "before: trying every queue (µs)": p.us_drain_every_queue})
+    return ("One step reservation (`reserve_steps`, per vector step of every actor process and ray-node inserter "
+            "call) and one insert count with that many actors registered in a real shared control block, "
+            "uncontended, single core: medians of `repeats` blocks of `rounds` calls; beside it the reservation as "
+            "it was (the rule over the sum of every actor's counter, under the same lock), and two processes "
+            "reserving at once. Then one idle poll of the driver's message pump (every 2 ms) against the number "
+            "of actor queues.\n\n" + md(res, ".2f") + "\n\n" + md(pump, ".2f") + "\n\n"
+            + source(results, "reservation_cost.csv", "pump_cost.csv") + "\n")
+
+
+def end_to_end_allreduce_block(results: Path) -> str:
+    return end_to_end_block(results, "end_to_end_learner_allreduce.csv")
+
+
 PUBLICATION = Publication("scaling", {
+    "worker-costs": worker_costs_block,
+    "end-to-end-learner-allreduce": end_to_end_allreduce_block,
     "scaling": scaling_block,
     "end-to-end": end_to_end_block,
     "backends": backends_block,

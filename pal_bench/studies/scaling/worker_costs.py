@@ -38,6 +38,7 @@ from pal_bench.train.backends.processes.shared import (
 )
 from pal_bench.train.rate_policy import RatePolicy
 
+PUMP_QUEUES = (1, 16, 64)   # actor queues of the pump's poll (two descriptors each: far inside any file limit)
 UNBOUNDED = RatePolicy(updates_per_step=1.0, learning_starts=0, total_steps=2**62, slack=2**62)
 
 
@@ -180,8 +181,7 @@ def write(out: Path, actors_list: list[int], rounds: int, repeats: int, seconds:
           progress=print) -> list[Path]:
     """Both tables into ``out`` (with the run's conditions beside each); the paths written."""
     res = reservation_cost(actors_list, rounds, repeats, seconds, progress)
-    pump = pump_cost(sorted({q for q in (1, 16, 64) if q <= max(actors_list)} | {min(actors_list)}), rounds,
-                     repeats, progress)
+    pump = pump_cost([q for q in PUMP_QUEUES if q <= max(actors_list)] or [1], rounds, repeats, progress)
     measured.finish()
     paths = []
     for name, df in (("reservation_cost.csv", res), ("pump_cost.csv", pump)):

@@ -42,8 +42,8 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
     """Body of one learner process (spawned): for each update the driver grants, load the latest published
     weights, sample the shared buffer, compute the gradients, write |TD| back as priorities and publish the
     gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
-    the driver (one proxy thread per learner process), so they are the thread trainer's. With ``rendezvous`` (a
-    ``file://`` address: ``aggregation = "allreduce"``) the learners average their gradients among themselves
+    the driver (one proxy thread per learner process), so they are the thread trainer's. With ``rendezvous`` (the
+    path of a gloo ``FileStore``: ``aggregation = "allreduce"``) the learners average their gradients among themselves
     (``AllReduceSink``) and step their own networks; the driver only grants the rounds."""
     die_with_parent()
     ignore_stop_signals()
@@ -102,8 +102,10 @@ def _join_allreduce(cfg: TrainConfig, learner: int, rendezvous: str, ctx, nets, 
 
     from pal_bench.train.param_server import ParameterServer
 
-    dist.init_process_group("gloo", init_method=rendezvous, rank=learner, world_size=cfg.learners,
-                            timeout=timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, cfg.learner_timeout_s)))
+    timeout = timedelta(seconds=max(RENDEZVOUS_TIMEOUT_S, cfg.learner_timeout_s))
+    store = dist.FileStore(rendezvous, cfg.learners)       # a path, never parsed as a URL
+    store.set_timeout(timeout)
+    dist.init_process_group("gloo", store=store, rank=learner, world_size=cfg.learners, timeout=timeout)
     source.pull(-1)                                  # the driver's weights (a resumed run's too)
     local = ParameterServer(ctx.algo, nets, targets, cfg, 1)   # its optimizers, clipping and target rule
     local.version = int(slots[base + L_VERSION])

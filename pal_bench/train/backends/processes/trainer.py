@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import secrets
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -65,6 +65,9 @@ class ActorGaveUp(TrainingError, WorkerError):
     buffer and the weights are sound: what the dead incarnations held was accounted as lost)."""
 
     checkpoint = True
+
+
+GLOO_DIR = ".gloo"          # in the run directory: the all-reduce learners' rendezvous store
 
 
 class LearnerDied(TrainingError, WorkerError):
@@ -155,7 +158,7 @@ class ProcessTrainer(Trainer):
         self._weights: SharedWeights | None = None
         self._lprocs: dict[int, mp.Process] = {}
         self._grads: list[SharedWeights] = []
-        self._gloo_dir: str | None = None             # allreduce: the learners' rendezvous directory
+        self._gloo_dir: str | None = None             # allreduce: the learners' rendezvous directory (GLOO_DIR)
         self._training_errors: dict[int, tuple[str, str]] = {}    # actor -> a TrainingError it sent (name, line)
         super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
@@ -303,15 +306,29 @@ class ProcessTrainer(Trainer):
     # ------------------------------------------------------------------ learner processes
 
     def _start_learners(self) -> None:
-        """Every learner process, the all-reduce group's rendezvous made first (``allreduce``: a fresh ``file://``
-        store in a private temporary directory, and the weights' version the learners start from)."""
+        """Every learner process, the all-reduce group's rendezvous made first (``allreduce``: a fresh gloo
+        ``FileStore`` in the run directory, ``_new_rendezvous``, and the weights' version the learners start
+        from)."""
         rendezvous = None
         if self.cfg.aggregation == "allreduce":
-            self._gloo_dir = tempfile.mkdtemp(prefix="pal-gloo-")
-            rendezvous = "file://" + os.path.join(self._gloo_dir, "store")
+            rendezvous = self._new_rendezvous()
             for i in range(self.cfg.learners):
                 self._lslots[i * L_FIELDS + L_VERSION] = self.ps.version
         self._lprocs = {i: self._start_learner(i, rendezvous) for i in range(self.cfg.learners)}
+
+    def _new_rendezvous(self) -> str:
+        """(allreduce) The path of a new gloo ``FileStore`` in ``<run>/.gloo/`` (0700): the run lock makes the
+        directory this run's alone, so what a killed driver left there is removed here, and no path in a shared
+        temporary directory is needed (nor parsed as a URL: a ``#`` or ``?`` in it broke ``file://``)."""
+        gloo = self.run_dir / GLOO_DIR
+        if gloo.is_symlink() or (gloo.exists() and not gloo.is_dir()):
+            raise WorkerError(f"{gloo}: a link or a file where the all-reduce learners' rendezvous directory goes; "
+                              f"remove it")
+        if gloo.exists():
+            shutil.rmtree(gloo)                          # a killed driver's store: this run holds the lock
+        gloo.mkdir(mode=0o700)
+        self._gloo_dir = str(gloo)
+        return str(gloo / f"store-{os.getpid()}-{secrets.token_hex(4)}")
 
     def _start_learner(self, i: int, rendezvous: str | None = None) -> mp.Process:
         p = self._ctx.Process(
@@ -548,9 +565,11 @@ class ProcessTrainer(Trainer):
         return p
 
     def _start(self, i: int):
-        return self._launch(i, (self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name,
-                                self._weights.name, self._weights.spec, self._control.shared_name,
-                                self._messages[i]))
+        p = self._launch(i, (self.cfg, i, self.restarts[i], self.resumed_steps, self.buffer.shared_name,
+                             self._weights.name, self._weights.spec, self._control.shared_name,
+                             self._messages[i]))
+        _drop_write_end(self._messages[i])
+        return p
 
     # ------------------------------------------------------------------ supervision
 
@@ -570,6 +589,9 @@ class ProcessTrainer(Trainer):
             if p.exitcode is None:
                 continue
             if p.exitcode == 0:
+                with self._sync_lock:            # its last messages, then its queue (at end of file) unwatched
+                    self._drain(i)
+                    self._mail.forget(i)
                 return
             self._sync()
             lost = give_back(self.counters, self._counter_lock, i)   # what it reserved and never inserted
@@ -642,6 +664,16 @@ class ProcessTrainer(Trainer):
         if getattr(self, "_mail", None) is not None:
             self._mail.close()
         self._messages, self._lmessages = [], []
+
+
+def _drop_write_end(q) -> None:
+    """Close the driver's copy of a started actor's ``multiprocessing`` queue's write end (the driver never puts
+    to it): the actor's copy is then the only one, so a message its process was killed in the middle of ends in
+    end-of-file for the driver's read instead of a read that waits forever for the rest. (A ``SocketInbox`` has
+    no such end: the driver only listens.)"""
+    writer = getattr(q, "_writer", None)
+    if writer is not None:
+        writer.close()
 
 
 def _exit_cause(code: int | None) -> str:
