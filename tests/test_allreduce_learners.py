@@ -2,7 +2,6 @@
 ``learner_processes``, ``aggregation = "allreduce"``): the driver grants rounds and never sees a gradient (issue 49:
 each learner's gradient was read and applied by a proxy thread under the driver's GIL)."""
 
-import glob
 import multiprocessing as mp
 import os
 import signal
@@ -20,9 +19,6 @@ def _shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("pal")}
 
 
-def _gloo(tmp_path) -> list[str]:
-    """What the rendezvous left: its directory in the run directory (nothing in the temporary directory)."""
-    return glob.glob(os.path.join(tmp_path, "ar", ".gloo")) + glob.glob(os.path.join("/tmp", "pal-gloo-*"))
 
 
 def _cfg(tmp_path, **kw):
@@ -36,7 +32,7 @@ def _cfg(tmp_path, **kw):
 def test_allreduce_learners_hold_the_budget_and_step_together(tmp_path):
     """Every update of the budget is granted (the last round partly: an odd count over two learners), the weights
     take one step per round, the driver's copy is learner 0's, the driver applied no gradient itself, and nothing
-    is left behind (processes, segments, the rendezvous directory)."""
+    is left behind (processes, segments)."""
     shm = _shm()
     with make_trainer(_cfg(tmp_path, steps=3001)) as tr:
         initial = {k: v.clone() for k, v in tr.ps.nets.state_dict().items()}
@@ -49,7 +45,7 @@ def test_allreduce_learners_hold_the_budget_and_step_together(tmp_path):
     assert any(not torch.equal(initial[k], learned[k]) for k in initial)
     assert "learner_processes" in s["phase_seconds"]["learner0"]
     assert not mp.active_children()
-    assert _shm() <= shm and not _gloo(tmp_path)
+    assert _shm() <= shm
 
 
 def test_a_checkpoint_mid_run_pauses_between_rounds_and_resume_finishes(tmp_path):
@@ -88,23 +84,7 @@ def test_an_allreduce_learner_killed_stops_the_run_with_a_checkpoint_and_resume_
         s = tr.run()
     assert s["env_steps"] == killed_at + 1500 and s["updates"] == tr.rate.max_updates
     assert not mp.active_children()
-    assert _shm() <= shm and not _gloo(tmp_path)
-
-
-def test_a_stale_rendezvous_of_a_killed_driver_is_replaced_and_odd_paths_work(tmp_path, monkeypatch):
-    """The store lives in ``<run>/.gloo`` (the run lock makes it this run's): what a killed driver left there is
-    removed by the next run, and a run directory whose path holds ``#`` or ``?`` works (a ``file://`` address
-    in the temporary directory lost what followed ``#`` and crashed on ``?``)."""
-    odd = tmp_path / "a#b?c"
-    odd.mkdir()
-    stale = odd / "ar" / ".gloo"
-    stale.mkdir(parents=True)
-    (stale / "store-1-deadbeef").write_bytes(b"left by a killed driver")
-    monkeypatch.setenv("TMPDIR", str(odd))
-    with make_trainer(_cfg(odd, steps=1500)) as tr:
-        s = tr.run()
-    assert s["updates"] == tr.rate.max_updates
-    assert not _gloo(odd)
+    assert _shm() <= shm
 
 
 def test_allreduce_needs_learners_in_processes(tmp_path):

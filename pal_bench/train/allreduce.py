@@ -1,7 +1,8 @@
-"""Gradients averaged among the learners themselves (``aggregation = "allreduce"``): one gloo all-reduce per update
-round, the same for the Ray backend's learner actors and the process backend's learner processes. Each learner then
-steps its own copy of the networks with the parameter server's update rule, so no gradient passes through a
-parameter server (or the driver)."""
+"""Gradients averaged among the learners themselves (``aggregation = "allreduce"``) over gloo: one all-reduce per
+update round among the Ray backend's learner actors, which may be on several nodes. Each learner then steps its own
+copy of the networks with the parameter server's update rule, so no gradient passes through a parameter server.
+(The process backend's learner processes, on one node, average through their shared gradient blocks instead:
+``processes.learner.AllReduceSink``.)"""
 
 from __future__ import annotations
 

@@ -17,8 +17,9 @@ slices). What a backend changes is which resources a phase also holds:
   each update crosses to the driver's proxy thread and back (``lp_handoff_us`` each way), which reads the
   gradient (``lp_driver_us``) and applies it under the driver's GIL;
 - **learner-allreduce** (the same with ``aggregation = "allreduce"``): the driver only grants the rounds
-  (``lp_handoff_us`` each way); the learners average over a gloo ring and each applies the step itself, outside
-  any GIL, learner 0 publishing the weights;
+  (``lp_handoff_us`` each way); each learner writes its gradient to shared memory and reads the others' (half of
+  ``publish_us`` and of ``pull_us`` each), and applies the averaged step itself, outside any GIL, learner 0
+  publishing the weights;
 - **ray** (Ray actors for every part): actors, learners, the buffer and the parameter server are processes;
   an actor's insert (per chunk) and weights fetch are remote calls of ``ray_call_us``, a learner's update waits
   ``ray_learner_remote_us`` beyond its own work and the buffer's and parameter server's (its calls, serialization,
@@ -420,8 +421,11 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             else:
                 run.round_grads, run.round_event = 0, None
                 ev.succeed()
-            yield from m.cpu(2 * (L - 1) * (inp.allreduce_alpha_us + inp.weight_bytes / 2 / L
-                                             / inp.allreduce_bw * 1e6))
+            if lp:                                       # through shared memory: its gradient written, L read
+                yield from m.cpu((inp.publish_us + L * inp.pull_us) / 2)     # (a gradient: half the weights' bytes)
+            else:
+                yield from m.cpu(2 * (L - 1) * (inp.allreduce_alpha_us + inp.weight_bytes / 2 / L
+                                                 / inp.allreduce_bw * 1e6))
             yield from m.work(("l", j), inp.apply_us, "apply", own_gil)     # in the learner's own process
             if j == 0:
                 yield from publish(("l", j))

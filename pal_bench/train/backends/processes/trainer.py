@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import secrets
-import shutil
 import signal
 import threading
 import time
@@ -65,9 +63,6 @@ class ActorGaveUp(TrainingError, WorkerError):
     buffer and the weights are sound: what the dead incarnations held was accounted as lost)."""
 
     checkpoint = True
-
-
-GLOO_DIR = ".gloo"          # in the run directory: the all-reduce learners' rendezvous store
 
 
 class LearnerDied(TrainingError, WorkerError):
@@ -158,7 +153,6 @@ class ProcessTrainer(Trainer):
         self._weights: SharedWeights | None = None
         self._lprocs: dict[int, mp.Process] = {}
         self._grads: list[SharedWeights] = []
-        self._gloo_dir: str | None = None             # allreduce: the learners' rendezvous directory (GLOO_DIR)
         self._training_errors: dict[int, tuple[str, str]] = {}    # actor -> a TrainingError it sent (name, line)
         super().__init__(cfg, resume=resume, overwrite=overwrite)
         # one queue per actor: a queue's writers share a lock, which an actor killed mid-put would leave held
@@ -306,36 +300,21 @@ class ProcessTrainer(Trainer):
     # ------------------------------------------------------------------ learner processes
 
     def _start_learners(self) -> None:
-        """Every learner process, the all-reduce group's rendezvous made first (``allreduce``: a fresh gloo
-        ``FileStore`` in the run directory, ``_new_rendezvous``, and the weights' version the learners start
-        from)."""
-        rendezvous = None
+        """Every learner process; with ``allreduce`` the names of every learner's gradient block (they average through
+        them) and the weights' version they start from."""
+        allreduce = None
         if self.cfg.aggregation == "allreduce":
-            rendezvous = self._new_rendezvous()
+            allreduce = [g.name for g in self._grads]
             for i in range(self.cfg.learners):
                 self._lslots[i * L_FIELDS + L_VERSION] = self.ps.version
-        self._lprocs = {i: self._start_learner(i, rendezvous) for i in range(self.cfg.learners)}
+        self._lprocs = {i: self._start_learner(i, allreduce) for i in range(self.cfg.learners)}
 
-    def _new_rendezvous(self) -> str:
-        """(allreduce) The path of a new gloo ``FileStore`` in ``<run>/.gloo/`` (0700): the run lock makes the
-        directory this run's alone, so what a killed driver left there is removed here, and no path in a shared
-        temporary directory is needed (nor parsed as a URL: a ``#`` or ``?`` in it broke ``file://``)."""
-        gloo = self.run_dir / GLOO_DIR
-        if gloo.is_symlink() or (gloo.exists() and not gloo.is_dir()):
-            raise WorkerError(f"{gloo}: a link or a file where the all-reduce learners' rendezvous directory goes; "
-                              f"remove it")
-        if gloo.exists():
-            shutil.rmtree(gloo)                          # a killed driver's store: this run holds the lock
-        gloo.mkdir(mode=0o700)
-        self._gloo_dir = str(gloo)
-        return str(gloo / f"store-{os.getpid()}-{secrets.token_hex(4)}")
-
-    def _start_learner(self, i: int, rendezvous: str | None = None) -> mp.Process:
+    def _start_learner(self, i: int, allreduce: list | None = None) -> mp.Process:
         p = self._ctx.Process(
             target=learner_process, name=f"pal-learner{i}", daemon=True,
             args=(self.cfg, i, self.buffer.shared_name, self._weights.name, self._weights.spec,
                   self._grads[i].name, self._gspec, self._lslots, self._grant[i], self._done[i],
-                  self._lmessages[i], os.getpid(), self.faults, rendezvous))
+                  self._lmessages[i], os.getpid(), self.faults, allreduce))
         p.start()
         return p
 
@@ -436,8 +415,10 @@ class ProcessTrainer(Trainer):
                 self._grant[j].release()
 
     def _group_death(self, j: int) -> BaseException:
-        """(allreduce) Learner ``j`` has ended mid-round; the others end too once the all-reduce loses it (up to 1 s).
+        """(allreduce) Learner ``j`` has ended mid-round; the others end too once told to stop (up to 1 s).
         The error of the one killed by a signal, if any (the others only lost their peer), else ``j``'s."""
+        for k in range(self.cfg.learners):             # the others, waiting for its gradient, end too
+            self._lslots[k * L_FIELDS + L_STOP] = 1
         deadline = time.monotonic() + 1.0
         while any(p.exitcode is None for p in self._lprocs.values()) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -545,9 +526,6 @@ class ProcessTrainer(Trainer):
                 if kind == "timers":
                     self.timers.setdefault(f"learner{i}", PhaseTimer()).add(payload)
         self._lprocs = {}
-        if self._gloo_dir is not None:                 # the all-reduce group's rendezvous store
-            shutil.rmtree(self._gloo_dir, ignore_errors=True)
-            self._gloo_dir = None
 
     # ------------------------------------------------------------------ placement (what another launcher replaces)
 
