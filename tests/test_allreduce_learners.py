@@ -43,7 +43,7 @@ def test_allreduce_learners_hold_the_budget_and_step_together(tmp_path):
     assert s["updates"] == max_updates and max_updates % 2 == 1
     assert s["ps_steps"] == (max_updates + 1) // 2
     assert any(not torch.equal(initial[k], learned[k]) for k in initial)
-    assert "learner_processes" in s["phase_seconds"]["learner0"]
+    assert "learner_processes" in s["phase_seconds"]["rounds"] and "aggregation" in s["phase_seconds"]["learner0"]
     assert not mp.active_children()
     assert _shm() <= shm
 

@@ -390,7 +390,7 @@ class ProcessTrainer(Trainer):
         part in every all-reduce. Then wait for all of them. The gradients never come here: the driver holds only
         the rate rule and the update numbers."""
         L = self.cfg.learners
-        timer = self.timers["learner0"] = PhaseTimer()
+        timer = self.timers["rounds"] = PhaseTimer()      # (learner process 0 reports as learner0)
         try:
             while (started := self.rate.acquire_round(L, self.stop, self.actors_finished)) > 0:
                 timer.lap("rate_wait")
