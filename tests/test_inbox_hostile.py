@@ -313,8 +313,15 @@ class _EndlessPeer:
     def setblocking(self, flag: bool) -> None:
         pass
 
+    def fileno(self) -> int:          # what the inbox's epoll watches: a real descriptor (never readable)
+        if not hasattr(self, "_pair"):
+            self._pair = socket.socketpair()
+        return self._pair[0].fileno()
+
     def close(self) -> None:
         self.closed = True
+        for s in getattr(self, "_pair", ()):
+            s.close()
 
 
 class _AcceptOnce:

@@ -151,6 +151,7 @@ def test_the_driver_copies_the_targets_only_when_the_server_changed_them():
     from types import SimpleNamespace
 
     from pal_bench.train.backends.processes import ProcessTrainer
+    from pal_bench.train.backends.processes.shared import Publisher
     from pal_bench.train.backends.processes.shared import flat_state as _flat_state
     from pal_bench.train.param_server import Snapshot
 
@@ -161,8 +162,7 @@ def test_the_driver_copies_the_targets_only_when_the_server_changed_them():
         calls = []
         publish = w.publish
         w.publish = lambda sd, partial=False: calls.append((sorted(sd), partial)) or publish(sd, partial)
-        driver = SimpleNamespace(ps=SimpleNamespace(snapshot=first), _weights=w, _published=-1,
-                                 _published_target=None)
+        driver = SimpleNamespace(ps=SimpleNamespace(snapshot=first), _publisher=Publisher(w))
         ProcessTrainer._publish(driver)
         driver.ps.snapshot = Snapshot(1, {k: v + 1 for k, v in online.items()}, target)       # targets unchanged
         ProcessTrainer._publish(driver)
