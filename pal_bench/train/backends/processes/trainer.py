@@ -399,8 +399,10 @@ class ProcessTrainer(Trainer):
                     self._grant[j].release()
                 for j in range(L):
                     while not self._done[j].acquire(timeout=0.05):
-                        if self._lprocs[j].exitcode is not None:
-                            raise self._group_death(j)
+                        # any learner of the round, not only j: j may be waiting for a dead one's gradient
+                        dead = [k for k, p in self._lprocs.items() if p.exitcode is not None]
+                        if dead:
+                            raise self._group_death(dead[0])
                         if self.stop.is_set():
                             return
                 timer.lap("learner_processes")
