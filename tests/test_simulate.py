@@ -2,6 +2,7 @@
 throughput, the one-worker fit, the leave-one-out check on stored points, the split search, and the command on
 small inputs. Everything here runs the model on made-up inputs (no measurement)."""
 
+import json
 from dataclasses import replace
 
 import pandas as pd
@@ -119,11 +120,24 @@ def test_simulate_command_predicts_from_stored_inputs(tmp_path, capsys):
 
     pd.DataFrame([ROUND | {"round": 0}, ROUND | {"round": 1, "grad_us": 660.0}]).to_csv(
         tmp_path / "simulation_inputs.csv", index=False)
+    # the model's own error, as the validation stored it: two development residuals at 2 workers (the one-worker
+    # point and the holdout's are not the model's development error)
+    pd.DataFrame({"set": ["development", "development", "development", "holdout"], "actors": [1, 2, 1, 2],
+                  "learners": [1, 0, 0, 0], "error": [0.25, -0.2, 0.9, 0.9]}).to_csv(
+        tmp_path / "simulation_validation.csv", index=False)
     assert main(["--backend", "processes", "--cores", "1,2,4", "--samples", "2", "--out", str(tmp_path),
                  "--no-figure"]) == 0
     df = pd.read_csv(tmp_path / "simulation_processes.csv")
     assert set(df.curve) == {"f_a", "f_l", "end_to_end"} and set(df.cores) == {1, 2, 4}
     assert (df.lo <= df.hi).all()
+    # the stated interval: every draw over 1 + each residual (a measured value 25% below to 20% above); f_a's
+    # draws are all alike, so its interval is exactly that
+    f_a_ = df[df.curve == "f_a"]
+    assert f_a_.lo90.to_numpy() == pytest.approx((f_a_.predicted / 1.25).to_numpy(), rel=1e-5)
+    assert f_a_.hi90.to_numpy() == pytest.approx((f_a_.predicted / 0.8).to_numpy(), rel=1e-5)
+    assert (df.lo90 < df.lo).all() and (df.hi90 > df.hi).all()
+    meta = json.loads((tmp_path / "simulation_processes.csv.meta.json").read_text())
+    assert [s["file"] for s in meta["sources"]] == ["simulation_inputs.csv", "simulation_validation.csv"]
     f_a, f_l = df[df.curve == "f_a"], df[df.curve == "f_l"]
     assert (f_a.lo == f_a.hi).all()                 # the two rounds differ only in the learner's backward
     one = f_l[f_l.cores == 1].iloc[0]               # between the two rounds' own predictions (1020 and 962)
@@ -132,6 +146,20 @@ def test_simulate_command_predicts_from_stored_inputs(tmp_path, capsys):
     assert ((e2e.actors + e2e.learners) <= e2e.cores).all()
     with pytest.raises(SystemExit):
         main(["--backend", "mpi", "--out", str(tmp_path)])
+
+
+def test_missing_inputs_or_validation_name_the_command_that_makes_them(tmp_path):
+    """Nothing is measured behind the user's back: a missing inputs file (or, for a prediction's interval, the
+    validation) is one error naming the command."""
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.simulate.cli import main
+
+    with pytest.raises(UsageError, match="pal-bench simulate --measure-inputs"):
+        main(["--validate", "--out", str(tmp_path)])
+    pd.DataFrame([ROUND]).to_csv(tmp_path / "simulation_inputs.csv", index=False)
+    with pytest.raises(UsageError, match="pal-bench simulate --validate"):
+        main(["--backend", "processes", "--cores", "2", "--out", str(tmp_path), "--no-figure"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["simulation_inputs.csv"]
 
 
 def test_sharding_batching_and_optimistic_readers_relieve_the_lock():

@@ -85,6 +85,16 @@ def label(cfg) -> str:
     return cfg.backend
 
 
+def config_for(backend: str, algo: str = "dqn", env: str = "CartPole-v1", **kw):
+    """The configuration a curve label (``label``) measures: "learner-processes" and "learner-allreduce" are the
+    process backend with learner processes, "ray-node" the Ray backend's one-node placement."""
+    return make_config(algo, env, backend={"learner-processes": "processes", "learner-allreduce": "processes",
+                                           "ray-node": "ray"}.get(backend, backend),
+                       learner_processes=backend in ("learner-processes", "learner-allreduce"),
+                       aggregation="allreduce" if backend == "learner-allreduce" else "sync",
+                       ray_placement="node" if backend == "ray-node" else "pack", **kw)
+
+
 def measure_fl(cfg, learners: int, updates: int, filled: int = 20_000) -> float:
     """Learner updates/s with ``learners`` learner threads (Ray: learner processes, ``cfg.backend``
     "ray"; the process backend with ``learner_processes``: learner processes on the shared buffer) on a
@@ -341,12 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_costs.write(args.out, args.actors, args.rounds, args.repeats, args.seconds,
                            Conditions("scaling --reservation-cost"), progress=lambda m: print(m, file=sys.stderr))
         return 0
-    cfgs = [make_config(args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address,
-                        backend={"learner-processes": "processes", "learner-allreduce": "processes",
-                                 "ray-node": "ray"}.get(b, b),
-                        learner_processes=b in ("learner-processes", "learner-allreduce"),
-                        aggregation="allreduce" if b == "learner-allreduce" else "sync",
-                        ray_placement="node" if b == "ray-node" else "pack")
+    cfgs = [config_for(b, args.algo, args.env, env_backend=args.env_backend, ray_address=args.ray_address)
             for b in args.backend]
     if refuse_if_busy("pal_bench.studies.scaling", args.force):
         return 2

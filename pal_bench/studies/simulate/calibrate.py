@@ -30,6 +30,9 @@ BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "learner-processes": 0.0, 
                     "ray-node": 0.1, "ray": 0.1}
 
 
+# the costs that grow with workers (``costs.stored_costs``: from the worker-cost tables, not the inputs file)
+COST_INPUTS = ("reserve_us", "reserve_us_per_actor", "pump_poll_us", "pump_poll_us_per_queue", "buffer_actor_row_us")
+
 # what each stored input may hold: a cost (µs per call) at most MAX_CALL_US (10 s; the measured ones are 0.01 µs to
 # 8 ms), a phase every env step or update pays at least 1 ns (the model's time must move), shares in [0, 1]; the
 # columns later rounds added are optional (an empty cell or no column: not measured then)
@@ -50,6 +53,7 @@ INPUT_COLUMNS: dict[str, Column] = {
         "insert_lock_call_us", "snapshot_load_us", "ps_grad_us", "ray_call_us", "ray_call_cpu_us",
         "ray.learner_remote_us", "ray.learner_remote_cpu_us", "lp.process_us", "lp.handoff_us", "lp.driver_us")},
     **{k: Column(float, RATE, required=False) for k in ("f_l_1", "lp.f_l_1", "ray.f_l_1")},
+    **{k: Column(float, COST, required=False) for k in COST_INPUTS},
     "weight_bytes": Column(int, Range(1, 10**9)),          # online + target networks: at most 1 GB (measured 139 kB)
     "mem_bw_total": Column(float, MEM_BW), "mem_bw_core": Column(float, MEM_BW, required=False),
     "corun_slowdown": Column(float, Range(0, 0.9), required=False),
@@ -97,7 +101,8 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         insert_call_us=_number(row.get(f"{actor}.insert_call_us")),
         insert_lock_call_us=_number(row.get("insert_lock_call_us")),
         gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
-        corun_slowdown=_number(row.get("corun_slowdown")), **lock)
+        corun_slowdown=_number(row.get("corun_slowdown")),
+        **{k: _number(row.get(k)) for k in COST_INPUTS}, **lock)
 
 
 def _number(value, default: float = 0.0) -> float:

@@ -6,10 +6,15 @@ predict the trainer past the cores this machine has.
     pal-bench simulate --backend processes --cores 1-64 # results/simulation_processes.csv + figure
     pal-bench simulate --sensitivity 64                 # results/simulation_sensitivity.csv
     pal-bench simulate --design                         # results/simulation_design.csv
+    pal-bench simulate --measure-holdout                # results/simulation_holdout.csv (about 10 min)
+    pal-bench simulate --check-here                     # results/simulation_check_<host>.csv (<= 15 min on 2 cores)
 
-The predictions use the stored inputs (measured first when there are none) and the one-worker points of the
-stored scaling CSVs (the model's one fit, ``calibrate.fit``). Every stored file is checked before anything is
-simulated (``calibrate.INPUT_COLUMNS``, ``stored_tables``): a bad one is one line naming it, exit status 2.
+The predictions use the stored inputs (a missing inputs file is an error naming the command that measures them)
+and the one-worker points of the stored scaling CSVs (the model's one fit, ``calibrate.fit``); their intervals
+use the development residuals of ``simulation_validation.csv``. Every stored file is checked before anything is
+simulated (``calibrate.INPUT_COLUMNS``, ``stored_tables``): a bad one is one line naming it, exit status 2. Every
+file ``simulate`` writes gets its ``.meta.json``: the conditions of what it measured, or for what it simulated the
+commit, the command and the files it was computed from with their commits.
 """
 
 from __future__ import annotations
@@ -21,21 +26,72 @@ from pathlib import Path
 
 import pandas as pd
 
-from pal_bench.argtypes import CORES, choice_list, number, positive_int
+from pal_bench.argtypes import CORES, WORKERS, choice_list, int_ranges, number, positive_int
 from pal_bench.atomic import atomic_write_text
+from pal_bench.conditions import write_meta
 from pal_bench.paths import RESULTS
 from pal_bench.studies.simulate.model import BACKENDS
 from pal_bench.studies.simulate.predict import DEFAULT_CORES, cores_type
 
 INPUTS = "simulation_inputs.csv"
+VALIDATION = "simulation_validation.csv"
 
 
-def _write_csv(df: pd.DataFrame, path: Path, conditions=None) -> Path:
+def _write_csv(df: pd.DataFrame, path: Path, conditions=None, sources: tuple[Path, ...] = ()) -> Path:
+    """``df`` to ``path`` atomically, and its ``.meta.json``: the ``conditions`` of a measurement, or (simulated)
+    the commit, the command and each of ``sources`` with the commit its own meta names."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
     if conditions is not None:
         conditions.write(path)
+    else:
+        write_meta(path, simulated_meta(sources))
     return path
+
+
+def simulated_meta(sources) -> dict:
+    """The ``.meta.json`` of a file computed from stored files (measures nothing): what, command, commit, machine,
+    and each source with its commit (from its own meta; None where it has none)."""
+    from pal_bench.conditions import commit, machine, read_meta
+
+    def commit_of(p: Path):
+        try:
+            return (read_meta(p) or {}).get("commit")
+        except ValueError:
+            return None
+
+    return {"what": "simulated from stored files (measures nothing)",
+            "command": " ".join(["pal-bench simulate", *sys.argv[1:]]), "commit": commit(), "machine": machine(),
+            "sources": [{"file": Path(p).name, "commit": commit_of(Path(p))} for p in sources]}
+
+
+def require_inputs(results: Path) -> pd.DataFrame:
+    """The stored inputs; a ``UsageError`` naming the command that measures them when there are none."""
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.simulate.costs import stored_costs
+
+    rounds = load_inputs(results)
+    if rounds is None:
+        raise UsageError(f"{results / INPUTS}: no stored inputs; measure them first with "
+                         f"`pal-bench simulate --measure-inputs --out {results}` (about 2 min a round, quiet machine)")
+    return rounds.assign(**stored_costs(results))
+
+
+def dev_residuals(results: Path):
+    """The model's own error: the development set's multi-worker residuals of the stored validation; a
+    ``UsageError`` naming the command when it is missing."""
+    from pal_bench.argtypes import UsageError
+    from pal_bench.stored_tables import read_csv
+    from pal_bench.studies.simulate.validate import development_residuals_mask
+
+    path = results / VALIDATION
+    if not os.path.lexists(path):
+        raise UsageError(f"{path}: no stored validation, whose residuals the intervals use; run "
+                         f"`pal-bench simulate --validate --out {results}` first")
+    v = read_csv(path)
+    if "set" not in v:
+        v["set"] = "development"
+    return v[development_residuals_mask(v)].error.to_numpy(dtype=float)
 
 
 def load_inputs(results: Path) -> pd.DataFrame | None:
@@ -61,14 +117,16 @@ def one_worker_points(results: Path, backend: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pal-bench simulate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", type=choice_list(BACKENDS), default=["processes"],
-                    help=f"comma list of {', '.join(BACKENDS)} (default processes)")
+    ap.add_argument("--backend", type=choice_list(BACKENDS),
+                    help=f"comma list of {', '.join(BACKENDS)} (default processes; with --check-here threads,"
+                         "processes)")
     ap.add_argument("--cores", type=cores_type, default=DEFAULT_CORES,
                     help=f"core counts to predict, e.g. 1-64 or 1,2,4, each {CORES} (default {DEFAULT_CORES})")
     ap.add_argument("--samples", type=positive_int, default=10,
                     help="resampled inputs per prediction, for its interval (default 10)")
     ap.add_argument("--measure-inputs", action="store_true", help="measure the inputs (and store them)")
-    ap.add_argument("--rounds", type=positive_int, default=3, help="input measurement rounds (default 3)")
+    ap.add_argument("--rounds", type=positive_int,
+                    help="input measurement rounds (default 3; with --check-here 1)")
     ap.add_argument("--validate", action="store_true", help="predict every stored point, each left out of the fit")
     ap.add_argument("--sensitivity", type=number(CORES), metavar="CORES",
                     help=f"which input moves the prediction at CORES most ({CORES})")
@@ -78,6 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidate", action="store_true",
                     help="measure the cheapest design candidate (batched inserts) on this machine's cores beside its "
                          "prediction (results/simulation_candidate.csv; quiet machine, about 2 min)")
+    ap.add_argument("--measure-holdout", action="store_true",
+                    help="measure the held-out set (every backend at 2-3 workers, one sitting; quiet machine, about "
+                         "10 min): results/simulation_holdout.csv, never used to change the model")
+    ap.add_argument("--check-here", action="store_true",
+                    help="measure inputs and a sparse set of points on this machine and predict each from them: "
+                         "results/simulation_check_<host>.csv (about 10 min on 2 cores)")
+    ap.add_argument("--threads", type=int_ranges(WORKERS), metavar="LIST",
+                    help="with --check-here: worker counts (default 1, 2, 4, ... up to the usable cores)")
+    ap.add_argument("--steps", type=positive_int, default=20_000,
+                    help="with --check-here / --measure-holdout: env steps per f_a and end-to-end point")
+    ap.add_argument("--updates", type=positive_int, default=1_000,
+                    help="with --check-here / --measure-holdout: updates per f_l point")
+    ap.add_argument("--repeats", type=positive_int, default=1,
+                    help="with --check-here / --measure-holdout: rounds per point (the median is kept)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-figure", action="store_true")
     from pal_bench.conditions import add_force_flag
@@ -86,9 +158,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     backends, cores = args.backend, args.cores
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"argument --out: {args.out} exists and is not a directory")
+    if args.rounds is None:
+        args.rounds = 1 if args.check_here else 3
+    if args.backend is None and not args.check_here:
+        args.backend = backends = ["processes"]
+    if args.measure_holdout:
+        return _holdout(args, log)
+    if args.check_here:
+        from pal_bench.studies.simulate.check import run_check
+
+        return run_check(args, log)
     # every stored file the command reads, checked before anything is measured or simulated (--measure-inputs
     # replaces the stored inputs: they are not read)
-    rounds = None if args.measure_inputs else load_inputs(args.out)
+    rounds = None if args.measure_inputs else require_inputs(args.out)
     needed = set(backends) | ({"processes"} if args.design or args.candidate else set())
     points = {b: one_worker_points(args.out, b) for b in BACKENDS if b in needed}
     if args.validate:
@@ -99,22 +183,34 @@ def main(argv: list[str] | None = None) -> int:
         from pal_bench.studies.simulate.design import design_inputs
 
         extra = design_inputs(args.out)
-    if args.measure_inputs or rounds is None:
+    residuals = None
+    if not (args.measure_inputs or args.validate or args.design or args.candidate or args.sensitivity):
+        residuals = dev_residuals(args.out)
+    if args.measure_inputs:
         rounds = _measure(args, log)
         if rounds is None:
             return 2
-        if args.measure_inputs and not (args.validate or args.sensitivity or args.design):
+        from pal_bench.studies.simulate.costs import stored_costs
+
+        rounds = rounds.assign(**stored_costs(args.out))
+        if not (args.validate or args.sensitivity or args.design):
             print(rounds.T.to_string())
             return 0
+    inputs_file = args.out / INPUTS
     if args.validate:
-        from pal_bench.studies.simulate.validate import summary, validate
+        from pal_bench.studies.simulate.points import HOLDOUT
+        from pal_bench.studies.simulate.validate import END_TO_END, SCALING, summary, validate
 
-        v = validate(args.out, rounds, progress=log)
-        _write_csv(v, args.out / "simulation_validation.csv")
+        v = validate(args.out, rounds, progress=log, samples=args.samples)
+        stored = [args.out / n for n in (*SCALING.values(), *END_TO_END.values(), HOLDOUT) if (args.out / n).exists()]
+        _write_csv(v, args.out / VALIDATION, sources=(inputs_file, *stored))
         s = summary(v)
         print(v.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-        print(f"\n{s['points']} points: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}"
-              f"; {s['not_covered']} not covered")
+        for name in ("development", "holdout"):
+            f = s[name]
+            print(f"{name}: {f['points']} multi-worker points: median |error| {f['median_abs_error']:.1%}, worst "
+                  f"{f['worst_abs_error']:.1%}, bias {f['bias']:+.1%}, 90% interval coverage {f['coverage']:.0%}")
+        print(f"{s['not_covered']} points not covered")
         return 0
     if args.design:
         from pal_bench.studies.simulate.design import design_at_scale
@@ -122,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
         inp = fitted(rounds, "processes", points["processes"], int(rounds.cores.iloc[0]))
         df = design_at_scale(inp, args.out, progress=log, extra=extra)
-        _write_csv(df, args.out / "simulation_design.csv")
+        _write_csv(df, args.out / "simulation_design.csv", sources=(inputs_file,))
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         return 0
     if args.candidate:
@@ -135,14 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             inp = fitted(rounds, b, points[b], int(rounds.cores.iloc[0]))
             frames.append(sensitivity(inp, b, args.sensitivity).assign(backend=b, cores=args.sensitivity))
         df = pd.concat(frames, ignore_index=True)
-        _write_csv(df, args.out / "simulation_sensitivity.csv")
+        _write_csv(df, args.out / "simulation_sensitivity.csv", sources=(inputs_file,))
         print(df.to_string(index=False, float_format=lambda x: f"{x:+.3f}"))
         return 0
     from pal_bench.studies.simulate.predict import predict
 
     for b in backends:
-        df = predict(rounds, b, cores, points[b], samples=args.samples, progress=log)
-        path = _write_csv(df, args.out / f"simulation_{b.replace('-', '_')}.csv")
+        df = predict(rounds, b, cores, points[b], samples=args.samples, progress=log, residuals=residuals)
+        path = _write_csv(df, args.out / f"simulation_{b.replace('-', '_')}.csv",
+                          sources=(inputs_file, args.out / VALIDATION))
         print(df.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
         print(f"wrote {path}")
         if not args.no_figure:
@@ -165,6 +262,23 @@ def _candidate(args, rounds: pd.DataFrame, one_worker: dict, log) -> int:
         df = candidate_check(inp, make_config("dqn", "CartPole-v1"), progress=log)
     _write_csv(df, args.out / "simulation_candidate.csv", c)
     print(df.groupby("variant", sort=False)[["measured", "simulated"]].median().to_string(float_format="%.0f"))
+    return 0
+
+
+def _holdout(args, log) -> int:
+    """``--measure-holdout``: the held-out set measured in one sitting (``points.holdout_points``)."""
+    from pal_bench.conditions import Conditions, refuse_if_busy
+    from pal_bench.studies.simulate.points import HOLDOUT, holdout_points, measure_points
+
+    if refuse_if_busy("pal-bench simulate --measure-holdout", args.force):
+        return 2
+    with Conditions("simulation held-out points (never used to change the model)") as c:
+        df = measure_points(holdout_points(), steps=args.steps, updates=args.updates, repeats=args.repeats,
+                            progress=log)
+    df["commit"] = c.commit
+    path = _write_csv(df, args.out / HOLDOUT, c)
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    print(f"wrote {path}")
     return 0
 
 

@@ -33,8 +33,11 @@ def draw_predictions(df: pd.DataFrame, results: Path, backend: str) -> Path:
     for ax, curve in zip(axes, ("f_a", "f_l", "end_to_end")):
         p = df[df.curve == curve].sort_values("cores")
         ax.plot(p.cores, p.predicted, "--", color="#1f77b4", label="predicted")
+        if "lo90" in p:
+            ax.fill_between(p.cores, p.lo90, p.hi90, color="#1f77b4", alpha=0.15,
+                            label="stated 90% (inputs and model error)")
         if "lo" in p:
-            ax.fill_between(p.cores, p.lo, p.hi, color="#1f77b4", alpha=0.2, label="interval (resampled inputs)")
+            ax.fill_between(p.cores, p.lo, p.hi, color="#1f77b4", alpha=0.3, label="resampled inputs alone")
         past = p[p.limit.fillna("") != ""]
         if len(past):
             ax.plot(past.cores, past.predicted, "x", color="#d62728", label="past a shared resource's knee")

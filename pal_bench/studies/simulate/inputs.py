@@ -426,9 +426,11 @@ def ray_costs(cfg, updates: int = 600, filled: int = 20_000, calls: int = 300) -
                   "ray.f_l_1": n / got["wall_s"]}
 
 
-def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progress=print) -> list[dict]:
+def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progress=print,
+            ray: bool = True) -> list[dict]:
     """Every input, ``rounds`` times (each round one sample of each): a list of flat dicts. Thread and process
-    actors' phases are stored as ``threads.act_us`` ... and ``processes.act_us`` ..."""
+    actors' phases are stored as ``threads.act_us`` ... and ``processes.act_us`` ... (``ray`` False: Ray's costs
+    left out, for a check of the other backends)."""
     import torch
 
     from pal_bench.conditions import usable_cores
@@ -451,6 +453,7 @@ def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progre
         row |= memory_bandwidth(cores)
         row["corun_slowdown"] = corun_slowdown(cores)
         row |= gil_shares(cfg)
-        row |= ray_costs(cfg, updates)
+        if ray:
+            row |= ray_costs(cfg, updates)
         out.append(row)
     return out

@@ -102,9 +102,19 @@ class Inputs:
     # the GIL (threads; learners and the parameter server on the process backend)
     gil: dict = field(default_factory=lambda: {"act": 0.6, "env": 1.0, "insert": 1.0, "sample": 0.5,
                                                "grad": 0.4, "prio": 0.5, "apply": 0.5, "copy": 0.2,
-                                               "load": 0.5})
+                                               "load": 0.5, "pump": 1.0})
     gil_segments: dict = field(default_factory=lambda: {"act": 8, "grad": 40, "apply": 12, "load": 12})
     gil_handoff: dict = field(default_factory=dict)   # µs a GIL changing hands costs, per phase (measured)
+    # the costs that grow with workers (issue 49's measurements, results/reservation_cost.csv, pump_cost.csv) and the
+    # driver's periodic work: shared-control backends (processes, learner processes, ray-node)
+    reserve_us: float = 0.0          # one step reservation under the control block's lock, at no actors
+    reserve_us_per_actor: float = 0.0  # its growth per registered actor (a linear fit over 1-256 actors)
+    pump_poll_us: float = 0.0        # one poll of the driver's pump (its GIL), at no actor queues
+    pump_poll_us_per_queue: float = 0.0  # its growth per actor queue
+    pump_period_us: float = 2_000.0  # the pump's period (the trainer's constant, processes/shared.POLL_S)
+    wait_poll_us: float = 500.0      # a waiting learner thread or actor process looks at the shared counters this
+    #                                  often (the trainer's constants: SharedRate.POLL_S, the actor's sleep)
+    buffer_actor_row_us: float = 0.0  # Ray: the buffer actor's floor per row received (its measured sink ceiling)
     background_cores: float = 0.0    # cores other processes keep busy (Ray's raylet and GCS, the driver)
     corun_slowdown: float = 0.0      # one core's slowdown with every core busy (measured on this machine's cores)
 
@@ -175,8 +185,10 @@ class _Machine:
         self.buffer_actor = simpy.Resource(env, capacity=1)
         self.ps = simpy.Resource(env, capacity=1)          # the parameter server applies one gradient at a time
         self.inserter = simpy.Resource(env, capacity=1)
+        self.control = simpy.Resource(env, capacity=1)     # the shared control block's lock (step reservations)
         self.copies = 0
-        self.busy = {"lock": 0.0, "gil": 0.0, "ps": 0.0, "buffer_actor": 0.0, "inserter": 0.0, "copy": 0.0}
+        self.busy = {"lock": 0.0, "gil": 0.0, "ps": 0.0, "buffer_actor": 0.0, "inserter": 0.0, "copy": 0.0,
+                     "control": 0.0}
 
     def cpu(self, us: float, node: _Node | None = None):
         yield from (node or self.node).cpu(us)
@@ -266,6 +278,7 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
     learner_gil = w.backend in ("threads", "processes", "ray-node", "learner-processes")   # the driver's GIL
     own_gil = learner_gil and not lp                 # a learner's own work: in the driver's threads, or not
     ray = w.backend == "ray"
+    shared_control = w.backend in ("processes", "learner-processes", "learner-allreduce", "ray-node")
     import random
 
     rng = random.Random(seed)
@@ -286,7 +299,9 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             yield from m.held(m.inserter, "inserter", _inserter_rows(rows, i))
         elif ray:                                       # one remote add_batch per chunk, served one at a time
             yield from remote(inp.ray_call_us, inp.ray_call_cpu_us)
-            yield from m.held(m.buffer_actor, "buffer_actor", m.locked(add_hold(rows), i))
+            # (no faster than the measured sink ceiling of a Ray actor receiving rows)
+            extra = max(0.0, inp.buffer_actor_row_us * rows - add_hold(rows))
+            yield from m.held(m.buffer_actor, "buffer_actor", _then(m.cpu(extra), m.locked(add_hold(rows), i)))
         else:
             yield from m.locked(add_hold(rows), i)
 
@@ -303,6 +318,25 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
         yield from m.cpu(inp.inserter_row_us * rows)
         yield from m.locked(add_hold(rows), i)
 
+    def wait_change():
+        """Until the counters move: woken at once (a condition), or (shared-control backends: the waiter polls
+        the shared words) at the next poll after they moved."""
+        if shared_control and inp.wait_poll_us > 0:
+            yield env.timeout(inp.wait_poll_us)
+        else:
+            yield run.changed
+
+    def reserve():
+        if shared_control and (us := inp.reserve_us + inp.reserve_us_per_actor * w.actors) > 0:
+            yield from m.held(m.control, "control", m.cpu(us))
+
+    def pump():
+        """The driver's pump thread: every ``pump_period_us`` one poll of the actors' queues under its GIL."""
+        us = inp.pump_poll_us + inp.pump_poll_us_per_queue * w.actors
+        while True:
+            yield env.timeout(inp.pump_period_us)
+            yield from m.work("pump", us, "pump", True)
+
     def actor(i):
         node = m.remote[i % w.nodes] if w.nodes else None
         version, rows = 0, 0
@@ -310,9 +344,10 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
             if w.mode == "end_to_end":
                 while not run.policy.budget_spent(run.reserved) and not run.policy.actor_may_step(
                         run.reserved, run.started):
-                    yield run.changed
+                    yield from wait_change()
             if run.policy.budget_spent(run.reserved):
                 break
+            yield from reserve()
             run.reserved += 1
             if run.version > version:                   # a newer version: copy it into the actor's networks
                 if ray:                                 # from the object store: a remote fetch first
@@ -369,7 +404,7 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
         while run.started < target_updates:
             if w.mode == "end_to_end":
                 while run.started < target_updates and not run.policy.learner_may_start(run.inserted, run.started):
-                    yield run.changed
+                    yield from wait_change()
                 if run.started >= target_updates:
                     break
             run.started += 1
@@ -461,6 +496,8 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
         procs += [env.process(actor(i)) for i in range(w.actors)]
     if w.mode in ("f_l", "end_to_end") and target_updates > 0:
         procs += [env.process(learner(j)) for j in range(w.learners)]
+    if shared_control and inp.pump_poll_us + inp.pump_poll_us_per_queue > 0 and w.mode != "f_l":
+        env.process(pump())                              # (runs until the workers are done)
     env.run(until=simpy.AllOf(env, procs))
     pending_applies = [p for p in previous.values() if p is not None and p.is_alive]
     if pending_applies:                                  # the run ends when the last gradient is applied

@@ -116,9 +116,13 @@ def fitted(rounds_or_row, backend: str, one_worker: dict | None, cores: int) -> 
 
 
 def predict(rounds: pd.DataFrame, backend: str, cores: list[int], one_worker: dict | None = None,
-            samples: int = 10, seed: int = 0, progress=print) -> pd.DataFrame:
+            samples: int = 10, seed: int = 0, progress=print, residuals=None) -> pd.DataFrame:
     """``curves`` on the median inputs, with ``lo`` / ``hi``: the 5th and 95th percentiles over ``samples``
-    resampled inputs (each input drawn from one measured round)."""
+    resampled inputs (each input drawn from one measured round), and ``lo90`` / ``hi90``, the stated 90% interval:
+    those draws combined with the model's own error, ``residuals`` (the development set's relative errors,
+    ``validate.interval``; None: the draws alone)."""
+    from pal_bench.studies.simulate.validate import interval
+
     cal = int(median_inputs(rounds).get("cores", 2))
     out = curves(fitted(rounds, backend, one_worker, cal), backend, cores, progress)
     rng = np.random.default_rng(seed)
@@ -130,6 +134,10 @@ def predict(rounds: pd.DataFrame, backend: str, cores: list[int], one_worker: di
     if draws:
         a = np.vstack(draws)
         out["lo"], out["hi"] = np.percentile(a, 5, axis=0), np.percentile(a, 95, axis=0)
+    a = np.vstack([out.predicted.to_numpy(), *draws])
+    r = np.asarray([] if residuals is None else residuals, dtype=float)
+    bands = [interval(a[:, k], r) for k in range(a.shape[1])]
+    out["lo90"], out["hi90"] = [b[0] for b in bands], [b[1] for b in bands]
     return out
 
 

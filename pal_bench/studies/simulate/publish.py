@@ -76,20 +76,42 @@ def validation_block(results: Path) -> str:
         return missing(name, "pal-bench simulate --validate")
     v = read_csv(results / name)
     v["covered"] = v.covered.fillna("")
+    if "set" not in v:
+        v["set"] = "development"
+    for c in ("lo90", "hi90"):
+        if c not in v:
+            v[c] = float("nan")
     v["split"] = [f"{int(r.actors)} + {int(r.learners)}" if r.curve == "end_to_end" else
                   str(int(r.actors or r.learners)) for r in v.itertuples()]
-    t = pd.DataFrame({"backend": v.backend, "curve": v.curve, "workers": v.split, "aggregation": v.aggregation,
-                      "measured": v.measured, "predicted": v.predicted,
+    t = pd.DataFrame({"set": v.set, "backend": v.backend, "curve": v.curve, "workers": v.split,
+                      "aggregation": v.aggregation, "measured": v.measured, "predicted": v.predicted,
+                      "stated 90%": [f"{lo:.0f}-{hi:.0f}" if pd.notna(lo) else "" for lo, hi in zip(v.lo90, v.hi90)],
                       "error": [f"{e:+.0%}" if pd.notna(e) else c for e, c in zip(v.error, v.covered)],
                       "oversubscribed": v.oversubscribed.map({True: "yes", False: ""})})
     s = summary(v)
-    per = "; ".join(f"{esc(b)}: median {d['median_abs_error']:.0%}, worst {d['worst_abs_error']:.0%} ({d['points']})"
-                    for b, d in s["per_backend"].items())
+
+    def figures(name_: str, over: str, f: dict) -> dict:
+        pct = lambda x, fmt=".0%": format(x, fmt) if pd.notna(x) else ""   # noqa: E731
+        return {"set": name_, "over": over, "points": f["points"], "median |error|": pct(f["median_abs_error"]),
+                "worst |error|": pct(f["worst_abs_error"]), "bias (signed mean)": pct(f["bias"], "+.0%"),
+                "inside stated 90%": pct(f["coverage"])}
+
+    rows = []
+    for name_ in ("development", "holdout"):
+        f = s[name_]
+        rows.append(figures(name_, "all", f))
+        rows += [figures(name_, b, g) for b, g in f["per_backend"].items()]
+        rows += [figures(name_, k, g) for k, g in f["per_curve"].items()]
     return ("Every stored point on 1-3 workers predicted with itself left out of the fit (signed error, "
             "(predicted - measured) / measured; a one-worker point is predicted from the measured phase costs "
-            f"alone).\n\n{md(t, '.0f')}\n\nOver {s['points']} points: median |error| {s['median_abs_error']:.0%}, "
-            f"worst {s['worst_abs_error']:.0%} ({per}); {s['not_covered']} points not covered by the model (reason "
-            "in the error column).\n\n" + _simulated(results, name) + "\n")
+            "alone). Two sets: **development**, the points the model's structure was revised against, and "
+            "**holdout**, measured in one sitting after the last model change (`pal-bench simulate "
+            "--measure-holdout`) and never used to change it. The stated 90% interval combines inputs resampled "
+            "from the measured rounds with the model's own error on the development set's multi-worker points "
+            "(their relative residuals, a development point's own left out).\n\n"
+            + md(t, '.0f') + "\n\nOver the multi-worker points (2 or more workers; one-worker points are the "
+            "fit):\n\n" + md(pd.DataFrame(rows)) + f"\n\n{s['not_covered']} points not covered by the model (reason in "
+            "the error column).\n\n" + _simulated(results, name) + "\n")
 
 
 def predictions_block(results: Path) -> str:
@@ -108,7 +130,8 @@ def predictions_block(results: Path) -> str:
             if "end_to_end" not in at.index:
                 continue
             e = at.loc["end_to_end"]
-            band = lambda r: f"{r.lo:.0f}-{r.hi:.0f}" if "lo" in r and pd.notna(r.lo) else ""   # noqa: E731
+            band = lambda r: (f"{r.lo90:.0f}-{r.hi90:.0f}" if "lo90" in r and pd.notna(r.lo90)   # noqa: E731
+                              else "")
             rows.append({"backend": e.backend, "cores": n, "f_a": at.loc["f_a"].predicted,
                          "f_a interval": band(at.loc["f_a"]), "f_l": at.loc["f_l"].predicted,
                          "f_l interval": band(at.loc["f_l"]), "split (actors + learners)":
@@ -116,7 +139,8 @@ def predictions_block(results: Path) -> str:
                          "interval": band(e), "limit": "; ".join(x for x in at.limit.fillna("") if x)})
     return ("Predicted (not measured): f_a (env steps/s, actors only), f_l (updates/s, learners only) and the whole "
             "trainer at the split the paper's exhaustive search picks from the predicted curves (0.25 updates per "
-            "env step); intervals: 5th-95th percentile over inputs resampled from the measured rounds; limit: a "
+            "env step); intervals: the stated 90% interval, inputs resampled from the measured rounds combined with "
+            "the model's own error on the development set (docs/simulation.md); limit: a "
             "shared resource held 85% of the run or more (the prediction is past its knee).\n\n"
             + md(pd.DataFrame(rows), ".0f") + "\n\n" + _simulated(results, *(f.name for f in files)) + "\n")
 

@@ -1,17 +1,26 @@
-"""The model against every stored measurement it can reach: the f_a / f_l points of the scaling CSVs and every
-split of the end-to-end CSVs, per backend, each predicted with that point left out of the fit.
+"""The model against every stored measurement it can reach, in two sets kept apart:
 
-For a point the fit uses (a backend's one-worker f_a or f_l) leaving it out means the model predicts it from the
-measured phase costs alone; for every other point the fit is the one-worker points, which the point is not.
-Points the model does not cover are listed with the reason (environments in subprocesses, learner processes,
-Ray's all-reduce), not dropped silently.
+- **development**: the f_a / f_l points of the scaling CSVs and every split of the end-to-end CSVs, the points the
+  model's structure was revised against (docs/simulation.md tells its history);
+- **holdout**: ``results/simulation_holdout.csv`` (``pal-bench simulate --measure-holdout``), measured in one
+  sitting after the last model change and never used to decide one.
+
+Each point is predicted with itself left out of the fit: for a point the fit uses (a backend's one-worker f_a or
+f_l) leaving it out means the model predicts it from the measured phase costs alone; for every other point the fit
+is the development set's one-worker points, which the point is not. Its stated 90% interval (``lo90``, ``hi90``)
+combines the inputs resampled from the measured rounds with the model's own error on the development set's
+multi-worker points (the empirical distribution of their relative residuals, the point's own left out): the
+measured value lies at ``predicted / (1 + e)`` for a residual ``e``. Points the model does not cover are listed
+with the reason (environments in subprocesses, Ray's all-reduce), not dropped silently.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 
 from pal_bench.argtypes import WORKERS, Range
@@ -40,8 +49,35 @@ def read_scaling(path: Path) -> pd.DataFrame:
 
 
 def measured_points(results: Path) -> pd.DataFrame:
-    """Every stored point on 1-3 workers: backend, curve (f_a, f_l, end_to_end), actors, learners, aggregation,
-    env_backend, measured, steps (what the run collected), oversubscribed, covered (why not, when not)."""
+    """Every stored point on 1-3 workers, the development set then the held-out one: backend, curve (f_a, f_l,
+    end_to_end), actors, learners, aggregation, env_backend, measured, steps (what the run collected),
+    oversubscribed, covered (why not, when not), set."""
+    dev = development_points(results)
+    held = holdout_points(results)
+    if held.empty:
+        return dev.assign(set="development")
+    return pd.concat([dev.assign(set="development"), held.assign(set="holdout")], ignore_index=True)
+
+
+def holdout_points(results: Path) -> pd.DataFrame:
+    """The stored held-out points (empty when none are stored), checked (``points.POINT_COLUMNS``)."""
+    from pal_bench.studies.simulate.points import HOLDOUT, POINT_COLUMNS, POINTS_WHAT
+
+    if not os.path.lexists(results / HOLDOUT):
+        return pd.DataFrame(columns=[*POINT_COLUMNS, "covered"])
+    df = read_table(results / HOLDOUT, POINT_COLUMNS, POINTS_WHAT)[list(POINT_COLUMNS)]
+    df["covered"] = [_why_not(r) for r in df.itertuples()]
+    return df
+
+
+def _why_not(r) -> str:
+    """Why the model does not cover a point ('' when it does)."""
+    return ("environments in subprocesses" if r.env_backend != "sync" else
+            "Ray's all-reduce among learner processes" if r.aggregation == "allreduce" and r.backend == "ray" else "")
+
+
+def development_points(results: Path) -> pd.DataFrame:
+    """The development set: every point of the stored scaling and end-to-end CSVs on 1-3 workers."""
     rows = []
     for backend, name in SCALING.items():
         if not os.path.lexists(results / name):
@@ -60,19 +96,18 @@ def measured_points(results: Path) -> pd.DataFrame:
         for r in read_table(results / name, END_TO_END_COLUMNS, "the end-to-end CSV of the scaling study").itertuples():
             if r.actors + r.learners > MAX_WORKERS:
                 continue
-            why = ("environments in subprocesses" if r.env_backend != "sync" else
-                   "all-reduce among learner processes" if r.aggregation == "allreduce" else "")
             rows.append({"backend": backend, "curve": "end_to_end", "actors": r.actors, "learners": r.learners,
                          "aggregation": r.aggregation, "env_backend": r.env_backend,
                          "measured": r.measured_transitions_per_s,
                          "steps": int(round(r.measured_transitions_per_s * r.wall_s, -3)),
-                         "oversubscribed": bool(r.oversubscribed), "covered": why})
+                         "oversubscribed": bool(r.oversubscribed), "covered": _why_not(
+                             SimpleNamespace(backend=backend, env_backend=r.env_backend, aggregation=r.aggregation))})
     return pd.DataFrame(rows)
 
 
 def _one_worker(points: pd.DataFrame, backend: str, curve: str, skip: int | None) -> float | None:
     m = points[(points.backend == backend) & (points.curve == curve) & (points[
-        "actors" if curve == "f_a" else "learners"] == 1)]
+        "actors" if curve == "f_a" else "learners"] == 1) & (points.get("set", "development") == "development")]
     m = m[m.index != skip] if skip is not None else m
     return float(m.measured.iloc[0]) if len(m) else None
 
@@ -87,35 +122,87 @@ def workload(p, cores: int) -> Workload:
                     steps=min(p.steps, 9_000), chunk=c, **LEARNING)
 
 
-def validate(results: Path, rounds: pd.DataFrame, progress=print) -> pd.DataFrame:
+def validate(results: Path, rounds: pd.DataFrame, progress=print, samples: int = 5, seed: int = 0) -> pd.DataFrame:
     """Each stored point predicted with itself left out: ``predicted`` and ``error`` (signed fraction,
-    (predicted - measured) / measured)."""
-    from pal_bench.studies.simulate.calibrate import median_inputs
+    (predicted - measured) / measured), ``lo90`` / ``hi90`` (the stated interval: ``samples`` resampled inputs
+    times the development residuals, see the module's docstring) and ``set``."""
+    from pal_bench.studies.simulate.calibrate import median_inputs, resample
 
     points = measured_points(results)
     base = median_inputs(rounds)
     cores = int(base.get("cores", 2))
-    out = []
+    rng = np.random.default_rng(seed)
+    rows = [base] + [resample(rounds, rng) for _ in range(samples)]
+    fits: dict = {}
+
+    def predict(idx, p, row_i: int) -> tuple[float, dict]:
+        fa1, fl1 = _one_worker(points, p.backend, "f_a", idx), _one_worker(points, p.backend, "f_l", idx)
+        key = (row_i, p.backend, fa1, fl1)
+        if key not in fits:
+            fits[key] = fit(inputs_for(rows[row_i], p.backend), p.backend, fa1, fl1, cores, LEARNING)
+        inp, factors = fits[key]
+        return throughput(inp, workload(p, cores)), factors
+
+    out, draws = [], {}
     for idx, p in points.iterrows():
         if p.covered:
             out.append(p.to_dict() | {"predicted": None, "error": None})
             continue
-        inp, factors = fit(inputs_for(base, p.backend), p.backend, _one_worker(points, p.backend, "f_a", idx),
-                           _one_worker(points, p.backend, "f_l", idx), cores, LEARNING)
-        predicted = throughput(inp, workload(p, cores))
+        predicted, factors = predict(idx, p, 0)
+        draws[idx] = [predicted] + [predict(idx, p, i)[0] for i in range(1, len(rows))]
         out.append(p.to_dict() | {"predicted": predicted, "error": (predicted - p.measured) / p.measured,
                                   "actor_factor": factors["actor"], "learner_factor": factors["learner"]})
-        progress(f"{p.backend} {p.curve} {p.actors}+{p.learners} {p.aggregation}: measured {p.measured:.0f}, "
-                 f"predicted {predicted:.0f} ({out[-1]['error']:+.0%})")
-    return pd.DataFrame(out)
+        progress(f"[{p.set}] {p.backend} {p.curve} {p.actors}+{p.learners} {p.aggregation}: measured "
+                 f"{p.measured:.0f}, predicted {predicted:.0f} ({out[-1]['error']:+.0%})")
+    v = pd.DataFrame(out)
+    v["lo90"], v["hi90"] = np.nan, np.nan
+    dev = v[development_residuals_mask(v)]
+    for idx, d in draws.items():
+        lo, hi = interval(d, dev.error.drop(index=idx, errors="ignore").to_numpy())
+        v.loc[idx, ["lo90", "hi90"]] = lo, hi
+    return v
+
+
+def development_residuals_mask(v: pd.DataFrame) -> pd.Series:
+    """The points whose residuals are the model's own error: the development set's covered multi-worker points."""
+    return (v.set == "development") & v.error.notna() & ((v.actors + v.learners) >= 2)
+
+
+def interval(draws, residuals, level: float = 0.90) -> tuple[float, float]:
+    """The stated ``level`` interval of a measurement predicted at ``draws`` (one prediction per resampled input):
+    the central ``level`` of ``draw / (1 + e)`` over every draw and every residual ``e`` (with no residual, the
+    draws' spread alone)."""
+    d = np.asarray(draws, dtype=float)
+    r = np.asarray(residuals, dtype=float)
+    vals = (d[:, None] / (1 + r[None, :])).ravel() if len(r) else d
+    q = (1 - level) / 2 * 100
+    return float(np.percentile(vals, q)), float(np.percentile(vals, 100 - q))
+
+
+def _figures(d: pd.DataFrame) -> dict:
+    e = d.error
+    inside = ((d.measured >= d.lo90) & (d.measured <= d.hi90)) if "lo90" in d else pd.Series(dtype=bool)
+    return {"points": len(d), "median_abs_error": float(e.abs().median()) if len(d) else float("nan"),
+            "worst_abs_error": float(e.abs().max()) if len(d) else float("nan"),
+            "bias": float(e.mean()) if len(d) else float("nan"),
+            "coverage": float(inside.mean()) if len(inside) and d.lo90.notna().all() else float("nan")}
 
 
 def summary(v: pd.DataFrame) -> dict:
-    """Median and worst absolute error over the covered points, overall and per backend."""
+    """Per set (development, holdout) over the covered multi-worker points (2 or more workers; the one-worker
+    points are the fit): median and worst |error|, bias (the signed mean error), coverage (the share of measured
+    values inside their stated 90% interval); the same per backend and per curve. Also over every covered point
+    (``all``) and how many points the model does not cover."""
     c = v.dropna(subset=["error"])
-    err = c.error.abs()
-    out = {"points": len(c), "median_abs_error": float(err.median()), "worst_abs_error": float(err.max()),
-           "not_covered": int(v.error.isna().sum())}
-    out["per_backend"] = {b: {"points": len(d), "median_abs_error": float(d.error.abs().median()),
-                              "worst_abs_error": float(d.error.abs().max())} for b, d in c.groupby("backend")}
+    sets = c.set if "set" in c else pd.Series("development", index=c.index)
+    multi = c[(c.actors + c.learners) >= 2]
+    out: dict = {"all": _figures(c), "not_covered": int(v.error.isna().sum())}
+    for name in ("development", "holdout"):
+        d = multi[sets.loc[multi.index] == name]
+        out[name] = _figures(d) | {
+            "per_backend": {b: _figures(g) for b, g in d.groupby("backend")},
+            "per_curve": {k: _figures(g) for k, g in d.groupby("curve")}}
+    # (older readers)
+    out |= {"points": out["all"]["points"], "median_abs_error": out["all"]["median_abs_error"],
+            "worst_abs_error": out["all"]["worst_abs_error"], "per_backend": out["development"]["per_backend"]}
     return out

@@ -6,7 +6,6 @@ publishing the weights for the actors, so that no gradient passes through the dr
 from __future__ import annotations
 
 import os
-import time
 
 from pal_bench.train.backends.processes.shared import (
     Publisher,
@@ -23,7 +22,7 @@ from pal_bench.train.replay_spec import buffer_class
 from pal_bench.train.shared_weights import SharedWeights
 from pal_bench.train.workers import PhaseTimer, pin
 
-WAIT_POLL_S = 0.0001   # allreduce: how often a learner looks at the others' gradient blocks while it waits
+WAIT_S = 0.05   # allreduce: how long a learner waits for the others' gradients before it looks at the stop flag
 # per learner slot: granted update number (0 in an all-reduce round: none of its own), stop, set up, and the
 # weights' version (allreduce: the driver's at the start; learner 0's after each step)
 L_UPDATE, L_STOP, L_READY, L_VERSION, L_FIELDS = 0, 1, 2, 3, 4
@@ -38,12 +37,12 @@ def grads_spec(ps) -> list:
 
 def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_name: str, weights_spec,
                     grads_name: str, gspec, slots, grant, done, messages, parent_pid: int,
-                    faults: Faults = NO_FAULTS, allreduce: list | None = None) -> None:
+                    faults: Faults = NO_FAULTS, allreduce: tuple | None = None) -> None:
     """Body of one learner process (spawned): for each update the driver grants, load the latest published
     weights, sample the shared buffer, compute the gradients, write |TD| back as priorities and publish the
     gradients for the driver's parameter server. The rate rule, the update count and the aggregation stay in
     the driver (one proxy thread per learner process), so they are the thread trainer's. With ``allreduce``
-    (``aggregation = "allreduce"``: every learner's gradient block name) the learners
+    (``aggregation = "allreduce"``: every learner's gradient block name and arrival semaphore) the learners
     average their gradients among themselves (``AllReduceSink``) and step their own networks; the driver only grants
     the rounds."""
     die_with_parent()
@@ -90,14 +89,14 @@ def learner_process(cfg: TrainConfig, learner: int, buffer_name: str, weights_na
                 h.close()
 
 
-def _join_allreduce(cfg: TrainConfig, learner: int, allreduce: list, gspec, ctx, nets, targets, params, source,
+def _join_allreduce(cfg: TrainConfig, learner: int, allreduce: tuple, gspec, ctx, nets, targets, params, source,
                     weights, slots, base, stopped):
     """(allreduce) Start from the weights the driver published (its parameter server's version, in the slot), attach
     the other learners' gradient blocks, and return the ``WeightSource`` and ``GradientSink`` of a learner that steps
     its own networks."""
     from pal_bench.train.param_server import ParameterServer
 
-    names = allreduce
+    names, arrived = allreduce
     source.pull(-1)                                  # the driver's weights (a resumed run's too)
     local = ParameterServer(ctx.algo, nets, targets, cfg, 1)   # its optimizers, clipping and target rule
     local.version = int(slots[base + L_VERSION])
@@ -105,7 +104,7 @@ def _join_allreduce(cfg: TrainConfig, learner: int, allreduce: list, gspec, ctx,
     if publisher is not None:
         publisher.holds(local.snapshot)
     blocks = [SharedWeights.attach(n, gspec) for n in names]
-    return OwnSteps(local), AllReduceSink(local, learner, blocks, stopped, params, slots, base, publisher)
+    return OwnSteps(local), AllReduceSink(local, learner, blocks, arrived, stopped, params, slots, base, publisher)
 
 
 class PeerLost(TrainingError):
@@ -126,7 +125,8 @@ class OwnSteps:
 class AllReduceSink:
     """(allreduce) The ``GradientSink``: this learner's gradient into its shared block (in a round where the driver
     granted it no update of its own: no group, nothing added), a wait until every learner's block holds this round
-    (its version; the driver's stop flag ends the wait when a learner died), then every learner's block read and
+    (each learner releases every other's arrival semaphore once its block is written; the wait looks at the
+    driver's stop flag every ``WAIT_S``, which ends it when a learner died), then every learner's block read and
     averaged per group over the learners that have it, and this learner's own optimizer step with the same
     average as every other's; learner 0 then publishes the weights for the actors and the driver, with their
     version in its slot. An all-reduce through shared memory on one node: one write and L reads of the gradient per
@@ -136,8 +136,10 @@ class AllReduceSink:
 
     phase = "aggregation"
 
-    def __init__(self, local, learner: int, blocks: list, stopped, params: dict, slots, base: int, publisher):
+    def __init__(self, local, learner: int, blocks: list, arrived: list, stopped, params: dict, slots, base: int,
+                 publisher):
         self.local, self.learner, self.blocks, self.stopped = local, learner, blocks, stopped
+        self.arrived = arrived
         self.params, self.slots, self.base, self.publisher = params, slots, base, publisher
         self.own = PublishGradients(blocks[learner], params)
         self.names = list(params)
@@ -148,12 +150,17 @@ class AllReduceSink:
 
         self.own.deliver(version, grads if self.slots[self.base + L_UPDATE] else {})
         self.rounds += 1
-        # every learner's block at this round's version: a barrier in the blocks themselves (a process-shared
-        # Barrier hangs for good when a waiter is killed: its condition waits for the dead one's wake-up)
-        while any(b.version < self.rounds for b in self.blocks):
-            if self.stopped():
-                raise PeerLost(f"learner{self.learner}: the all-reduce lost a learner in round {self.rounds}")
-            time.sleep(WAIT_POLL_S)
+        # a barrier of semaphores with timeouts (a process-shared Barrier hangs for good when a waiter is killed: its
+        # condition waits for the dead one's wake-up); the blocks' versions say the same, checked after it
+        for k, sem in enumerate(self.arrived):
+            if k != self.learner:
+                sem.release()
+        for _ in range(len(self.blocks) - 1):
+            while not self.arrived[self.learner].acquire(timeout=WAIT_S):
+                if self.stopped():
+                    raise PeerLost(f"learner{self.learner}: the all-reduce lost a learner in round {self.rounds}")
+        if any(b.version < self.rounds for b in self.blocks):
+            raise PeerLost(f"learner{self.learner}: a learner's gradient of round {self.rounds} is missing")
         sums: dict = {}
         counts: dict = {}
         for block in self.blocks:

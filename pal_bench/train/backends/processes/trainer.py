@@ -180,6 +180,8 @@ class ProcessTrainer(Trainer):
             self._lslots = self._ctx.RawArray("q", L_FIELDS * cfg.learners)
             self._grant = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
             self._done = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
+            # (allreduce) learner j's: released once by every other learner when its gradient of the round is in
+            self._arrived = [self._ctx.Semaphore(0) for _ in range(cfg.learners)]
             self._lmessages = [self._ctx.Queue() for _ in range(cfg.learners)]
 
     def _make_rate(self) -> SharedRate:
@@ -304,7 +306,7 @@ class ProcessTrainer(Trainer):
         them) and the weights' version they start from."""
         allreduce = None
         if self.cfg.aggregation == "allreduce":
-            allreduce = [g.name for g in self._grads]
+            allreduce = ([g.name for g in self._grads], self._arrived)
             for i in range(self.cfg.learners):
                 self._lslots[i * L_FIELDS + L_VERSION] = self.ps.version
         self._lprocs = {i: self._start_learner(i, allreduce) for i in range(self.cfg.learners)}

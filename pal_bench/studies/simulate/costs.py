@@ -1,0 +1,67 @@
+"""The costs that grow with workers, as the model's inputs: from the scaling study's worker-cost tables
+(``pal-bench scaling --reservation-cost``: ``results/reservation_cost.csv``, ``pump_cost.csv``) a linear fit in the
+number of actors (queues), and the Ray buffer actor's floor per row from the two-node study's measured sink
+ceiling (``design.inserter_inputs``). Each is an input of ``model.Inputs``; a table not stored leaves its inputs at
+0 (not modelled), which ``stored_costs`` reports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pal_bench.argtypes import WORKERS, Range
+from pal_bench.stored_tables import Column, read_table
+from pal_bench.studies.simulate.model import MAX_CALL_US
+
+US = Range(0, MAX_CALL_US)
+RESERVATION_COLUMNS = {"actors": Column(int, WORKERS), "us_per_reservation": Column(float, US)}
+PUMP_COLUMNS = {"queues": Column(int, WORKERS), "us_per_poll": Column(float, US)}
+FILES = ("reservation_cost.csv", "pump_cost.csv", "end_to_end_ray_two_nodes.csv")
+
+
+def linear(x, y) -> tuple[float, float]:
+    """Least-squares intercept and slope of ``y`` over ``x``, both at least 0 (one point: flat)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return max(0.0, float(np.mean(y))), 0.0
+    slope, icpt = (float(v) for v in np.polyfit(x, y, 1))
+    if slope < 0:                                   # falling with more workers: flat at the mean
+        slope, icpt = 0.0, float(np.mean(y))
+    return max(0.0, icpt), slope
+
+
+def reservation_inputs(df) -> dict:
+    a, b = linear(df.actors, df.us_per_reservation)
+    return {"reserve_us": a, "reserve_us_per_actor": b}
+
+
+def pump_inputs(df) -> dict:
+    a, b = linear(df.queues, df.us_per_poll)
+    return {"pump_poll_us": a, "pump_poll_us_per_queue": b}
+
+
+def stored_costs(results: Path) -> dict:
+    """The model's inputs from the stored worker-cost tables (each file checked; a file not stored: its inputs
+    left out)."""
+    from pal_bench.studies.simulate.design import inserter_inputs
+
+    out: dict = {}
+    if os.path.lexists(path := results / "reservation_cost.csv"):
+        out |= reservation_inputs(read_table(path, RESERVATION_COLUMNS, "the reservation-cost table", min_rows=1))
+    if os.path.lexists(path := results / "pump_cost.csv"):
+        out |= pump_inputs(read_table(path, PUMP_COLUMNS, "the pump-cost table", min_rows=1))
+    if row_us := inserter_inputs(results).get("inserter_row_us"):
+        out["buffer_actor_row_us"] = row_us
+    return out
+
+
+def measure_here(progress=print) -> dict:
+    """The same inputs measured on this machine (``--check-here``; a few seconds): reservations at 1, 16 and 64
+    actors, pump polls at 1, 16 and 64 queues."""
+    from pal_bench.studies.scaling.worker_costs import pump_cost, reservation_cost
+
+    res = reservation_cost([1, 16, 64], rounds=5_000, repeats=3, seconds=0.2, progress=progress)
+    pump = pump_cost([1, 16, 64], rounds=5_000, repeats=3, progress=progress)
+    return reservation_inputs(res) | pump_inputs(pump)

@@ -1,0 +1,131 @@
+"""Issue 50: the model judged on two sets kept apart, stated intervals, its outputs' provenance, and the check any
+machine can run. The model runs on made-up inputs here, except ``--check-here``, which measures a tiny
+configuration for real."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pal_bench.studies.simulate.calibrate import inputs_for
+from pal_bench.studies.simulate.model import Workload, simulate, throughput
+from pal_bench.studies.simulate.points import check_points, holdout_points
+from pal_bench.studies.simulate.validate import interval, summary, validate
+from tests.test_simulate import ROUND
+
+
+def test_the_interval_combines_input_draws_with_the_model_error():
+    # no residuals: the draws' own spread; with residuals: draw / (1 + e) over every pair
+    assert interval([100.0, 100.0], []) == (100.0, 100.0)
+    lo, hi = interval([100.0], [0.25, -0.2])
+    assert 80.0 <= lo <= 83.0 and 122.0 <= hi <= 125.0        # between 100 / 1.25 and 100 / 0.8, interpolated
+    rng = np.random.default_rng(0)
+    residuals = rng.normal(0.1, 0.1, 200)           # the model over-predicts by about 10%
+    lo, hi = interval([1_000.0], residuals)
+    assert lo < 1_000 / 1.1 < hi and (lo + hi) / 2 < 1_000     # the interval sits mostly below the prediction
+
+
+def test_the_holdout_set_covers_every_backend_at_two_and_three_workers():
+    pts = holdout_points()
+    assert {p.backend for p in pts} == {"threads", "processes", "learner-processes", "learner-allreduce",
+                                       "ray-node", "ray"}
+    assert {p.workers for p in pts} == {2, 3}
+    e2e = [p for p in pts if p.curve == "end_to_end"]
+    assert {p.aggregation for p in e2e if p.backend == "processes"} == {"sync", "async"}
+    assert {p.aggregation for p in e2e if p.backend == "learner-allreduce"} == {"allreduce"}
+    assert {(p.actors, p.learners) for p in e2e} == {(1, 1), (1, 2), (2, 1)}
+    # --check-here at 1, 2, 4 workers: f_a, f_l at each, the whole trainer at 1 + 1, 2 + 2, 3 + 1
+    chk = check_points(["processes"], [1, 2, 4])
+    assert {(p.curve, p.actors, p.learners) for p in chk} >= {("f_a", 4, 0), ("f_l", 0, 4), ("end_to_end", 2, 2),
+                                                              ("end_to_end", 3, 1), ("end_to_end", 1, 1)}
+
+
+def _stored(tmp_path, holdout_error: float):
+    """Scaling points made by the model on ROUND's inputs (development), and held-out points ``holdout_error``
+    away from what the model says (a model that over-predicts the held-out points by that much)."""
+    inp = inputs_for(ROUND, "processes")
+    rows = []
+    for curve in ("f_a", "f_l"):
+        for n in (1, 2):
+            w = Workload("processes", 2, n, n, curve, steps=6_000, updates=600, learning_starts=1_000)
+            # the development points a little off the model, both ways
+            rows.append({"curve": curve, "threads": n, "throughput": throughput(inp, w) * (1.05 if n == 2 and
+                                                                                          curve == "f_a" else 0.97
+                                                                                          if n == 2 else 1.0),
+                         "oversubscribed": False, "env_backend": "sync"})
+    pd.DataFrame(rows).to_csv(tmp_path / "scaling_processes.csv", index=False)
+    held = []
+    for a, lr in ((1, 1), (2, 1)):
+        r = simulate(inp, Workload("processes", 2, a, lr, "end_to_end", steps=9_000, learning_starts=1_000))
+        held.append({"backend": "processes", "curve": "end_to_end", "actors": a, "learners": lr,
+                     "aggregation": "sync", "env_backend": "sync",
+                     "measured": r["env_steps_per_s"] / (1 + holdout_error), "steps": 9_000,
+                     "oversubscribed": a + lr > 2})
+    pd.DataFrame(held).to_csv(tmp_path / "simulation_holdout.csv", index=False)
+
+
+def test_validation_reports_the_sets_apart_with_bias_and_coverage(tmp_path):
+    _stored(tmp_path, holdout_error=0.5)
+    v = validate(tmp_path, pd.DataFrame([ROUND]), progress=lambda m: None, samples=1)
+    assert {"backend", "curve", "actors", "learners", "measured", "predicted", "error", "lo90", "hi90",
+            "set"} <= set(v.columns)
+    assert list(v.set.unique()) == ["development", "holdout"]
+    s = summary(v)
+    dev, held = s["development"], s["holdout"]
+    assert dev["points"] == 2 and held["points"] == 2          # multi-worker points only: the fit's are not counted
+    assert held["bias"] == pytest.approx(0.5, abs=0.02)         # a holdout 50% over: its bias says so
+    assert held["coverage"] == 0.0                              # ... and outside every stated interval
+    assert abs(dev["bias"]) < 0.05
+    assert set(held["per_backend"]) == {"processes"} and set(held["per_curve"]) == {"end_to_end"}
+    # the holdout never enters the fit: the same development set gives the same development predictions
+    _stored(tmp_path, holdout_error=-0.3)
+    v2 = validate(tmp_path, pd.DataFrame([ROUND]), progress=lambda m: None, samples=1)
+    dev1, dev2 = v[v.set == "development"], v2[v2.set == "development"]
+    assert dev1.predicted.tolist() == dev2.predicted.tolist()
+    assert summary(v2)["holdout"]["bias"] == pytest.approx(-0.3, abs=0.02)
+
+
+def test_validate_command_writes_its_provenance(tmp_path, capsys):
+    from pal_bench.studies.simulate.cli import main
+
+    _stored(tmp_path, holdout_error=0.1)
+    pd.DataFrame([ROUND]).to_csv(tmp_path / "simulation_inputs.csv", index=False)
+    assert main(["--validate", "--samples", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "holdout: 2 multi-worker points" in out and "bias +10" in out
+    meta = json.loads((tmp_path / "simulation_validation.csv.meta.json").read_text())
+    assert {s["file"] for s in meta["sources"]} == {"simulation_inputs.csv", "scaling_processes.csv",
+                                                    "simulation_holdout.csv"}
+    assert "measures nothing" in meta["what"] and "commit" in meta
+
+
+def test_a_bad_holdout_file_is_one_line(tmp_path):
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.simulate.validate import measured_points
+
+    _stored(tmp_path, holdout_error=0.0)
+    df = pd.read_csv(tmp_path / "simulation_holdout.csv")
+    df.loc[0, "measured"] = -5
+    df.to_csv(tmp_path / "simulation_holdout.csv", index=False)
+    with pytest.raises(UsageError, match="simulation_holdout.csv.*measured"):
+        measured_points(tmp_path)
+
+
+def test_check_here_measures_predicts_and_writes_its_csv(tmp_path, capsys):
+    """A tiny --check-here for real (threads, 1 and 2 workers, a few hundred steps): every point measured and
+    predicted, the machine described, the conditions beside it."""
+    from pal_bench.studies.simulate.check import host_name
+    from pal_bench.studies.simulate.cli import main
+
+    assert main(["--check-here", "--backend", "threads", "--threads", "1,2", "--steps", "600", "--updates", "60",
+                 "--out", str(tmp_path), "--force"]) == 0
+    path = tmp_path / f"simulation_check_{host_name()}.csv"
+    df = pd.read_csv(path)
+    assert {(r.curve, r.actors, r.learners) for r in df.itertuples()} == {
+        ("f_a", 1, 0), ("f_a", 2, 0), ("f_l", 0, 1), ("f_l", 0, 2), ("end_to_end", 1, 1)}
+    assert (df.measured > 0).all() and (df.predicted > 0).all()
+    assert np.allclose(df.error, (df.predicted - df.measured) / df.measured, rtol=1e-4, atol=1e-6)
+    assert df.fit_point.tolist().count(True) == 2 and (df.cores >= 1).all() and df.cpu.notna().all()
+    assert json.loads(path.with_name(path.name + ".meta.json").read_text())["machine"]["usable_cores"] >= 1
+    assert "points beyond the fit" in capsys.readouterr().out
