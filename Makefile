@@ -58,7 +58,7 @@ race: $(VENV)/.installed
 # 15 min on 2 cores; tests/test_simulate_current.py checks that the stored ones are what the model says today)
 SIM_BACKENDS := threads,processes,learner-processes,learner-allreduce,ray-node,ray
 figures: $(VENV)/.installed
-	$(VENV)/bin/pal-bench simulate --validate --samples 3
+	$(VENV)/bin/pal-bench simulate --validate --samples 2
 	$(VENV)/bin/pal-bench simulate --backend $(SIM_BACKENDS) --cores 1,2,3,4,6,8,12,16,24,32,48,64 --samples 5 --no-figure
 	$(PY) -m pal_bench.report
 

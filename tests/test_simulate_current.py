@@ -9,9 +9,10 @@ import pytest
 
 from pal_bench.paths import RESULTS
 from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs
-from pal_bench.studies.simulate.cli import one_worker_points, require_inputs
+from pal_bench.studies.simulate.cli import one_worker_points
 from pal_bench.studies.simulate.model import BACKENDS, throughput
 from pal_bench.studies.simulate.predict import LEARNING, _workload, fitted
+from pal_bench.studies.simulate.stored import require_inputs
 from pal_bench.studies.simulate.validate import _one_worker, measured_points, workload
 
 

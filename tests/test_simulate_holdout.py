@@ -112,11 +112,18 @@ def test_a_bad_holdout_file_is_one_line(tmp_path):
         measured_points(tmp_path)
 
 
-def test_check_here_measures_predicts_and_writes_its_csv(tmp_path, capsys):
-    """A tiny --check-here for real (threads, 1 and 2 workers, a few hundred steps): every point measured and
-    predicted, the machine described, the conditions beside it."""
+def test_check_here_measures_predicts_and_writes_its_csv(tmp_path, capsys, monkeypatch):
+    """A tiny --check-here for real (threads, 1 and 2 workers, a few hundred steps, the inputs' timed probes
+    shortened): every point measured and predicted, the machine described, the conditions beside it."""
+    from functools import partial
+
+    from pal_bench.studies.simulate import inputs
     from pal_bench.studies.simulate.check import host_name
     from pal_bench.studies.simulate.cli import main
+
+    monkeypatch.setattr(inputs, "PROBE_S", 0.2)
+    monkeypatch.setattr(inputs, "corun_slowdown", partial(inputs.corun_slowdown, seconds=0.3))
+    monkeypatch.setattr(inputs, "memory_bandwidth", partial(inputs.memory_bandwidth, seconds=0.3))
 
     assert main(["--check-here", "--backend", "threads", "--threads", "1,2", "--steps", "600", "--updates", "60",
                  "--out", str(tmp_path), "--force"]) == 0
@@ -129,3 +136,53 @@ def test_check_here_measures_predicts_and_writes_its_csv(tmp_path, capsys):
     assert df.fit_point.tolist().count(True) == 2 and (df.cores >= 1).all() and df.cpu.notna().all()
     assert json.loads(path.with_name(path.name + ".meta.json").read_text())["machine"]["usable_cores"] >= 1
     assert "points beyond the fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("actors, learners, curve", [(0, 0, "f_a"), (3, 0, "end_to_end"), (2, 1, "f_l"),
+                                                     (2**40, 0, "f_a")])
+def test_a_held_out_point_whose_workers_contradict_its_curve_is_one_line(tmp_path, actors, learners, curve):
+    """(adversarial pass) an f_a point with no actor divided by zero; an end-to-end point with no learner, or 2^40
+    actors, simulated for ever."""
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.simulate.validate import measured_points
+
+    _stored(tmp_path, holdout_error=0.0)
+    df = pd.read_csv(tmp_path / "simulation_holdout.csv")
+    df.loc[1, ["actors", "learners", "curve"]] = actors, learners, curve
+    df.to_csv(tmp_path / "simulation_holdout.csv", index=False)
+    with pytest.raises(UsageError, match="simulation_holdout.csv.*(row 2|actors)"):
+        measured_points(tmp_path)
+
+
+def test_worker_costs_past_any_machine_are_refused(tmp_path):
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.simulate.costs import stored_costs
+
+    pd.DataFrame({"actors": [1, 2048], "us_per_reservation": [1.0, 9_000.0]}).to_csv(
+        tmp_path / "reservation_cost.csv", index=False)
+    with pytest.raises(UsageError, match="reservation_cost.csv: a reservation reaches"):
+        stored_costs(tmp_path)
+    pd.DataFrame({"actors": [1, 16, 64], "us_per_reservation": [2.4, 1.2, 1.3]}).to_csv(
+        tmp_path / "reservation_cost.csv", index=False)
+    got = stored_costs(tmp_path)
+    assert got["reserve_us_per_actor"] == 0 and 1.0 < got["reserve_us"] < 2.5     # falling: flat at the mean
+
+
+def test_out_is_made_or_refused_before_anything_runs(tmp_path, capsys):
+    from pal_bench.studies.simulate.cli import main
+
+    (tmp_path / "file").write_text("x")
+    for bad in (tmp_path / "file", tmp_path / "file" / "sub"):
+        with pytest.raises(SystemExit):
+            main(["--validate", "--out", str(bad)])
+        assert "--out" in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_host_names_stay_apart_as_file_names():
+    from pal_bench.studies.simulate.check import host_name
+
+    assert host_name("node-7.cluster") == "node-7.cluster"
+    a, b = host_name("a/b"), host_name("a_b")
+    assert a != b and b == "a_b" and a.startswith("a_b-")
+    assert "/" not in host_name("../../etc/passwd") and host_name("").startswith("host")

@@ -53,7 +53,7 @@ INPUT_COLUMNS: dict[str, Column] = {
         "insert_lock_call_us", "snapshot_load_us", "ps_grad_us", "ray_call_us", "ray_call_cpu_us",
         "ray.learner_remote_us", "ray.learner_remote_cpu_us", "lp.process_us", "lp.handoff_us", "lp.driver_us")},
     **{k: Column(float, RATE, required=False) for k in ("f_l_1", "lp.f_l_1", "ray.f_l_1")},
-    **{k: Column(float, COST, required=False) for k in COST_INPUTS},
+    **{k: Column(float, Range(0, 1e4), required=False) for k in COST_INPUTS},     # (costs.MAX_COST_US)
     "weight_bytes": Column(int, Range(1, 10**9)),          # online + target networks: at most 1 GB (measured 139 kB)
     "mem_bw_total": Column(float, MEM_BW), "mem_bw_core": Column(float, MEM_BW, required=False),
     "corun_slowdown": Column(float, Range(0, 0.9), required=False),

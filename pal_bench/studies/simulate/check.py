@@ -5,12 +5,14 @@ worker counts (1, 2, 4, ... up to the usable cores, or ``--threads``) and a few 
 (``points.check_points``), each predicted from the inputs measured here with the model's one fit on this check's
 own one-worker points. Writes ``results/simulation_check_<host>.csv``: per point the measured and predicted value,
 the signed error, the stated 90% interval (the development residuals of the stored validation, where there is one)
-and the machine's description; its ``.meta.json`` holds the conditions. On 2 cores with the defaults it takes
+and the machine's description; its ``.meta.json`` holds the conditions; the inputs measured here go to
+``results/simulation_inputs_check_<host>.csv``. On 2 cores with the defaults it takes
 about 10 minutes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -22,10 +24,14 @@ from pal_bench.studies.simulate.points import check_points, measure_points
 DEFAULT_BACKENDS = ("threads", "processes")
 
 
-def host_name() -> str:
-    """This machine's name as a file-name part: letters, digits, '.', '_' and '-' only, at most 64 of them."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()).strip("._-")[:64]
-    return name or "host"
+def host_name(raw: str | None = None) -> str:
+    """This machine's name as a file-name part: letters, digits, '.', '_' and '-' only, at most 64 of them; a name
+    that had to be changed gets 8 hex digits of its own hash, so two hosts whose names differ stay apart."""
+    raw = socket.gethostname() if raw is None else raw
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", raw).strip("._-")[:64] or "host"
+    if name != raw:
+        name = f"{name[:55]}-{hashlib.sha256(raw.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
+    return name
 
 
 def default_counts(cores: int) -> list[int]:
@@ -40,14 +46,15 @@ def default_counts(cores: int) -> list[int]:
 def run_check(args, log) -> int:
     from pal_bench.conditions import Conditions, cpu_model, refuse_if_busy, usable_cores
     from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs
-    from pal_bench.studies.simulate.cli import VALIDATION, _write_csv, dev_residuals
     from pal_bench.studies.simulate.inputs import measure
     from pal_bench.studies.simulate.model import throughput
+    from pal_bench.studies.simulate.stored import VALIDATION, dev_residuals, write_csv
     from pal_bench.studies.simulate.validate import LEARNING, interval, workload
     from pal_bench.train import make_config
 
     if refuse_if_busy("pal-bench simulate --check-here", args.force):
         return 2
+    host = host_name()                             # (before the measurement: it cannot fail after it)
     cores = usable_cores()
     counts = sorted(set(args.threads)) if args.threads else default_counts(cores)
     if 1 not in counts:
@@ -78,10 +85,11 @@ def run_check(args, log) -> int:
                         "predicted": predicted, "error": (predicted - p.measured) / p.measured,
                         "lo90": lo, "hi90": hi, "fit_point": p.actors + p.learners == 1 and p.curve != "end_to_end",
                         "oversubscribed": p.oversubscribed, "measured_reps": p.measured_reps,
-                        "host": host_name(), "cpu": cpu_model(), "cores": cores})
+                        "host": host, "cpu": cpu_model(), "cores": cores})
     df = pd.DataFrame(out)
-    path = _write_csv(df, args.out / f"simulation_check_{host_name()}.csv", c)
-    _write_csv(rounds, args.out / f"simulation_check_{host_name()}_inputs.csv", c)
+    path = write_csv(df, args.out / f"simulation_check_{host}.csv", c)
+    # (its own prefix: no host's check file can be another host's inputs file)
+    write_csv(rounds, args.out / f"simulation_inputs_check_{host}.csv", c)
     print(df.drop(columns=["measured_reps", "cpu"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     multi = df[~df.fit_point]
     inside = ((multi.measured >= multi.lo90) & (multi.measured <= multi.hi90)).mean()

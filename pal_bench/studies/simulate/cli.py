@@ -27,80 +27,10 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench.argtypes import CORES, WORKERS, choice_list, int_ranges, number, positive_int
-from pal_bench.atomic import atomic_write_text
-from pal_bench.conditions import write_meta
 from pal_bench.paths import RESULTS
 from pal_bench.studies.simulate.model import BACKENDS
 from pal_bench.studies.simulate.predict import DEFAULT_CORES, cores_type
-
-INPUTS = "simulation_inputs.csv"
-VALIDATION = "simulation_validation.csv"
-
-
-def _write_csv(df: pd.DataFrame, path: Path, conditions=None, sources: tuple[Path, ...] = ()) -> Path:
-    """``df`` to ``path`` atomically, and its ``.meta.json``: the ``conditions`` of a measurement, or (simulated)
-    the commit, the command and each of ``sources`` with the commit its own meta names."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
-    if conditions is not None:
-        conditions.write(path)
-    else:
-        write_meta(path, simulated_meta(sources))
-    return path
-
-
-def simulated_meta(sources) -> dict:
-    """The ``.meta.json`` of a file computed from stored files (measures nothing): what, command, commit, machine,
-    and each source with its commit (from its own meta; None where it has none)."""
-    from pal_bench.conditions import commit, machine, read_meta
-
-    def commit_of(p: Path):
-        try:
-            return (read_meta(p) or {}).get("commit")
-        except ValueError:
-            return None
-
-    return {"what": "simulated from stored files (measures nothing)",
-            "command": " ".join(["pal-bench simulate", *sys.argv[1:]]), "commit": commit(), "machine": machine(),
-            "sources": [{"file": Path(p).name, "commit": commit_of(Path(p))} for p in sources]}
-
-
-def require_inputs(results: Path) -> pd.DataFrame:
-    """The stored inputs; a ``UsageError`` naming the command that measures them when there are none."""
-    from pal_bench.argtypes import UsageError
-    from pal_bench.studies.simulate.costs import stored_costs
-
-    rounds = load_inputs(results)
-    if rounds is None:
-        raise UsageError(f"{results / INPUTS}: no stored inputs; measure them first with "
-                         f"`pal-bench simulate --measure-inputs --out {results}` (about 2 min a round, quiet machine)")
-    return rounds.assign(**stored_costs(results))
-
-
-def dev_residuals(results: Path):
-    """The model's own error: the development set's multi-worker residuals of the stored validation; a
-    ``UsageError`` naming the command when it is missing."""
-    from pal_bench.argtypes import UsageError
-    from pal_bench.stored_tables import read_csv
-    from pal_bench.studies.simulate.validate import development_residuals_mask
-
-    path = results / VALIDATION
-    if not os.path.lexists(path):
-        raise UsageError(f"{path}: no stored validation, whose residuals the intervals use; run "
-                         f"`pal-bench simulate --validate --out {results}` first")
-    v = read_csv(path)
-    if "set" not in v:
-        v["set"] = "development"
-    return v[development_residuals_mask(v)].error.to_numpy(dtype=float)
-
-
-def load_inputs(results: Path) -> pd.DataFrame | None:
-    """The stored inputs, checked (``calibrate.read_inputs``); None when there is no file (a link, even a dangling
-    one, is there: it is refused, not measured over)."""
-    from pal_bench.studies.simulate.calibrate import read_inputs
-
-    path = results / INPUTS
-    return read_inputs(path) if os.path.lexists(path) else None
+from pal_bench.studies.simulate.stored import INPUTS, VALIDATION, dev_residuals, require_inputs, write_csv
 
 
 def one_worker_points(results: Path, backend: str) -> dict:
@@ -113,6 +43,17 @@ def one_worker_points(results: Path, backend: str) -> dict:
     df = read_scaling(path)
     one = df[(df.threads == 1) & (df.get("env_backend", "sync") == "sync")]
     return {c: float(one[one.curve == c].throughput.iloc[0]) for c in ("f_a", "f_l") if (one.curve == c).any()}
+
+
+def prepare_out(ap, out: Path) -> None:
+    """``--out`` made a directory before anything is measured or simulated (a long measurement is not lost at
+    write time): something there that is not a directory, or one that cannot be made, is an argument error."""
+    if os.path.lexists(out) and not out.is_dir():
+        ap.error(f"argument --out: {out} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"argument --out: {out}: cannot make the directory ({e.strerror or e})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     backends, cores = args.backend, args.cores
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
-    if args.out.exists() and not args.out.is_dir():
-        ap.error(f"argument --out: {args.out} exists and is not a directory")
+    prepare_out(ap, args.out)
     if args.rounds is None:
         args.rounds = 1 if args.check_here else 3
     if args.backend is None and not args.check_here:
@@ -172,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_check(args, log)
     # every stored file the command reads, checked before anything is measured or simulated (--measure-inputs
     # replaces the stored inputs: they are not read)
+    from pal_bench.studies.simulate.costs import stored_costs
+
+    costs = stored_costs(args.out)                   # (checked before anything is measured, too)
     rounds = None if args.measure_inputs else require_inputs(args.out)
     needed = set(backends) | ({"processes"} if args.design or args.candidate else set())
     points = {b: one_worker_points(args.out, b) for b in BACKENDS if b in needed}
@@ -190,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = _measure(args, log)
         if rounds is None:
             return 2
-        from pal_bench.studies.simulate.costs import stored_costs
-
-        rounds = rounds.assign(**stored_costs(args.out))
+        rounds = rounds.assign(**costs)
         if not (args.validate or args.sensitivity or args.design):
             print(rounds.T.to_string())
             return 0
@@ -203,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
         v = validate(args.out, rounds, progress=log, samples=args.samples)
         stored = [args.out / n for n in (*SCALING.values(), *END_TO_END.values(), HOLDOUT) if (args.out / n).exists()]
-        _write_csv(v, args.out / VALIDATION, sources=(inputs_file, *stored))
+        write_csv(v, args.out / VALIDATION, sources=(inputs_file, *stored))
         s = summary(v)
         print(v.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         for name in ("development", "holdout"):
@@ -218,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
         inp = fitted(rounds, "processes", points["processes"], int(rounds.cores.iloc[0]))
         df = design_at_scale(inp, args.out, progress=log, extra=extra)
-        _write_csv(df, args.out / "simulation_design.csv", sources=(inputs_file,))
+        write_csv(df, args.out / "simulation_design.csv", sources=(inputs_file,))
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
         return 0
     if args.candidate:
@@ -231,14 +172,14 @@ def main(argv: list[str] | None = None) -> int:
             inp = fitted(rounds, b, points[b], int(rounds.cores.iloc[0]))
             frames.append(sensitivity(inp, b, args.sensitivity).assign(backend=b, cores=args.sensitivity))
         df = pd.concat(frames, ignore_index=True)
-        _write_csv(df, args.out / "simulation_sensitivity.csv", sources=(inputs_file,))
+        write_csv(df, args.out / "simulation_sensitivity.csv", sources=(inputs_file,))
         print(df.to_string(index=False, float_format=lambda x: f"{x:+.3f}"))
         return 0
     from pal_bench.studies.simulate.predict import predict
 
     for b in backends:
         df = predict(rounds, b, cores, points[b], samples=args.samples, progress=log, residuals=residuals)
-        path = _write_csv(df, args.out / f"simulation_{b.replace('-', '_')}.csv",
+        path = write_csv(df, args.out / f"simulation_{b.replace('-', '_')}.csv",
                           sources=(inputs_file, args.out / VALIDATION))
         print(df.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
         print(f"wrote {path}")
@@ -260,7 +201,7 @@ def _candidate(args, rounds: pd.DataFrame, one_worker: dict, log) -> int:
     inp = fitted(rounds, "processes", one_worker, int(rounds.cores.iloc[0]))
     with Conditions("simulation candidate (batched inserts, measured)") as c:
         df = candidate_check(inp, make_config("dqn", "CartPole-v1"), progress=log)
-    _write_csv(df, args.out / "simulation_candidate.csv", c)
+    write_csv(df, args.out / "simulation_candidate.csv", c)
     print(df.groupby("variant", sort=False)[["measured", "simulated"]].median().to_string(float_format="%.0f"))
     return 0
 
@@ -276,7 +217,7 @@ def _holdout(args, log) -> int:
         df = measure_points(holdout_points(), steps=args.steps, updates=args.updates, repeats=args.repeats,
                             progress=log)
     df["commit"] = c.commit
-    path = _write_csv(df, args.out / HOLDOUT, c)
+    path = write_csv(df, args.out / HOLDOUT, c)
     print(df.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     print(f"wrote {path}")
     return 0
@@ -292,5 +233,5 @@ def _measure(args, log) -> pd.DataFrame | None:
     cfg = make_config("dqn", "CartPole-v1")
     with Conditions("simulation inputs") as c:
         rounds = pd.DataFrame(measure(cfg, args.rounds, progress=log))
-    _write_csv(rounds, args.out / INPUTS, c)
+    write_csv(rounds, args.out / INPUTS, c)
     return rounds

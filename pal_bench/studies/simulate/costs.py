@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pal_bench.argtypes import WORKERS, Range
+from pal_bench.argtypes import WORKERS, Range, UsageError
 from pal_bench.stored_tables import Column, read_table
-from pal_bench.studies.simulate.model import MAX_CALL_US
 
-US = Range(0, MAX_CALL_US)
+MAX_COST_US = 1e4      # one reservation, pump poll or row: measured 0.4-40 µs; 10 ms is far past any machine
+US = Range(0, MAX_COST_US)
 RESERVATION_COLUMNS = {"actors": Column(int, WORKERS), "us_per_reservation": Column(float, US)}
 PUMP_COLUMNS = {"queues": Column(int, WORKERS), "us_per_poll": Column(float, US)}
 FILES = ("reservation_cost.csv", "pump_cost.csv", "end_to_end_ray_two_nodes.csv")
@@ -32,13 +32,21 @@ def linear(x, y) -> tuple[float, float]:
     return max(0.0, icpt), slope
 
 
-def reservation_inputs(df) -> dict:
-    a, b = linear(df.actors, df.us_per_reservation)
+def _bounded(a: float, b: float, what: str, label: str) -> tuple[float, float]:
+    """The fitted line must stay under ``MAX_COST_US`` up to 4096 workers (else a simulation would crawl)."""
+    if a + b * WORKERS.hi > MAX_COST_US:
+        raise UsageError(f"{label}: {what} reaches {a + b * WORKERS.hi:.3g} µs at {WORKERS.hi:.0f} workers; at most "
+                         f"{MAX_COST_US:.0f} µs is read as a cost")
+    return a, b
+
+
+def reservation_inputs(df, label: str = "reservation_cost.csv") -> dict:
+    a, b = _bounded(*linear(df.actors, df.us_per_reservation), "a reservation", label)
     return {"reserve_us": a, "reserve_us_per_actor": b}
 
 
-def pump_inputs(df) -> dict:
-    a, b = linear(df.queues, df.us_per_poll)
+def pump_inputs(df, label: str = "pump_cost.csv") -> dict:
+    a, b = _bounded(*linear(df.queues, df.us_per_poll), "a pump poll", label)
     return {"pump_poll_us": a, "pump_poll_us_per_queue": b}
 
 
@@ -49,10 +57,14 @@ def stored_costs(results: Path) -> dict:
 
     out: dict = {}
     if os.path.lexists(path := results / "reservation_cost.csv"):
-        out |= reservation_inputs(read_table(path, RESERVATION_COLUMNS, "the reservation-cost table", min_rows=1))
+        out |= reservation_inputs(read_table(path, RESERVATION_COLUMNS, "the reservation-cost table", min_rows=1),
+                                  str(path))
     if os.path.lexists(path := results / "pump_cost.csv"):
-        out |= pump_inputs(read_table(path, PUMP_COLUMNS, "the pump-cost table", min_rows=1))
+        out |= pump_inputs(read_table(path, PUMP_COLUMNS, "the pump-cost table", min_rows=1), str(path))
     if row_us := inserter_inputs(results).get("inserter_row_us"):
+        if row_us > MAX_COST_US:
+            raise UsageError(f"{results / 'end_to_end_ray_two_nodes.csv'}: a sink ceiling of {1e6 / row_us:.3g} "
+                             f"rows/s ({row_us:.3g} µs a row); at most {MAX_COST_US:.0f} µs a row is read")
         out["buffer_actor_row_us"] = row_us
     return out
 

@@ -21,7 +21,8 @@ NODE_CORES = 16          # cores per node in the multi-node rows (a named assump
 AGGREGATION_COLUMNS = {"scheme": Column(str), "learners": Column(int, WORKERS),
                        "params": Column(int, Range(1, 10**12)),
                        "communicate_s": Column(float, Range(0, MAX_CALL_US / 1e6))}
-TWO_NODES_COLUMNS = {"placement": Column(str), "rows_per_s": Column(float, THROUGHPUT, required=False)}
+TWO_NODES_COLUMNS = {"placement": Column(str),
+                     "rows_per_s": Column(float, THROUGHPUT, required=False, default=float("nan"))}
 
 
 def allreduce_inputs(results: Path) -> dict:

@@ -264,10 +264,12 @@ def _count_while(stop: threading.Event) -> int:
     return n
 
 
-def two_thread_speedup(make, seconds: float = PROBE_S) -> tuple[float, float]:
+def two_thread_speedup(make, seconds: float | None = None) -> tuple[float, float]:
     """A call (``make()`` builds one with its own objects: each thread gets its own) in a loop on one thread, then
     on two threads at once: (the two threads' calls/s over one thread's, µs per call on one thread). 2: the GIL
     never in the way; 1: fully serialised; below 1: the handoffs cost."""
+    seconds = PROBE_S if seconds is None else seconds
+
     def rate(threads: int) -> float:
         stop, counts = threading.Event(), [0] * threads
         fns = [make() for _ in range(threads)]

@@ -16,19 +16,35 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pal_bench.argtypes import NONNEG, Range
+from pal_bench.argtypes import Range, UsageError
 from pal_bench.stored_tables import SCALING_BACKENDS, THROUGHPUT, Column
 from pal_bench.studies.simulate.model import AGGREGATIONS
 
 HOLDOUT = "simulation_holdout.csv"
 CURVES = ("f_a", "f_l", "end_to_end")
 POINT_COLUMNS = {"backend": Column(str, choices=SCALING_BACKENDS), "curve": Column(str, choices=CURVES),
-                 "actors": Column(int, NONNEG), "learners": Column(int, NONNEG),
+                 "actors": Column(int, Range(0, 1024)), "learners": Column(int, Range(0, 1024)),
                  "aggregation": Column(str, choices=AGGREGATIONS),
                  "env_backend": Column(str, choices=("sync", "async")),
                  "measured": Column(float, THROUGHPUT), "steps": Column(int, Range(1, 10**9)),
-                 "oversubscribed": Column(bool, required=False, default=False)}
+                 "oversubscribed": Column(bool, required=False, default=False),
+                 "cores": Column(int, Range(1, 4096), required=False)}
 POINTS_WHAT = "measured points as `pal-bench simulate --measure-holdout` writes them"
+MAX_POINTS = 10_000          # rows of a stored set of points (the held-out set has 53)
+
+
+def check_rows(df: pd.DataFrame, label: str) -> pd.DataFrame:
+    """Each stored point's workers agree with its curve (f_a: actors only, f_l: learners only, end to end: both),
+    and there are at most ``MAX_POINTS``: a ``UsageError`` naming the file and row otherwise."""
+    if len(df) > MAX_POINTS:
+        raise UsageError(f"{label}: {len(df)} rows, at most {MAX_POINTS} points are read")
+    for i, r in enumerate(df.itertuples(), 1):
+        ok = {"f_a": r.actors >= 1 and r.learners == 0, "f_l": r.learners >= 1 and r.actors == 0,
+              "end_to_end": r.actors >= 1 and r.learners >= 1}[r.curve]
+        if not ok:
+            raise UsageError(f"{label}: row {i}: a {r.curve} point cannot have {r.actors} actors and {r.learners} "
+                             "learners (f_a: actors only; f_l: learners only; end_to_end: both)")
+    return df
 # env steps per end-to-end point (after learning starts): Ray actors make a few hundred a second
 E2E_STEPS = {"ray": 5_000}
 
@@ -109,8 +125,8 @@ def measure_points(points: list[Point], steps: int = 20_000, updates: int = 1_00
             values = [v for v, _ in runs]
             rows.append({**dataclasses.asdict(p), "measured": statistics.median(values),
                          "steps": int(statistics.median(s for _, s in runs)),
-                         "oversubscribed": p.workers > cores, "measured_reps": " ".join(f"{v:.1f}" for v in values),
-                         "load1": load})
+                         "oversubscribed": p.workers > cores, "cores": cores,
+                         "measured_reps": " ".join(f"{v:.1f}" for v in values), "load1": load})
     return pd.DataFrame(rows)
 
 

@@ -7,6 +7,7 @@ limits each point (and whether that makes it untrustworthy), and which input mov
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -115,22 +116,39 @@ def fitted(rounds_or_row, backend: str, one_worker: dict | None, cores: int) -> 
     return fit(inputs_for(row, backend), backend, fa1, fl1, cores, LEARNING)[0]
 
 
+def _curves_quietly(inp: Inputs, backend: str, cores: list[int]) -> pd.DataFrame:
+    return curves(inp, backend, cores, progress=lambda m: None)
+
+
 def predict(rounds: pd.DataFrame, backend: str, cores: list[int], one_worker: dict | None = None,
-            samples: int = 10, seed: int = 0, progress=print, residuals=None) -> pd.DataFrame:
+            samples: int = 10, seed: int = 0, progress=print, residuals=None,
+            workers: int | None = None) -> pd.DataFrame:
     """``curves`` on the median inputs, with ``lo`` / ``hi``: the 5th and 95th percentiles over ``samples``
     resampled inputs (each input drawn from one measured round), and ``lo90`` / ``hi90``, the stated 90% interval:
     those draws combined with the model's own error, ``residuals`` (the development set's relative errors,
-    ``validate.interval``; None: the draws alone)."""
+    ``validate.interval``; None: the draws alone). The draws run in ``workers`` processes (default: the usable
+    cores)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from pal_bench.conditions import usable_cores
     from pal_bench.studies.simulate.validate import interval
 
     cal = int(median_inputs(rounds).get("cores", 2))
-    out = curves(fitted(rounds, backend, one_worker, cal), backend, cores, progress)
     rng = np.random.default_rng(seed)
-    draws = []
-    for i in range(samples):
-        progress(f"[interval {i + 1}/{samples}] {backend}")
-        d = curves(fitted(resample(rounds, rng), backend, one_worker, cal), backend, cores, progress=lambda m: None)
-        draws.append(d.predicted.to_numpy())
+    fits = [fitted(rounds, backend, one_worker, cal)] + [fitted(resample(rounds, rng), backend, one_worker, cal)
+                                                        for _ in range(samples)]
+    workers = max(1, min(workers or usable_cores(), len(fits)))
+    quiet = lambda m: None   # noqa: E731
+    if workers == 1:
+        frames = [curves(fits[0], backend, cores, progress)] + [curves(f, backend, cores, quiet) for f in fits[1:]]
+    else:
+        import multiprocessing as mp
+
+        progress(f"{backend}: the median inputs and {samples} resampled draws in {workers} processes ...")
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            frames = list(pool.map(_curves_quietly, fits, [backend] * len(fits), [cores] * len(fits)))
+    out = frames[0]
+    draws = [d.predicted.to_numpy() for d in frames[1:]]
     if draws:
         a = np.vstack(draws)
         out["lo"], out["hi"] = np.percentile(a, 5, axis=0), np.percentile(a, 95, axis=0)
@@ -141,21 +159,59 @@ def predict(rounds: pd.DataFrame, backend: str, cores: list[int], one_worker: di
     return out
 
 
+def _segments(phase: str):
+    def change(inp: Inputs, w: Workload, k: float):
+        n = inp.gil_segments.get(phase, 1)
+        return replace(inp, gil_segments=inp.gil_segments | {phase: max(1, round(n * k))}), w
+    return change
+
+
+def _handoff(inp: Inputs, w: Workload, k: float):
+    return replace(inp, gil_handoff={p: v * k for p, v in inp.gil_handoff.items()}), w
+
+
+def _quantum(inp: Inputs, w: Workload, k: float):
+    return inp, replace(w, quantum_us=w.quantum_us * k)
+
+
+def _background(inp: Inputs, w: Workload, k: float):
+    # +10% of a core's worth where none is assumed (a multiplier of 0 says nothing)
+    return replace(inp, background_cores=inp.background_cores * k if inp.background_cores else 0.1 * (k - 1)), w
+
+
+def _corun(inp: Inputs, w: Workload, k: float):
+    return replace(inp, corun_slowdown=min(0.9, inp.corun_slowdown * k)), w
+
+
+# the model's parameters that were chosen, not measured (docs/simulation.md, "Named assumptions"), or measured on
+# 2 cores and applied at every core count: each moved by +10% as the measured inputs are
+CHOSEN = {"gil_segments.apply": _segments("apply"), "gil_segments.grad": _segments("grad"),
+          "gil_segments.act": _segments("act"), "gil_handoff (all phases)": _handoff,
+          "quantum_us (time slice)": _quantum, "background_cores": _background,
+          "corun_slowdown (measured at 2 cores)": _corun}
+MEASURED_AT_SCALE = ("reserve_us", "reserve_us_per_actor", "pump_poll_us", "lp_driver_us", "buffer_actor_row_us")
+
+
 def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1) -> pd.DataFrame:
     """How much each input moves the predicted f_a and f_l at ``cores``: the relative change for +``step`` (10%) on
-    that input, largest first."""
-    def at(i: Inputs) -> dict:
-        fa = simulate(i, _workload(backend, "f_a", cores))["env_steps_per_s"]
-        fl = simulate(i, _workload(backend, "f_l", cores))["updates_per_s"]
+    that input, largest first; ``kind`` says whether the input was measured or chosen (``CHOSEN``: the GIL pieces,
+    the handoff cost, the time slice, the background cores, the co-run slowdown measured on this machine's cores)."""
+    def at(i: Inputs, wf=lambda w: w) -> dict:
+        fa = simulate(i, wf(_workload(backend, "f_a", cores)))["env_steps_per_s"]
+        fl = simulate(i, wf(_workload(backend, "f_l", cores)))["updates_per_s"]
         return {"f_a": fa, "f_l": fl}
 
     base = at(inp)
     rows = []
-    for name in SENSITIVE:
+    for name in (*SENSITIVE, *MEASURED_AT_SCALE):
         if getattr(inp, name) == 0:
             continue
         got = at(inp.scaled(**{name: 1 + step}))
-        rows.append({"input": name, **{f"{k} change": got[k] / base[k] - 1 for k in base}})
+        rows.append({"input": name, "kind": "measured", **{f"{k} change": got[k] / base[k] - 1 for k in base}})
+    for name, change in CHOSEN.items():
+        changed, _ = change(inp, _workload(backend, "f_a", cores), 1 + step)
+        got = at(changed, lambda w, c=change: c(inp, w, 1 + step)[1])
+        rows.append({"input": name, "kind": "chosen", **{f"{k} change": got[k] / base[k] - 1 for k in base}})
     df = pd.DataFrame(rows)
     df["largest"] = df[[c for c in df if c.endswith("change")]].abs().max(axis=1)
-    return df.sort_values("largest", ascending=False).drop(columns="largest").reset_index(drop=True)
+    return df.sort_values("largest", ascending=False, kind="stable").drop(columns="largest").reset_index(drop=True)

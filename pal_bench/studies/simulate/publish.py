@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pal_bench.argtypes import Range
 from pal_bench.bench.publishing import Publication, code, esc, md, missing, source
 from pal_bench.stored_tables import read_csv
 
@@ -68,19 +69,30 @@ def inputs_block(results: Path) -> str:
             + md(pd.DataFrame(rows), ".3g") + "\n\n" + source(results, name) + "\n")
 
 
+def _published_validation() -> dict:
+    from pal_bench.stored_tables import THROUGHPUT, Column
+    from pal_bench.studies.simulate.validate import VALIDATION_COLUMNS
+
+    nan = float("nan")
+    return VALIDATION_COLUMNS | {
+        "backend": Column(str), "curve": Column(str), "aggregation": Column(str, required=False, default="sync"),
+        "measured": Column(float, THROUGHPUT), "predicted": Column(float, Range(0, 1e12), required=False, default=nan),
+        "lo90": Column(float, Range(0, 1e12), required=False, default=nan),
+        "hi90": Column(float, Range(0, 1e12), required=False, default=nan),
+        "covered": Column(str, required=False, default=""),
+        "oversubscribed": Column(bool, required=False, default=False)}
+
+
 def validation_block(results: Path) -> str:
+    from pal_bench.stored_tables import read_table
     from pal_bench.studies.simulate.validate import summary
 
+    columns = _published_validation()
     name = "simulation_validation.csv"
     if not (results / name).exists():
         return missing(name, "pal-bench simulate --validate")
-    v = read_csv(results / name)
+    v = read_table(results / name, columns, "the validation `pal-bench simulate --validate` writes")
     v["covered"] = v.covered.fillna("")
-    if "set" not in v:
-        v["set"] = "development"
-    for c in ("lo90", "hi90"):
-        if c not in v:
-            v[c] = float("nan")
     v["split"] = [f"{int(r.actors)} + {int(r.learners)}" if r.curve == "end_to_end" else
                   str(int(r.actors or r.learners)) for r in v.itertuples()]
     t = pd.DataFrame({"set": v.set, "backend": v.backend, "curve": v.curve, "workers": v.split,
@@ -152,11 +164,14 @@ def sensitivity_block(results: Path) -> str:
     df = read_csv(results / name)
     parts = []
     for (b, n), d in df.groupby(["backend", "cores"], sort=False):
-        t = d.drop(columns=["backend", "cores"]).head(6).copy()
-        for c in t.columns[1:]:
+        d = d.drop(columns=["backend", "cores"])
+        if "kind" in d:                                 # the largest measured ones, and every chosen parameter
+            d = pd.concat([d[d.kind == "measured"].head(5), d[d.kind == "chosen"]])
+        t = d.head(12).copy()
+        for c in [c for c in t.columns if c.endswith("change")]:
             t[c] = t[c].map(lambda x: f"{x:+.1%}")
-        parts.append(f"{esc(b)}, {esc(n)} cores: the change in each prediction for +10% on one input (largest "
-                     "first).\n\n" + md(t))
+        parts.append(f"{esc(b)}, {esc(n)} cores: the change in each prediction for +10% on one input (the five "
+                     "measured inputs that move it most, then every chosen parameter).\n\n" + md(t))
     return "\n\n".join(parts) + "\n\n" + _simulated(results, name) + "\n"
 
 

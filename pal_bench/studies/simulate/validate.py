@@ -34,6 +34,11 @@ SCALING = {"threads": "scaling.csv", "processes": "scaling_processes.csv", "ray"
 END_TO_END = {"threads": "end_to_end.csv", "processes": "end_to_end_processes.csv", "ray": "end_to_end_ray.csv",
               "ray-node": "end_to_end_ray_node.csv", "learner-processes": "end_to_end_learner_processes.csv",
               "learner-allreduce": "end_to_end_learner_allreduce.csv"}
+# what the stored validation must hold where its residuals are read back (a prediction's interval): the error of a
+# positive prediction is above -1, so that 1 + error divides
+VALIDATION_COLUMNS = {"set": Column(str, choices=("development", "holdout"), required=False, default="development"),
+                      "actors": Column(int, Range(0, 10**6)), "learners": Column(int, Range(0, 10**6)),
+                      "error": Column(float, Range(-1, 1e6, lo_open=True), required=False, default=float("nan"))}
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}     # DQN CartPole-v1's (the stored runs')
 MAX_WORKERS = 3
 END_TO_END_COLUMNS = {"actors": Column(int, WORKERS), "learners": Column(int, WORKERS),
@@ -56,16 +61,19 @@ def measured_points(results: Path) -> pd.DataFrame:
     held = holdout_points(results)
     if held.empty:
         return dev.assign(set="development")
+    if dev.empty:
+        return held.assign(set="holdout").reset_index(drop=True)
     return pd.concat([dev.assign(set="development"), held.assign(set="holdout")], ignore_index=True)
 
 
 def holdout_points(results: Path) -> pd.DataFrame:
     """The stored held-out points (empty when none are stored), checked (``points.POINT_COLUMNS``)."""
-    from pal_bench.studies.simulate.points import HOLDOUT, POINT_COLUMNS, POINTS_WHAT
+    from pal_bench.studies.simulate.points import HOLDOUT, POINT_COLUMNS, POINTS_WHAT, check_rows
 
     if not os.path.lexists(results / HOLDOUT):
         return pd.DataFrame(columns=[*POINT_COLUMNS, "covered"])
-    df = read_table(results / HOLDOUT, POINT_COLUMNS, POINTS_WHAT)[list(POINT_COLUMNS)]
+    df = check_rows(read_table(results / HOLDOUT, POINT_COLUMNS, POINTS_WHAT), str(results / HOLDOUT))
+    df = df[[c for c in POINT_COLUMNS if c in df]]
     df["covered"] = [_why_not(r) for r in df.itertuples()]
     return df
 
@@ -89,7 +97,8 @@ def development_points(results: Path) -> pd.DataFrame:
                 rows.append({"backend": backend, "curve": r.curve, "actors": r.threads if r.curve == "f_a" else 0,
                              "learners": r.threads if r.curve == "f_l" else 0, "aggregation": "sync",
                              "env_backend": "sync", "measured": r.throughput, "steps": 20_000,
-                             "oversubscribed": bool(r.oversubscribed), "covered": ""})
+                             "oversubscribed": bool(r.oversubscribed), "covered": "",
+                             "cores": _cores(getattr(r, "cores", None))})
     for backend, name in END_TO_END.items():
         if not os.path.lexists(results / name):
             continue
@@ -103,6 +112,15 @@ def development_points(results: Path) -> pd.DataFrame:
                          "oversubscribed": bool(r.oversubscribed), "covered": _why_not(
                              SimpleNamespace(backend=backend, env_backend=r.env_backend, aggregation=r.aggregation))})
     return pd.DataFrame(rows)
+
+
+def _cores(value) -> float:
+    """A stored point's machine cores (NaN where not recorded: the inputs' cores are used)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return v if 1 <= v <= 4096 else float("nan")
 
 
 def _one_worker(points: pd.DataFrame, backend: str, curve: str, skip: int | None) -> float | None:
@@ -122,10 +140,29 @@ def workload(p, cores: int) -> Workload:
                     steps=min(p.steps, 9_000), chunk=c, **LEARNING)
 
 
-def validate(results: Path, rounds: pd.DataFrame, progress=print, samples: int = 5, seed: int = 0) -> pd.DataFrame:
+def _predict_backend(row: dict, backend: str, items: list) -> dict:
+    """(a worker's task) One backend's points on one draw of the inputs: ``items`` are (index, point, f_a1, f_l1,
+    cores); the fit is made once per distinct (f_a1, f_l1, cores). Index -> (predicted, fit factors)."""
+    fits: dict = {}
+    out = {}
+    for idx, p, fa1, fl1, n in items:
+        key = (fa1, fl1, n)
+        if key not in fits:
+            fits[key] = fit(inputs_for(row, backend), backend, fa1, fl1, n, LEARNING)
+        inp, factors = fits[key]
+        out[idx] = (throughput(inp, workload(SimpleNamespace(**p), n)), factors)
+    return out
+
+
+def validate(results: Path, rounds: pd.DataFrame, progress=print, samples: int = 5, seed: int = 0,
+             workers: int | None = None) -> pd.DataFrame:
     """Each stored point predicted with itself left out: ``predicted`` and ``error`` (signed fraction,
     (predicted - measured) / measured), ``lo90`` / ``hi90`` (the stated interval: ``samples`` resampled inputs
-    times the development residuals, see the module's docstring) and ``set``."""
+    times the development residuals, see the module's docstring) and ``set``. The simulations run in ``workers``
+    processes (default: the usable cores; 1: in this one), one task per backend and draw of the inputs."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from pal_bench.conditions import usable_cores
     from pal_bench.studies.simulate.calibrate import median_inputs, resample
 
     points = measured_points(results)
@@ -133,27 +170,40 @@ def validate(results: Path, rounds: pd.DataFrame, progress=print, samples: int =
     cores = int(base.get("cores", 2))
     rng = np.random.default_rng(seed)
     rows = [base] + [resample(rounds, rng) for _ in range(samples)]
-    fits: dict = {}
+    by_backend: dict[str, list] = {}
+    for idx, p in points.iterrows():
+        if p.covered:
+            continue
+        # at the measured machine's cores where the point recorded them, else the inputs'
+        n = int(p.cores) if "cores" in p and pd.notna(p.cores) else cores
+        by_backend.setdefault(p.backend, []).append(
+            (idx, p.to_dict(), _one_worker(points, p.backend, "f_a", idx), _one_worker(points, p.backend, "f_l", idx),
+             n))
+    tasks = [(i, b) for i in range(len(rows)) for b in by_backend]
+    got: dict[tuple[int, int], tuple[float, dict]] = {}
+    workers = max(1, min(workers or usable_cores(), len(tasks)))
+    if workers == 1:
+        for k, (i, b) in enumerate(tasks, 1):
+            got |= {(i, idx): r for idx, r in _predict_backend(rows[i], b, by_backend[b]).items()}
+            progress(f"[validate {k}/{len(tasks)}] {b}, inputs draw {i}")
+    else:
+        import multiprocessing as mp
 
-    def predict(idx, p, row_i: int) -> tuple[float, dict]:
-        fa1, fl1 = _one_worker(points, p.backend, "f_a", idx), _one_worker(points, p.backend, "f_l", idx)
-        key = (row_i, p.backend, fa1, fl1)
-        if key not in fits:
-            fits[key] = fit(inputs_for(rows[row_i], p.backend), p.backend, fa1, fl1, cores, LEARNING)
-        inp, factors = fits[key]
-        return throughput(inp, workload(p, cores)), factors
-
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_predict_backend, rows[i], b, by_backend[b]): (i, b) for i, b in tasks}
+            for k, f in enumerate(as_completed(futures), 1):
+                i, b = futures[f]
+                got |= {(i, idx): r for idx, r in f.result().items()}
+                progress(f"[validate {k}/{len(tasks)}] {b}, inputs draw {i}")
     out, draws = [], {}
     for idx, p in points.iterrows():
         if p.covered:
             out.append(p.to_dict() | {"predicted": None, "error": None})
             continue
-        predicted, factors = predict(idx, p, 0)
-        draws[idx] = [predicted] + [predict(idx, p, i)[0] for i in range(1, len(rows))]
+        predicted, factors = got[0, idx]
+        draws[idx] = [got[i, idx][0] for i in range(len(rows))]
         out.append(p.to_dict() | {"predicted": predicted, "error": (predicted - p.measured) / p.measured,
                                   "actor_factor": factors["actor"], "learner_factor": factors["learner"]})
-        progress(f"[{p.set}] {p.backend} {p.curve} {p.actors}+{p.learners} {p.aggregation}: measured "
-                 f"{p.measured:.0f}, predicted {predicted:.0f} ({out[-1]['error']:+.0%})")
     v = pd.DataFrame(out)
     v["lo90"], v["hi90"] = np.nan, np.nan
     dev = v[development_residuals_mask(v)]
