@@ -96,7 +96,7 @@ def design_at_scale(inp: Inputs, results: Path, progress=print, length: float = 
         Workload("processes", 16, 1, 16, "f_l", updates=3_000))
     run(ps, "driver's parameter server, sync (learners are processes: learner_processes)",
         Workload("learner-processes", 16, 1, 16, "f_l", updates=3_000))
-    run(ps, "all-reduce among learner processes (gloo; the driver only grants rounds)",
+    run(ps, "all-reduce among learner processes (shared memory; the driver only grants rounds)",
         Workload("learner-allreduce", 16, 1, 16, "f_l", updates=3_000))
     run(ps, "Ray parameter-server actor, sync (learners are processes)",
         Workload("ray", 16, 1, 16, "f_l", updates=3_000))

@@ -457,7 +457,10 @@ def simulate(inp: Inputs, w: Workload, seed: int = 0) -> dict:
                 run.round_grads, run.round_event = 0, None
                 ev.succeed()
             if lp:                                       # through shared memory: its gradient written, L read
-                yield from m.cpu((inp.publish_us + L * inp.pull_us) / 2)     # (a gradient: half the weights' bytes)
+                # (a gradient: half the weights' bytes); every learner reads every block, so L learners move
+                # L (L + 1) gradients a round through the machine's memory: a copy, stretched past its bandwidth
+                yield from m.copy(("l", j), (inp.publish_us + L * inp.pull_us) / 2, (L + 1) * inp.weight_bytes // 2,
+                                  False)
             else:
                 yield from m.cpu(2 * (L - 1) * (inp.allreduce_alpha_us + inp.weight_bytes / 2 / L
                                                  / inp.allreduce_bw * 1e6))

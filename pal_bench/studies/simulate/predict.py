@@ -189,7 +189,7 @@ CHOSEN = {"gil_segments.apply": _segments("apply"), "gil_segments.grad": _segmen
           "gil_segments.act": _segments("act"), "gil_handoff (all phases)": _handoff,
           "quantum_us (time slice)": _quantum, "background_cores": _background,
           "corun_slowdown (measured at 2 cores)": _corun}
-MEASURED_AT_SCALE = ("reserve_us", "reserve_us_per_actor", "pump_poll_us", "lp_driver_us", "buffer_actor_row_us")
+MEASURED_AT_SCALE = ("reserve_us", "reserve_us_per_actor", "pump_poll_us", "buffer_actor_row_us")
 
 
 def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1) -> pd.DataFrame:
