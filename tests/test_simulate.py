@@ -94,7 +94,7 @@ def test_leave_one_out_recovers_points_the_model_made(tmp_path):
                    "aggregation": "sync", "env_backend": "async", "oversubscribed": False}]).to_csv(
         tmp_path / "end_to_end_processes.csv", index=False)
     assert len(measured_points(tmp_path)) == 6
-    v = validate(tmp_path, pd.DataFrame([ROUND]), progress=lambda m: None)
+    v = validate(tmp_path, pd.DataFrame([ROUND]), progress=lambda m: None, samples=1, workers=1)
     s = summary(v)
     assert s["points"] == 5 and s["not_covered"] == 1                        # env in subprocesses: not modelled
     assert s["worst_abs_error"] < 0.05, v
