@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                          "10 min): results/simulation_holdout.csv, never used to change the model")
     ap.add_argument("--check-here", action="store_true",
                     help="measure inputs and a sparse set of points on this machine and predict each from them: "
-                         "results/simulation_check_<host>.csv (about 10 min on 2 cores)")
+                         "results/simulation_check_<host>.csv (about 2 min on 2 cores)")
     ap.add_argument("--threads", type=int_ranges(WORKERS), metavar="LIST",
                     help="with --check-here: worker counts (default 1, 2, 4, ... up to the usable cores)")
     ap.add_argument("--steps", type=positive_int, default=20_000,
