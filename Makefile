@@ -55,7 +55,7 @@ race: $(VENV)/.installed
 
 # every table of README.md and docs/ and every figure, from the stored results alone (measures nothing): the
 # simulation's validation and predictions are computed again from the stored inputs and points first (about
-# 15 min on 2 cores; tests/test_simulate_current.py checks that the stored ones are what the model says today)
+# 25 min on 2 cores; tests/test_simulate_current.py checks that the stored ones are what the model says today)
 SIM_BACKENDS := threads,processes,learner-processes,learner-allreduce,ray-node,ray
 figures: $(VENV)/.installed
 	$(VENV)/bin/pal-bench simulate --validate --samples 2
