@@ -49,7 +49,7 @@ def run_check(args, log) -> int:
     from pal_bench.studies.simulate.inputs import measure
     from pal_bench.studies.simulate.model import throughput
     from pal_bench.studies.simulate.stored import VALIDATION, dev_residuals, write_csv
-    from pal_bench.studies.simulate.validate import LEARNING, interval, workload
+    from pal_bench.studies.simulate.validate import LEARNING, _one_worker, interval, workload
     from pal_bench.train import make_config
 
     if refuse_if_busy("pal-bench simulate --check-here", args.force):
@@ -74,9 +74,8 @@ def run_check(args, log) -> int:
     row = median_inputs(rounds)
     out = []
     for b, mine in points.groupby("backend", sort=False):
-        one = {k: float(mine[(mine.curve == k) & (mine[col] == 1)].measured.iloc[0])
-               for k, col in (("f_a", "actors"), ("f_l", "learners")) if ((mine.curve == k) & (mine[col] == 1)).any()}
-        inp, _ = fit(inputs_for(row, b), b, one.get("f_a"), one.get("f_l"), cores, LEARNING)
+        inp, _ = fit(inputs_for(row, b), b, _one_worker(mine, b, "f_a", None), _one_worker(mine, b, "f_l", None),
+                     cores, LEARNING)
         for p in mine.itertuples():
             predicted = throughput(inp, workload(p, cores))
             lo, hi = interval([predicted], residuals)

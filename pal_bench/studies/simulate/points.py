@@ -104,7 +104,7 @@ def measure_points(points: list[Point], steps: int = 20_000, updates: int = 1_00
     f_l point, ``e2e_steps`` per end-to-end point after learning starts (default ``steps``; Ray actors
     ``E2E_STEPS``)."""
     from pal_bench.conditions import usable_cores
-    from pal_bench.studies.scaling.measure import config_for, measure_fa, measure_fl, measure_splits, ray_session
+    from pal_bench.studies.scaling.measure import config_for, ray_session
 
     cores = usable_cores()
     rows = []
@@ -118,8 +118,7 @@ def measure_points(points: list[Point], steps: int = 20_000, updates: int = 1_00
             for r in range(repeats):
                 for i, p in enumerate(mine, 1):
                     where = f"[{b} {i}/{len(mine)}" + (f" round {r + 1}/{repeats}]" if repeats > 1 else "]")
-                    got[p].append(_measure(p, base, steps, updates, e2e_steps, measure_fa, measure_fl,
-                                           measure_splits))
+                    got[p].append(_measure(p, base, steps, updates, e2e_steps))
                     progress(f"{where} {p.curve} {p.actors}+{p.learners} {p.aggregation}: {got[p][-1][0]:.0f}/s")
         for p, runs in got.items():
             values = [v for v, _ in runs]
@@ -130,7 +129,10 @@ def measure_points(points: list[Point], steps: int = 20_000, updates: int = 1_00
     return pd.DataFrame(rows)
 
 
-def _measure(p: Point, base, steps, updates, e2e_steps, measure_fa, measure_fl, measure_splits) -> tuple[float, int]:
+def _measure(p: Point, base, steps: int, updates: int, e2e_steps: int | None) -> tuple[float, int]:
+    """One run of ``p``: (its rate, the env steps or updates it made)."""
+    from pal_bench.studies.scaling.measure import measure_fa, measure_fl, measure_splits
+
     if p.curve == "f_a":
         return measure_fa(base, p.actors, steps), steps
     if p.curve == "f_l":
