@@ -31,6 +31,7 @@ cdef class RowStore(SegmentHandle):
     cdef int* _ndim
     cdef int64_t* _dims           # per field: its shape, MAX_DIMS entries each
     cdef int* _native             # per field: native byte order (add's scalar fast path)
+    cdef int64_t _hidden_off      # record offset of the bool field ``_hidden`` (rows never drawn), -1 when none
     cdef Rng _rng
     cdef uint64_t _seed
     cdef bint _prioritized

@@ -19,7 +19,7 @@ import zipfile
 import numpy as np
 
 from pal_bench.atomic import atomic_open
-from pal_bench.replay_layout import normalise_fields
+from pal_bench.replay_layout import HIDDEN_FIELD, normalise_fields
 
 FILE_FORMAT = "pal_bench.replay"
 FILE_VERSION = 1
@@ -94,19 +94,31 @@ def _restore(buf, zf, meta: dict) -> None:
     rng_state = read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
     if not rng_state.any():
         raise ValueError("invalid RNG state (all zero)")
+    targets = buf._fields_to_fill()
+    for name, arr in targets.items():
+        read_member(zf, f"field.{name}", arr)
     leaves = None
     if meta["kind"] == "prioritized":
         live = slot_ids >= 0
+        hidden = _hidden_rows(targets, live)
         leaves = read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
         if not (np.isfinite(leaves).all() and (leaves >= 0).all() and (leaves[~live] == 0).all()):
             raise ValueError("invalid priorities")
         if (leaves > DBL_MAX / (2.0 * cap)).any():
             raise ValueError("priorities too large: their sum could overflow")
-        if meta["eps"] > 0 and (leaves[live] <= 0).any():
+        if meta["eps"] > 0 and (leaves[live & ~hidden] <= 0).any():
             raise ValueError("a stored transition has priority 0 although eps > 0")
-    for name, arr in buf._fields_to_fill().items():
-        read_member(zf, f"field.{name}", arr)
+        if (leaves[hidden] != 0).any():
+            raise ValueError(f"a hidden row ({HIDDEN_FIELD} set) has a priority: it could be drawn")
     buf._set_state(slot_ids, leaves, next_id, float(meta["max_priority"]), rng_state)
+
+
+def _hidden_rows(fields: dict, live: np.ndarray) -> np.ndarray:
+    """bool[capacity]: live rows whose ``_hidden`` field is set (none when the buffer has no such field)."""
+    flags = fields.get(HIDDEN_FIELD)
+    if flags is None:
+        return np.zeros(live.shape, dtype=np.bool_)
+    return live & (np.asarray(flags).view(np.uint8) != 0)
 
 
 def check_invariants(buf) -> None:
@@ -123,8 +135,10 @@ def check_invariants(buf) -> None:
         leaves = state["priorities"]
         if leaves is not None:
             assert state["tree_bad_level"] == -1, f"tree level {state['tree_bad_level']} disagrees with its children"
+            hidden = _hidden_rows(state["fields"], live)
             assert (leaves[~live] == 0).all(), "an empty slot has a priority"
-            assert (leaves[live] > 0).all() or meta["eps"] == 0, "a live slot has zero priority"
+            assert (leaves[live & ~hidden] > 0).all() or meta["eps"] == 0, "a live slot has zero priority"
+            assert (leaves[hidden] == 0).all(), "a hidden row has a priority"
             exact = math.fsum(leaves)
             assert math.isfinite(exact), "the total overflowed"
             assert abs(state["total"] - exact) <= 1e-9 * max(exact, 1e-300), "total drifted"

@@ -12,6 +12,9 @@ import numpy as np
 RESERVED_NAMES = ("indices", "weights", "priorities")
 MAX_ROW_BYTES = 1 << 32                # one field of one transition
 MAX_DIMS = 16                          # dimensions of a field's shape (the core's MAX_DIMS)
+# a bool field of this name marks rows that are stored but never drawn and never re-prioritised: the context and
+# tail frames of ``pal_bench.frame_replay`` (stored priority 0 in the prioritized buffer, redrawn in the uniform one)
+HIDDEN_FIELD = "_hidden"
 
 
 def normalise_fields(fields) -> dict:

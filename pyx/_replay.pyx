@@ -90,6 +90,7 @@ cdef extern from "<unistd.h>" nogil:
     int usleep(unsigned int usec)
 
 DEF_FANOUT = DEFAULT_FANOUT_C
+cdef int64_t MAX_HIDDEN_REDRAWS = 1000   # uniform draws that may land on hidden rows before sample() gives up
 cdef int64_t MAX_NEXT_ID = 1 << 62     # transition ids stay below this (no int64 overflow in id arithmetic)
 _CORRUPT_NEXT_ID = "the shared segment's header word next_id was overwritten with an impossible value (corrupted)"
 
@@ -241,6 +242,10 @@ cdef class _ReplayCore(RowStore):
     cdef inline char* _row(self, int64_t slot, int f) noexcept nogil:
         return self._records + slot * self._rb_total + self._off[f]
 
+    cdef inline bint _hidden(self, int64_t slot) noexcept nogil:
+        """The row in ``slot`` is a hidden one (its ``_hidden`` field set): never drawn, never re-prioritised."""
+        return self._hidden_off >= 0 and self._records[slot * self._rb_total + self._hidden_off] != 0
+
     def add(self, **fields) -> int:
         """Insert one transition given as keyword fields; returns its transition id.
 
@@ -308,7 +313,7 @@ cdef class _ReplayCore(RowStore):
         self._slot_ids[slot] = tid
         self._h.size += n_new
         if self._prioritized:
-            tree_set(&self._tree, slot, self._new_priority())
+            tree_set(&self._tree, slot, 0.0 if self._hidden(slot) else self._new_priority())
         self._unlock()
         return tid
 
@@ -486,6 +491,10 @@ cdef class _ReplayCore(RowStore):
                                 values[r] = values[0]
                         elif raw_max > h.max_priority:
                             h.max_priority = raw_max
+                        if self._hidden_off >= 0:
+                            for r in range(m):
+                                if self._hidden(slots[r]):
+                                    values[r] = 0.0
                         self._tree_set_batch(slots, values, m, scratch)
                     h.res[e].pid = 0
                     h.inflight -= 1
@@ -513,8 +522,8 @@ cdef class _ReplayCore(RowStore):
                    double* prio, int64_t* found, double* min_p) noexcept nogil:
         """Draw slots for the pending positions (lock held); ``found`` is scratch of the batch size.
         Returns 1 if all priorities are zero, 2 if the tree led to an empty slot or past the last one (corrupted),
-        3 if nothing is stored. Each drawn record is prefetched for the gather."""
-        cdef int64_t q, k, s, hi
+        3 if nothing is stored, 4 if uniform draws kept landing on hidden rows. Each drawn record is prefetched for the gather."""
+        cdef int64_t q, k, s, hi, tries
         cdef double total
         if self._prioritized:
             total = tree_total(&self._tree)
@@ -548,6 +557,13 @@ cdef class _ReplayCore(RowStore):
             for q in range(n_pending):
                 k = pending[q]
                 s = <int64_t>(rng_uniform(&self._rng) * hi)
+                if self._hidden_off >= 0:           # hidden rows are drawn again (a bounded number of times)
+                    tries = 0
+                    while self._hidden(s):
+                        tries += 1
+                        if tries > MAX_HIDDEN_REDRAWS:
+                            return 4
+                        s = <int64_t>(rng_uniform(&self._rng) * hi)
                 slots[k] = s
                 _prefetch_record(self._records + s * self._rb_total, self._rb_total)
                 ids[k] = self._slot_ids[s]
@@ -665,6 +681,9 @@ cdef class _ReplayCore(RowStore):
                              "segment was corrupted?)")
         if zero == 3:
             raise ValueError("cannot sample from an empty buffer")
+        if zero == 4:
+            raise ValueError(f"cannot sample: {MAX_HIDDEN_REDRAWS} uniform draws in a row hit hidden rows (is every "
+                             f"stored row hidden?)")
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
         return out
@@ -724,6 +743,66 @@ cdef class _ReplayCore(RowStore):
             raise KeyError(f"transition id {bad} is not stored (overwritten or still being written)")
         return out
 
+    def gather_window(self, indices, field, lo, hi, out=None):
+        """Field ``field`` of the transitions with ids ``i + lo .. i + hi`` for each id ``i`` of ``indices`` (int[B];
+        ``lo <= 0 <= hi``): returns ``(window, ok)``, ``window`` of shape [B, hi - lo + 1, *shape] and ``ok``
+        bool[B]. ``ok[b]`` is False where one id of row b's window is not stored (never added, overwritten, or
+        being written): that row of ``window`` means nothing. ``out``: an array of that shape and dtype to fill
+        (C-contiguous). Rows are copied with the lock and the GIL released and their ids checked under the lock
+        afterwards (``get``'s seqlock). ``pal_bench.frame_replay`` rebuilds frame stacks with it.
+        """
+        self._enter()
+        try:
+            return self._gather_window_impl(indices, field, lo, hi, out)
+        finally:
+            self._leave()
+
+    cdef object _gather_window_impl(self, indices, field, lo_, hi_, out):
+        idx = _as_index_array(indices)
+        if field not in self._specs:
+            raise KeyError(f"unknown field {field!r}; this buffer stores {list(self._names)}")
+        if isinstance(lo_, bool) or isinstance(hi_, bool) or not isinstance(lo_, (int, np.integer)) \
+                or not isinstance(hi_, (int, np.integer)):
+            raise TypeError(f"lo and hi must be ints, got {lo_!r}, {hi_!r}")
+        if not (-self.capacity < lo_ <= 0 <= hi_ < self.capacity):
+            raise ValueError(f"need -capacity < lo <= 0 <= hi < capacity, got lo={lo_}, hi={hi_}")
+        shape, dtype = self._specs[field]
+        cdef int64_t lo = lo_, hi = hi_, W = hi_ - lo_ + 1
+        cdef int64_t n = idx.shape[0], q, j, t, rb, next_id, cap = self.capacity
+        want = (n, W) + shape
+        if out is None:
+            win = np.empty(want, dtype=dtype)
+        else:
+            if (not isinstance(out, np.ndarray) or out.shape != want or out.dtype != dtype
+                    or not out.flags.c_contiguous or not out.flags.writeable):
+                raise ValueError(f"out must be a writeable C-contiguous {dtype} array of shape {want}")
+            win = out
+        ok = np.ones(n, dtype=np.bool_)
+        cdef int f = self._names.index(field)
+        rb = self._row_bytes[f]
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>win)
+        cdef char* okv = <char*>cnp.PyArray_DATA(<cnp.ndarray>ok)
+        with nogil:
+            next_id = self._h.next_id
+            for q in range(n):
+                if iv[q] + lo < 0 or iv[q] + lo < next_id - cap or iv[q] + hi >= next_id:
+                    okv[q] = 0
+                    continue
+                for j in range(W):
+                    t = iv[q] + lo + j
+                    _copy(dst + (q * W + j) * rb, self._row(t % cap, f), rb)
+            self._lock()
+            for q in range(n):
+                if okv[q]:
+                    for j in range(W):
+                        t = iv[q] + lo + j
+                        if self._slot_ids[t % cap] != t:
+                            okv[q] = 0
+                            break
+            self._unlock()
+        return win, ok
+
     # ------------------------------------------------------------------ priorities
 
     def update_priorities(self, indices, priorities) -> int:
@@ -781,7 +860,7 @@ cdef class _ReplayCore(RowStore):
             self._lock()
             for b in range(n):
                 s = iv[b] % self.capacity
-                if self._slot_ids[s] == iv[b]:
+                if self._slot_ids[s] == iv[b] and not self._hidden(s):
                     slots[applied] = s
                     values[applied] = sv[b]          # applied <= b: compacts in place
                     if rv[b] > raw_max:

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from pal_bench.replay_layout import normalise_fields, record_layout, segment_path, spec_json
+from pal_bench.replay_layout import HIDDEN_FIELD, normalise_fields, record_layout, segment_path, spec_json
 
 cimport numpy as cnp
 from libc.math cimport INFINITY, NAN
@@ -230,7 +230,13 @@ cdef class RowStore(SegmentHandle):
         self._ro_storage = {}
         readonly = ReadOnlyBlock(self._mm)
         cdef int f = 0
+        self._hidden_off = -1
         for name, shape, dstr, off in spec:
+            if name == HIDDEN_FIELD:
+                if tuple(shape) != () or np.dtype(dstr) != np.dtype(np.bool_):
+                    raise ValueError(f"field {HIDDEN_FIELD!r} is reserved for rows that are stored but never "
+                                     f"drawn (bool, shape ()); got {np.dtype(dstr)} {tuple(shape)}")
+                self._hidden_off = off
             dtype = np.dtype(dstr)
             shape = tuple(shape)
             self._off[f] = off
