@@ -81,8 +81,8 @@ class FrameReplayBuffer:
     """
 
     def __init__(self, capacity: int, fields: dict, obs: str = "obs", next_obs: str = "next_obs", stack: int = 1,
-                 prioritized: bool = True, alpha: float = 0.6, eps: float = 1e-6, seed: int = 0,
-                 shared: bool = False, name: str | None = None, _buffer=None):
+                 prioritized: bool = True, alpha: float = 0.6, eps: float = 1e-6, fanout: int | None = None,
+                 seed: int = 0, shared: bool = False, name: str | None = None, _buffer=None):
         self.fields = normalise_fields(fields)
         self._stored = stored_fields(fields, obs, next_obs, stack)
         self.obs, self.next_obs, self.stack = obs, next_obs, int(stack)
@@ -95,8 +95,9 @@ class FrameReplayBuffer:
         if not isinstance(capacity, (int, np.integer)) or capacity < self.stack + 1:
             raise ValueError(f"capacity must be an int >= stack + 1 = {self.stack + 1}, got {capacity!r}")
         if prioritized:
+            kw = {} if fanout is None else {"fanout": fanout}
             self._buf = PrioritizedReplayBuffer(capacity, self._stored, alpha=alpha, eps=eps, seed=seed,
-                                                shared=shared, name=name)
+                                                shared=shared, name=name, **kw)
         else:
             self._buf = ReplayBuffer(capacity, self._stored, seed=seed, shared=shared, name=name)
 

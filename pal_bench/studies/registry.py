@@ -45,6 +45,8 @@ STUDIES = (
           "replay at the learner or at the buffer node, over a long-haul link"),
     Study("pal_bench.studies.aggregation.publish", "aggregation", "pal_bench.studies.aggregation.measure",
           "share of a training iteration spent aggregating gradients, per scheme"),
+    Study("pal_bench.studies.memory", "memory", "pal_bench.studies.memory",
+          "resident memory per transition of each buffer in each of its memory modes"),
     Study("pal_bench.studies.simulate.publish", "simulate", "pal_bench.studies.simulate.cli",
           "the trainer simulated past this machine's cores: inputs, validation, predicted curves"),
 )

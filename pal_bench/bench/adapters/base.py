@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from pal_bench.workloads import WORKLOADS, Workload
+
+LUNARLANDER = WORKLOADS["lunarlander"]
 # LunarLander-v3: 8-float observation, discrete action, reward, next observation, done flag.
-LUNAR_FIELDS = {
-    "obs": ((8,), np.float32),
-    "act": ((), np.int64),
-    "rew": ((), np.float32),
-    "next_obs": ((8,), np.float32),
-    "done": ((), np.bool_),
-}
+LUNAR_FIELDS = LUNARLANDER.fields
 ALPHA = 0.6
 BETA = 0.4
 
 
 def lunar_batch(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """``n`` random LunarLander-sized transitions as a struct of arrays."""
-    rng = np.random.default_rng(seed)
-    return {
-        "obs": rng.standard_normal((n, 8), dtype=np.float32),
-        "act": rng.integers(0, 4, n, dtype=np.int64),
-        "rew": rng.standard_normal(n, dtype=np.float32),
-        "next_obs": rng.standard_normal((n, 8), dtype=np.float32),
-        "done": rng.random(n) < 0.01,
-    }
+    return LUNARLANDER.batch(n, seed)
 
 
 def lunar_row(seed: int = 0) -> dict:
@@ -37,7 +27,8 @@ def lunar_row(seed: int = 0) -> dict:
 
 
 class BufferAdapter:
-    """Base class: subclasses build ``self.buf`` in ``__init__`` and fill it to ``capacity``."""
+    """Base class: subclasses build ``self.buf`` in ``__init__`` and fill it to ``capacity`` with rows of
+    ``workload`` (default LunarLander), stored in memory mode ``mode`` (``pal_bench.workloads.MODES``)."""
 
     name = "abstract"
     #: False when the peer has no batch insert in its public API
@@ -46,11 +37,21 @@ class BufferAdapter:
     MAX_CAPACITY: tuple[int, str] | None = None
     #: the same limit for the quick sweep
     QUICK_MAX_CAPACITY: tuple[int, str] | None = None
+    #: the memory modes this implementation has (``full``: every field of every row as given)
+    MODES: tuple[str, ...] = ("full",)
+    #: rows generated per fill call are capped at this many bytes (Atari rows are 56 KB)
+    FILL_CHUNK_BYTES = 64 << 20
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        if mode not in self.MODES or mode not in workload.modes:
+            have = [m for m in self.MODES if m in workload.modes]
+            raise ValueError(f"{self.name} has no memory mode {mode!r} for {workload.name} (it has {have})")
         self.capacity = capacity
         self.alpha = alpha
         self.beta = beta
+        self.workload = workload
+        self.mode = mode
 
     def insert_one(self, row: dict) -> None:
         raise NotImplementedError
@@ -64,12 +65,20 @@ class BufferAdapter:
     def update(self, indices, priorities: np.ndarray) -> None:
         raise NotImplementedError
 
+    def transitions(self) -> int:
+        """Transitions held (that can be drawn): the capacity unless the mode stores extra rows."""
+        return self.capacity
+
+    def fill_chunk_rows(self, chunk: int = 50_000) -> int:
+        return max(1, min(chunk, self.FILL_CHUNK_BYTES // self.workload.row_bytes))
+
     def fill(self, chunk: int = 50_000) -> None:
         """Fill to capacity through the fastest public path (batch insert when there is one)."""
         done = 0
+        chunk = self.fill_chunk_rows(chunk)
         while done < self.capacity:
             n = min(chunk, self.capacity - done)
-            self._fill_chunk(lunar_batch(n, seed=done))
+            self._fill_chunk(self.workload.batch(n, seed=done))
             done += n
 
     def _fill_chunk(self, batch: dict) -> None:

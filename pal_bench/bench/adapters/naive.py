@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, BufferAdapter
+from pal_bench.bench.adapters.base import ALPHA, BETA, LUNARLANDER, BufferAdapter
+from pal_bench.workloads import Workload
 
 
 class NaiveNumpyAdapter(BufferAdapter):
     name = "naive-numpy"
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
-        super().__init__(capacity, alpha, beta)
-        self.data = {k: np.zeros((capacity, *shape), dtype) for k, (shape, dtype) in LUNAR_FIELDS.items()}
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
+        self.data = {k: np.zeros((capacity, *shape), dtype) for k, (shape, dtype) in workload.fields.items()}
         self.prio = np.zeros(capacity)
         self.pos = 0
         self.size = 0

@@ -5,18 +5,45 @@ from __future__ import annotations
 import numpy as np
 
 from pal_bench import DEFAULT_FANOUT, PrioritizedReplayBuffer, ReplayBuffer, SumTree
-from pal_bench.bench.adapters.base import ALPHA, BETA, LUNAR_FIELDS, BufferAdapter
+from pal_bench.bench.adapters.base import ALPHA, BETA, LUNARLANDER, BufferAdapter
+from pal_bench.frame_replay import FrameReplayBuffer
+from pal_bench.workloads import Workload
 
 
 class PalAdapter(BufferAdapter):
-    """``pal_bench.PrioritizedReplayBuffer`` (K-ary sum tree, default fan-out unless given)."""
+    """``pal_bench.PrioritizedReplayBuffer`` (K-ary sum tree, default fan-out unless given); in the memory modes
+    ``next-ref`` and ``stack``, ``pal_bench.frame_replay.FrameReplayBuffer`` over it (one stream, so a fill chunk is
+    one segment per episode)."""
 
     name = "pal"
+    MODES = ("full", "next-ref", "stack")
+    PRIORITIZED = True
+    SHARED = False
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, fanout: int = DEFAULT_FANOUT):
-        super().__init__(capacity, alpha, beta)
-        self.buf = PrioritizedReplayBuffer(capacity, LUNAR_FIELDS, alpha=alpha, fanout=fanout, seed=0)
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, fanout: int = DEFAULT_FANOUT,
+                 workload: Workload = LUNARLANDER, mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
+        if mode == "full":
+            cls = PrioritizedReplayBuffer if self.PRIORITIZED else ReplayBuffer
+            kw = dict(alpha=alpha, fanout=fanout) if self.PRIORITIZED else {}
+            self.buf = cls(capacity, workload.fields, seed=0, shared=self.SHARED, **kw)
+        else:
+            self.buf = FrameReplayBuffer(capacity, **workload.buffer_kwargs(mode), prioritized=self.PRIORITIZED,
+                                         alpha=alpha, fanout=fanout, seed=0, shared=self.SHARED)
         self.fill()
+
+    def fill(self, chunk: int = 50_000) -> None:
+        if self.mode == "full":
+            return super().fill(chunk)
+        # a segment adds k rows beside its steps: insert until every row of the ring is used
+        chunk = min(self.fill_chunk_rows(chunk), max(1, self.capacity // 4))
+        seed = 0
+        while len(self.buf) < self.capacity:
+            self._fill_chunk(self.workload.batch(chunk, seed=seed))
+            seed += chunk
+
+    def transitions(self) -> int:
+        return self.capacity if self.mode == "full" else self.buf.transitions()
 
     def insert_one(self, row: dict) -> None:
         self.buf.add(**row)
@@ -36,22 +63,18 @@ class PalSharedAdapter(PalAdapter):
     living in a named shared-memory segment (suites/test_shared_vs_private.py)."""
 
     name = "pal-shared"
-
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, fanout: int = DEFAULT_FANOUT):
-        BufferAdapter.__init__(self, capacity, alpha, beta)
-        self.buf = PrioritizedReplayBuffer(capacity, LUNAR_FIELDS, alpha=alpha, fanout=fanout, seed=0, shared=True)
-        self.fill()
+    SHARED = True
 
 
 class PalUniformAdapter(PalAdapter):
     """``pal_bench.ReplayBuffer``: uniform sampling, no tree; the floor of a buffer's cost."""
 
     name = "pal-uniform"
+    PRIORITIZED = False
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
-        BufferAdapter.__init__(self, capacity, alpha, beta)
-        self.buf = ReplayBuffer(capacity, LUNAR_FIELDS, seed=0)
-        self.fill()
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload=workload, mode=mode)
 
 
 class PalTreeAdapter(BufferAdapter):

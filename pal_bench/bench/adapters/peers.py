@@ -1,40 +1,53 @@
-"""Adapters for the peers' prioritized buffers, each through its own documented public API."""
+"""Adapters for the peers' buffers, each through its own documented public API, each in the memory modes it has."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pal_bench.bench.adapters.base import ALPHA, BETA, BufferAdapter
+from pal_bench.bench.adapters.base import ALPHA, BETA, LUNARLANDER, BufferAdapter
+from pal_bench.workloads import Workload
 
 
 class TianshouAdapter(BufferAdapter):
     """tianshou 2.0.1 ``tianshou.data.PrioritizedReplayBuffer`` (numpy segment tree).
 
-    tianshou inserts one transition per ``add``; it has no batch insert for a single buffer. It is
-    filled with ``ReplayBuffer.from_data`` followed by ``PrioritizedReplayBuffer.update`` (both
-    public), its fastest path.
+    tianshou inserts one transition per ``add``; it has no batch insert for a single buffer. In ``full`` mode it
+    is filled with ``ReplayBuffer.from_data`` followed by ``PrioritizedReplayBuffer.update`` (both public), its
+    fastest path, a chunk at a time. Memory modes (its own options, filled through ``add``, one row at a time):
+    ``next-ref`` is ``ignore_obs_next=True`` (the next observation is read from the following slot);
+    ``stack`` is ``stack_num=k, save_only_last_obs=True, ignore_obs_next=True`` (one frame per slot, stacks
+    rebuilt from the preceding slots). Both assume that consecutive slots are consecutive steps of one stream.
     """
 
     name = "tianshou"
     NATIVE_BATCH_INSERT = False
+    MODES = ("full", "next-ref", "stack")
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
-        super().__init__(capacity, alpha, beta)
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
         from tianshou.data import Batch, PrioritizedReplayBuffer
 
         self._Batch = Batch
-        self.buf = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta)
+        kw = {}
+        if mode in ("next-ref", "stack"):
+            kw["ignore_obs_next"] = True
+        if mode == "stack":
+            kw |= dict(stack_num=workload.stack, save_only_last_obs=True)
+        self.buf = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, **kw)
         self.fill()
 
-    def fill(self, chunk: int = 0) -> None:
+    def _fill_chunk(self, b: dict) -> None:
+        if self.mode != "full":
+            for i in range(len(b["act"])):
+                self.insert_one({k: v[i] for k, v in b.items()})
+            return
         from tianshou.data import ReplayBuffer
 
-        from pal_bench.bench.adapters.base import lunar_batch
-
-        b = lunar_batch(self.capacity)
+        n = len(b["act"])
         src = ReplayBuffer.from_data(
             obs=b["obs"], act=b["act"], rew=b["rew"], terminated=b["done"],
-            truncated=np.zeros(self.capacity, bool), done=b["done"], obs_next=b["next_obs"],
+            truncated=np.zeros(n, bool), done=b["done"], obs_next=b["next_obs"],
         )
         self.buf.update(src)
 
@@ -51,31 +64,113 @@ class TianshouAdapter(BufferAdapter):
 
 
 class CpprbAdapter(BufferAdapter):
-    """cpprb ``PrioritizedReplayBuffer`` (C++ segment tree behind a Cython binding)."""
+    """cpprb ``PrioritizedReplayBuffer`` (C++ segment tree behind a Cython binding).
+
+    Memory modes (its own options): ``next-ref`` is ``next_of="obs"`` (``next_obs`` shares the following slot's
+    memory; the last one is cached); ``stack`` adds ``stack_compress="obs"``, which needs the stack on the last axis,
+    so observations are handed over as [84, 84, 4] (a transposed view; cpprb copies it). At an episode end the
+    adapter calls ``on_episode_end()``, as cpprb's documentation asks. Both assume one stream per buffer."""
 
     name = "cpprb"
+    MODES = ("full", "next-ref", "stack")
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
-        super().__init__(capacity, alpha, beta)
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
         import cpprb
 
-        env_dict = {"obs": {"shape": 8, "dtype": np.float32}, "act": {"dtype": np.int64},
-                    "rew": {"dtype": np.float32}, "next_obs": {"shape": 8, "dtype": np.float32},
-                    "done": {"dtype": np.bool_}}
-        self.buf = cpprb.PrioritizedReplayBuffer(capacity, env_dict, alpha=alpha)
+        env_dict = {}
+        for name, (shape, dtype) in workload.fields.items():
+            if mode != "full" and name == "next_obs":
+                continue
+            if mode == "stack" and name == "obs":
+                shape = (*shape[1:], shape[0])
+            env_dict[name] = {"shape": shape or 1, "dtype": dtype}
+        kw = {}
+        if mode != "full":
+            kw["next_of"] = "obs"
+        if mode == "stack":
+            kw["stack_compress"] = "obs"
+        self.buf = cpprb.PrioritizedReplayBuffer(capacity, env_dict, alpha=alpha, **kw)
         self.fill()
 
+    def _rows(self, batch: dict) -> dict:
+        if self.mode != "stack":
+            return batch
+        return dict(batch, obs=np.moveaxis(batch["obs"], -3, -1), next_obs=np.moveaxis(batch["next_obs"], -3, -1))
+
+    def _fill_chunk(self, batch: dict) -> None:
+        if self.mode == "full":
+            return self.insert_batch(batch)
+        done = np.flatnonzero(batch["done"])
+        start = 0
+        for end in list(done + 1) + [len(batch["act"])]:
+            if end > start:
+                self.insert_batch({k: v[start:end] for k, v in batch.items()})
+                if end - 1 in done:
+                    self.buf.on_episode_end()
+            start = end
+
     def insert_one(self, row: dict) -> None:
-        self.buf.add(**row)
+        self.buf.add(**self._rows({k: np.asarray(v) for k, v in row.items()}) if self.mode == "stack" else row)
 
     def insert_batch(self, batch: dict) -> None:
-        self.buf.add(**batch)
+        self.buf.add(**self._rows(batch))
 
     def sample(self, batch_size: int) -> np.ndarray:
         return self.buf.sample(batch_size, beta=self.beta)["indexes"]
 
     def update(self, indices, priorities: np.ndarray) -> None:
         self.buf.update_priorities(indices, priorities)
+
+
+class Sb3Adapter(BufferAdapter):
+    """Stable-Baselines3 2.9 ``stable_baselines3.common.buffers.ReplayBuffer`` (uniform; the most used buffer in
+    practice), one environment. ``add`` takes one step of ``n_envs`` environments, so rows go in one at a time;
+    ``sample`` returns torch tensors (its API), and there are no priorities: ``update`` does nothing. Memory mode
+    ``next-ref`` is ``optimize_memory_usage=True`` (the next observation is the following slot's; it needs
+    ``handle_timeout_termination=False``), which assumes one stream per buffer."""
+
+    name = "sb3"
+    NATIVE_BATCH_INSERT = False
+    PRIORITIZED = False
+    MODES = ("full", "next-ref")
+
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
+        import warnings
+
+        from gymnasium import spaces
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        shape, dtype = workload.fields["obs"]
+        low, high = (0, 255) if dtype == np.uint8 else (-np.inf, np.inf)
+        obs_space = spaces.Box(low, high, shape, dtype)
+        a_shape, a_dtype = workload.fields["act"]
+        act_space = spaces.Discrete(4) if a_dtype.kind in "iu" else spaces.Box(-1, 1, a_shape, a_dtype)
+        with warnings.catch_warnings():             # SB3 warns when the buffer may not fit in free memory
+            warnings.simplefilter("ignore")
+            self.buf = ReplayBuffer(capacity, obs_space, act_space, device="cpu", n_envs=1,
+                                    optimize_memory_usage=mode == "next-ref",
+                                    handle_timeout_termination=mode != "next-ref")
+        self.fill()
+
+    def _fill_chunk(self, b: dict) -> None:
+        for i in range(len(b["act"])):
+            self.insert_one({k: v[i] for k, v in b.items()})
+
+    def insert_one(self, row: dict) -> None:
+        self.buf.add(np.asarray(row["obs"])[None], np.asarray(row["next_obs"])[None], np.asarray(row["act"])[None],
+                     np.asarray([row["rew"]], np.float32), np.asarray([row["done"]]), [{}])
+
+    def sample(self, batch_size: int):
+        """The sampled rewards (SB3's ``sample`` returns tensors, not indices; a uniform buffer has nothing to
+        update)."""
+        return self.buf.sample(batch_size).rewards
+
+    def update(self, indices, priorities: np.ndarray) -> None:
+        pass
 
 
 class RllibTimestepAdapter(BufferAdapter):
@@ -91,8 +186,9 @@ class RllibTimestepAdapter(BufferAdapter):
     QUICK_MAX_CAPACITY = (10**5, "quick sweep: filling RLlib's timestep buffer to 1e6 takes over a minute and "
                                  "~3 GB; the full sweep runs it")
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
-        super().__init__(capacity, alpha, beta)
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
         from ray.rllib.policy.sample_batch import SampleBatch
         from ray.rllib.utils.replay_buffers import PrioritizedReplayBuffer
 

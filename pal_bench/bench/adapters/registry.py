@@ -14,6 +14,7 @@ ADAPTERS: dict[str, str] = {
     "tianshou": "pal_bench.bench.adapters.peers:TianshouAdapter",
     "rllib": "pal_bench.bench.adapters.peers:RllibTimestepAdapter",
     "rllib-episode": "pal_bench.bench.adapters.rllib_episode:RllibEpisodeAdapter",
+    "sb3": "pal_bench.bench.adapters.peers:Sb3Adapter",
 }
 # implementations that exist for tests only and are not part of the default sweep
 TEST_ONLY: dict[str, str] = {"naive-numpy": "pal_bench.bench.adapters.naive:NaiveNumpyAdapter"}
@@ -34,7 +35,8 @@ def available(name: str) -> str | None:
     """None when the adapter can be used here, else why not (e.g. the peer is not installed)."""
     import importlib.util
 
-    needs = {"cpprb": "cpprb", "tianshou": "tianshou", "rllib": "ray", "rllib-episode": "ray"}.get(name)
+    needs = {"cpprb": "cpprb", "tianshou": "tianshou", "rllib": "ray", "rllib-episode": "ray",
+             "sb3": "stable_baselines3"}.get(name)
     if needs and importlib.util.find_spec(needs) is None:
         return f"{needs} is not installed (pip install -e '.[peers]')"
     adapter_class(name)

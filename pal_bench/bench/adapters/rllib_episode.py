@@ -6,7 +6,8 @@ import uuid
 
 import numpy as np
 
-from pal_bench.bench.adapters.base import ALPHA, BETA, BufferAdapter
+from pal_bench.bench.adapters.base import ALPHA, BETA, LUNARLANDER, BufferAdapter
+from pal_bench.workloads import Workload
 
 # LunarLander-v3's time limit: an episode chunk never grows past it
 EPISODE_TIME_LIMIT = 1000
@@ -47,8 +48,9 @@ class RllibEpisodeAdapter(BufferAdapter):
     QUICK_MAX_CAPACITY = (10**5, "quick sweep: filling RLlib's episode buffer to 1e6 takes 11-14 s and each "
                                  "insert_batch at 1e6 evicts with a pass over all 1e6 steps; the full sweep runs it")
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA):
-        super().__init__(capacity, alpha, beta)
+    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
+                 mode: str = "full"):
+        super().__init__(capacity, alpha, beta, workload, mode)
         import scipy.signal  # noqa: F401  (sample's n-step reward filter, else imported in the first sample)
         from ray.rllib.core import DEFAULT_MODULE_ID
         from ray.rllib.env.single_agent_episode import SingleAgentEpisode

@@ -1,0 +1,224 @@
+"""How much memory does each replay buffer need per transition, in each of its memory modes?
+``pal-bench memory --workload atari --impl pal,cpprb,tianshou,sb3 --capacity 1e5 [--mode full,stack] --out DIR``.
+
+Each (implementation, mode, capacity) is measured in a fresh Python process: it imports the implementation,
+reads its resident memory (``/proc/self/status`` VmRSS), makes the buffer and fills it to capacity with the
+workload's rows (one stream, real episodes; ``pal_bench.workloads``) through the implementation's fastest public
+path, frees the fill data (``gc`` and glibc's ``malloc_trim``) and reads VmRSS and the peak (VmHWM) again.
+``rss_bytes`` is the growth of VmRSS, ``peak_rss_bytes`` the growth of the peak over the start,
+``bytes_per_transition`` = ``rss_bytes`` / the transitions the buffer holds (PAL's frame modes spend some rows on
+context and tail frames: they hold fewer transitions than rows).
+
+Where a capacity would not fit in this machine's memory, the point is measured at the largest tried capacity that
+fits (each capacity is first measured at a tenth of it) and extrapolated linearly, marked ``extrapolated_from``.
+Writes ``DIR/memory.csv`` (and its conditions beside it); the stored table is ``results/memory.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.argtypes import CAPACITY, choice_list, number_list
+from pal_bench.bench.adapters.registry import ADAPTERS, adapter_class, available
+from pal_bench.bench.publishing import Publication, md, missing, source, store
+from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.paths import RESULTS
+from pal_bench.stored_tables import read_csv
+from pal_bench.workloads import MODES, WORKLOADS, get_workload
+
+COLUMNS = ["impl", "workload", "mode", "capacity", "transitions", "rss_bytes", "peak_rss_bytes",
+           "bytes_per_transition", "fill_s", "extrapolated_from", "status"]
+DEFAULT_IMPLS = ("pal", "pal-uniform", "cpprb", "tianshou", "sb3")
+FIT_SHARE = 0.6          # a point is measured only if its estimate takes at most this share of available memory
+CHILD_TIMEOUT_S = 3600
+WARM_CAPACITY = 64       # the throw-away buffer made first in each fresh process
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def available_bytes() -> int:
+    """MemAvailable of /proc/meminfo, in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable")
+
+
+def _release() -> None:
+    """Collect garbage and give freed heap back to the OS (glibc ``malloc_trim``), the same for every buffer."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def measure_here(impl: str, workload: str, mode: str, capacity: int) -> dict:
+    """One point, in this process (call it in a fresh one: ``measure``)."""
+    cls = adapter_class(impl)
+    w = get_workload(workload)
+    # a small one first, so that the implementation's imports, JIT compiles and caches are not counted
+    warm = cls(WARM_CAPACITY, workload=w, mode=mode)
+    del warm
+    _release()
+    base, base_peak = _status_kb("VmRSS"), _status_kb("VmHWM")
+    t0 = time.perf_counter()
+    adapter = cls(capacity, workload=w, mode=mode)
+    fill_s = time.perf_counter() - t0
+    _release()
+    rss, peak = _status_kb("VmRSS"), _status_kb("VmHWM")
+    held = adapter.transitions()
+    grow = (rss - base) * 1024
+    return {"impl": impl, "workload": workload, "mode": mode, "capacity": capacity, "transitions": held,
+            "rss_bytes": grow, "peak_rss_bytes": (max(peak, base_peak) - base) * 1024,
+            "bytes_per_transition": grow / held, "fill_s": round(fill_s, 3), "extrapolated_from": "",
+            "status": "ok"}
+
+
+def measure(impl: str, workload: str, mode: str, capacity: int) -> dict:
+    """One point in a fresh process; a failure is a row with ``status`` saying why."""
+    cmd = [sys.executable, "-m", "pal_bench.studies.memory", "--child", json.dumps([impl, workload, mode, capacity])]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return _failed(impl, workload, mode, capacity, f"no result in {CHILD_TIMEOUT_S} s")
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        return _failed(impl, workload, mode, capacity, last[:200])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _failed(impl, workload, mode, capacity, why: str) -> dict:
+    return dict.fromkeys(COLUMNS, "") | {"impl": impl, "workload": workload, "mode": mode, "capacity": capacity,
+                                          "status": f"failed: {why}"}
+
+
+def points(impls, workload: str, modes, capacities) -> list[tuple[str, str, int]]:
+    """The (impl, mode, capacity) points to measure: every mode each implementation has for the workload."""
+    w = get_workload(workload)
+    out = []
+    for impl in impls:
+        have = [m for m in adapter_class(impl).MODES if m in w.modes]
+        for mode in modes or have:
+            if mode in have:
+                out += [(impl, mode, c) for c in capacities]
+    return out
+
+
+def study(impls, workload: str, modes, capacities, progress=print) -> pd.DataFrame:
+    rows = []
+    todo = points(impls, workload, modes, capacities)
+    for i, (impl, mode, cap) in enumerate(todo):
+        progress(f"[memory {i + 1}/{len(todo)}] {impl} {mode} at {cap:,}")
+        rows.append(measure_fitting(impl, workload, mode, cap, progress))
+        r = rows[-1]
+        progress(f"    {r['status']}: {r['bytes_per_transition'] or 0:,.0f} B per transition"
+                 + (f" (extrapolated from {r['extrapolated_from']:,})" if r["extrapolated_from"] else ""))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def measure_fitting(impl: str, workload: str, mode: str, capacity: int, progress=print) -> dict:
+    """``capacity`` measured if it fits, else extrapolated. A capacity of 10,000 or more is first measured at a
+    tenth of it (smaller still while its rows stored in full would not fit), and the full point only when that
+    measurement says it fits."""
+    probe = capacity // 10 if capacity >= 10_000 else capacity
+    while probe > 1000 and probe * get_workload(workload).row_bytes > FIT_SHARE * available_bytes():
+        probe //= 10
+    first = measure(impl, workload, mode, probe)
+    if first["status"] != "ok" or probe == capacity:
+        return first
+    need = first["rss_bytes"] / probe * capacity
+    if need <= FIT_SHARE * available_bytes():
+        return measure(impl, workload, mode, capacity)
+    progress(f"    {need / 2**30:.1f} GiB would not fit: extrapolating from {probe:,}")
+    return first | {"capacity": capacity, "transitions": round(first["transitions"] * capacity / probe),
+                    "rss_bytes": round(need), "peak_rss_bytes": round(first["peak_rss_bytes"] / probe * capacity),
+                    "fill_s": "", "extrapolated_from": probe}
+
+
+# ------------------------------------------------------------------ publication
+
+def memory_block(results: Path) -> str:
+    path = results / "memory.csv"
+    if not path.exists():
+        return missing("memory.csv", "pal-bench memory --workload atari --capacity 1e5,1e6")
+    df = read_csv(path)
+    df = df[df.status == "ok"].copy()
+    df["GiB"] = df.rss_bytes / 2**30
+    df["bytes/transition"] = df.bytes_per_transition
+    df["measured"] = ["extrapolated from " + f"{int(e):,}" if str(e) not in ("", "nan") else "measured"
+                      for e in df.extrapolated_from]
+    show_cols = ["workload", "impl", "mode", "capacity", "transitions", "bytes/transition", "GiB", "measured"]
+    df = df.sort_values(["workload", "capacity", "impl", "mode"])
+    return ("Resident memory a filled buffer adds, per transition it holds (growth of VmRSS in a fresh process; "
+            "peak in the CSV).\n\n" + md(df[show_cols], (".0f", ".0f", ".0f", ".0f", ".0f", ".0f", ".2f", ""))
+            + "\n\n" + source(results, "memory.csv") + "\n")
+
+
+PUBLICATION = Publication("memory", {"memory": memory_block})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pal-bench memory", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="atari")
+    ap.add_argument("--impl", type=choice_list(ADAPTERS), default=list(DEFAULT_IMPLS),
+                    help=f"comma-separated implementations, of {', '.join(ADAPTERS)} "
+                         f"(default {','.join(DEFAULT_IMPLS)}; those not installed are skipped)")
+    ap.add_argument("--capacity", type=number_list(CAPACITY), default=[10**5],
+                    help="comma-separated capacities (default 1e5)")
+    ap.add_argument("--mode", type=choice_list(MODES), help=f"memory modes, of {', '.join(MODES)} "
+                    "(default: every mode each implementation has)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_force_flag(ap)
+    args = ap.parse_args(argv)
+    if args.child:
+        impl, workload, mode, capacity = json.loads(args.child)
+        print(json.dumps(measure_here(impl, workload, mode, int(capacity))))
+        return 0
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out {args.out} is not a directory")
+    impls = []
+    for impl in args.impl:
+        why = available(impl)
+        if why:
+            print(f"skipping {impl}: {why}", file=sys.stderr)
+        else:
+            impls.append(impl)
+    if refuse_if_busy("pal-bench memory", args.force):
+        return 2
+    with Conditions(f"memory per transition, {args.workload}") as c:
+        df = study(impls, args.workload, args.mode, args.capacity,
+                   progress=lambda m: print(m, file=sys.stderr, flush=True))
+    path = args.out / "memory.csv"
+    if path.exists():          # other workloads' and capacities' rows stay; these points replace theirs
+        old = read_csv(path)
+        key = ["impl", "workload", "mode", "capacity"]
+        old = old[~old.set_index(key).index.isin(df.set_index(key).index)]
+        df = pd.concat([old, df], ignore_index=True)
+    store(df, path, c)
+    print(memory_block(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
