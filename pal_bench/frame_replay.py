@@ -39,11 +39,16 @@ chunks: 8% over one frame per step at k = 4). ``len()`` counts stored rows, hidd
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 
 from pal_bench._replay import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.replay_layout import HIDDEN_FIELD, normalise_fields
 
+#: window arrays kept per batch size for ``sample`` to reuse (the caller's last batch, the one before, a spare)
+POOL_PER_BATCH = 3
 #: how many times ``sample`` draws again for rows whose window was not whole before it gives up
 MAX_REDRAWS = 100
 
@@ -88,6 +93,8 @@ class FrameReplayBuffer:
         self.obs, self.next_obs, self.stack = obs, next_obs, int(stack)
         self._frame_shape, self._frame_dtype = self._stored[obs]
         self._others = [k for k in self._stored if k not in (obs, HIDDEN_FIELD)]
+        self._pool: dict[int, list[np.ndarray]] = {}     # sample's window arrays no caller holds (see _window)
+        self._pool_lock = threading.Lock()
         if _buffer is not None:
             self._buf = _buffer
             self._check_layout()
@@ -202,15 +209,16 @@ class FrameReplayBuffer:
         "indices", "weights"}``; ``obs`` and ``next_obs`` are views of one [B, k + 1, *frame] window array, so they
         share memory (copy one before writing into it)."""
         k = self.stack
-        got = self._buf.sample(batch_size, beta)
-        win, ok = self._buf.gather_window(got["indices"], self.obs, -(k - 1), 1)
+        got = self._buf.sample(batch_size, beta, fields=self._others)
+        win, ok = self._buf.gather_window(got["indices"], self.obs, -(k - 1), 1, out=self._window(batch_size))
+        self._keep_window(batch_size, win)
         tries = 0
         while not ok.all():
             tries += 1
             if tries > MAX_REDRAWS:
                 raise RuntimeError(f"sample: {MAX_REDRAWS} redraws still hit steps whose frames were overwritten")
             bad = np.flatnonzero(~ok)
-            more = self._buf.sample(bad.size, beta)
+            more = self._buf.sample(bad.size, beta, fields=self._others)
             w2, ok2 = self._buf.gather_window(more["indices"], self.obs, -(k - 1), 1)
             for key in (*self._others, "indices", "weights"):
                 got[key][bad] = more[key]
@@ -223,6 +231,22 @@ class FrameReplayBuffer:
             out[self.obs], out[self.next_obs] = win[:, :k], win[:, 1:]
         out["indices"], out["weights"] = got["indices"], got["weights"]
         return out
+
+    def _window(self, n: int) -> np.ndarray | None:
+        """A [n, k + 1, *frame] array of an earlier ``sample`` that no one references any more (no batch, view or
+        tensor of a caller), taken out of the pool; None when there is none (``gather_window`` allocates)."""
+        with self._pool_lock:
+            kept = self._pool.get(n, [])
+            for i in range(len(kept)):
+                if sys.getrefcount(kept[i]) == 2:      # the pool's list and getrefcount's argument
+                    return kept.pop(i)
+        return None
+
+    def _keep_window(self, n: int, win: np.ndarray) -> None:
+        with self._pool_lock:
+            kept = self._pool.setdefault(n, [])
+            if len(kept) < POOL_PER_BATCH and not any(a is win for a in kept):
+                kept.append(win)
 
     def update_priorities(self, indices, priorities) -> int:
         """As the core buffer's (ids of hidden rows are dropped like stale ones); returns the number applied."""

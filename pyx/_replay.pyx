@@ -55,6 +55,7 @@ from pal_bench.replay_files import check_invariants, load_buffer, save_buffer
 
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport Py_REFCNT
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -90,6 +91,10 @@ cdef extern from "<unistd.h>" nogil:
     int usleep(unsigned int usec)
 
 DEF_FANOUT = DEFAULT_FANOUT_C
+# sample() without ``out=``: a batch of at least this many bytes reuses output arrays no one holds any more, so that
+# big rows (an Atari batch is 14 MB) do not pay fresh pages from the kernel on every call
+cdef int64_t POOL_MIN_BYTES = 256 * 1024
+cdef Py_ssize_t POOL_PER_BATCH = 3       # kept per batch size: the caller's last batch, the one before, a spare
 cdef int64_t MAX_HIDDEN_REDRAWS = 1000   # uniform draws that may land on hidden rows before sample() gives up
 cdef int64_t MAX_NEXT_ID = 1 << 62     # transition ids stay below this (no int64 overflow in id arithmetic)
 _CORRUPT_NEXT_ID = "the shared segment's header word next_id was overwritten with an impossible value (corrupted)"
@@ -124,6 +129,8 @@ cdef inline void _copy(char* dst, const char* src, int64_t n) noexcept nogil:
 cdef class _ReplayCore(RowStore):
     """The hot paths of both buffers (insert, sample, get, update) and their files; use ``ReplayBuffer`` or
     ``PrioritizedReplayBuffer``."""
+
+    cdef dict _out_pool           # batch size -> list of tuples of output arrays no caller holds (big batches)
 
     @classmethod
     def attach(cls, name, seed=None):
@@ -570,7 +577,7 @@ cdef class _ReplayCore(RowStore):
         return 0
 
 
-    def sample(self, batch_size, beta=0.4, out=None) -> dict:
+    def sample(self, batch_size, beta=0.4, out=None, fields=None) -> dict:
         """Draw ``batch_size`` transitions, proportionally to priority^alpha (uniformly for
         ``ReplayBuffer``), with replacement.
 
@@ -586,15 +593,19 @@ cdef class _ReplayCore(RowStore):
 
         ``out``: a dict an earlier ``sample`` of the same batch size returned; its arrays are filled in
         place and the same dict is returned (no allocation: a learner that samples in a loop can reuse
-        one). Every array is checked first (ValueError, nothing written, when one does not fit).
+        one). Every array is checked first (ValueError, nothing written, when one does not fit). Without ``out``, a
+        batch of 256 KB or more reuses output arrays of an earlier call that no one references any more (no dict,
+        view, tensor or variable of a caller), so big rows do not pay fresh pages on every call.
+
+        ``fields``: the names of the fields to return (default all); the others are not copied.
         """
         self._enter()
         try:
-            return self._sample_impl(batch_size, beta, out)
+            return self._sample_impl(batch_size, beta, out, fields)
         finally:
             self._leave()
 
-    cdef object _sample_impl(self, batch_size, beta, out):
+    cdef object _sample_impl(self, batch_size, beta, out, fields):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int, got {batch_size!r}")
         if batch_size < 1 or batch_size > 1 << 30:
@@ -608,19 +619,37 @@ cdef class _ReplayCore(RowStore):
             raise TypeError(f"out must be a dict an earlier sample() returned, got {type(out).__name__}")
         if self._h.size == 0:
             raise ValueError("cannot sample from an empty buffer")
+        cdef tuple names = self._names
+        cdef list sel = list(range(self._n_fields))
+        if fields is not None:
+            names = (fields,) if isinstance(fields, str) else tuple(fields)
+            unknown = [n for n in names if n not in self._specs]
+            if unknown or len(set(names)) != len(names) or not names:
+                raise ValueError(f"fields must name distinct fields of {list(self._names)}, got {fields!r}")
+            sel = [self._names.index(n) for n in names]
         cdef int64_t B = batch_size
-        cdef int f, nf = self._n_fields
+        cdef int f, g, nf = len(names)
         cdef int64_t one = 1
+        cdef bint poolable = fields is None and B * self._rb_total >= POOL_MIN_BYTES
         cdef list arrays              # the out arrays, each taken from ``out`` once and held here: a thread that
-        if out is None:               # replaces an entry of ``out`` meanwhile cannot free what is being written
-            arrays = [self._new_rows(f, B) for f in range(nf)]
-            arrays.append(cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0))
-            arrays.append(cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_FLOAT64, 0))
-            out = dict(zip(self._names + ("indices", "weights"), arrays))
+        cdef tuple pooled = None      # replaces an entry of ``out`` meanwhile cannot free what is being written
+        if out is None:
+            if poolable:
+                pooled = self._take_pooled(B)
+            if pooled is not None:
+                arrays = list(pooled)
+            else:
+                arrays = [self._new_rows(<int>sel[f], B) for f in range(nf)]
+                arrays.append(cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_INT64, 0))
+                arrays.append(cnp.PyArray_EMPTY(1, <cnp.npy_intp*>&B, cnp.NPY_FLOAT64, 0))
+                if poolable:
+                    pooled = tuple(arrays)
+            out = dict(zip(names + ("indices", "weights"), arrays))
         else:
-            arrays = [out.get(name) for name in self._names + ("indices", "weights")]
+            arrays = [out.get(name) for name in names + ("indices", "weights")]
             for f in range(nf):
-                self._out_array(arrays[f], self._names[f], self._dtypes[f], self._ndim[f], self._dims + f * MAX_DIMS, B)
+                g = sel[f]
+                self._out_array(arrays[f], self._names[g], self._dtypes[g], self._ndim[g], self._dims + g * MAX_DIMS, B)
             self._out_array(arrays[nf], "indices", _INT64, 0, &one, B)
             self._out_array(arrays[nf + 1], "weights", _FLOAT64, 0, &one, B)
             self._check_disjoint(arrays)
@@ -628,12 +657,15 @@ cdef class _ReplayCore(RowStore):
         cdef double* w = <double*>cnp.PyArray_DATA(<cnp.ndarray>arrays[nf + 1])
         # one block: the field destinations (nf pointers), then four scratch arrays of B entries each (slots,
         # pending, found: int64; prio: double)
-        cdef char** dst = <char**>malloc(nf * sizeof(char*) + 4 * B * sizeof(int64_t))
+        cdef char** dst = <char**>malloc(nf * sizeof(char*) + (4 * B + nf) * sizeof(int64_t))
         if dst == NULL:
             raise MemoryError()
         for f in range(nf):
             dst[f] = <char*>cnp.PyArray_DATA(<cnp.ndarray>arrays[f])
         cdef int64_t* slots = <int64_t*>(dst + nf)
+        cdef int64_t* which = slots + 4 * B         # the stored field behind each output field
+        for f in range(nf):
+            which[f] = <int64_t>sel[f]
         cdef int64_t* pending = slots + B
         cdef int64_t* found = slots + 2 * B
         cdef double* prio = <double*>(slots + 3 * B)
@@ -660,8 +692,8 @@ cdef class _ReplayCore(RowStore):
                         for q in range(n_pending):
                             w[pending[q]] = 1.0
                     for f in range(nf):
-                        gather_rows(dst[f], self._records, RB, self._off[f], self._row_bytes[f], pending, n_pending,
-                                slots)
+                        gather_rows(dst[f], self._records, RB, self._off[which[f]], self._row_bytes[which[f]], pending,
+                                    n_pending, slots)
                     # seqlock check: keep rows whose slot still holds the id it had when drawn
                     self._lock()
                     n_next = 0
@@ -686,7 +718,42 @@ cdef class _ReplayCore(RowStore):
                              f"stored row hidden?)")
         if zero:
             raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
+        if pooled is not None:
+            self._give_pooled(B, pooled)
         return out
+
+    cdef tuple _take_pooled(self, int64_t B):
+        """(GIL held) A tuple of output arrays for batch size ``B`` that no one outside the pool references any
+        more (no dict, view, tensor or variable of a caller: each array's reference count is the tuple's and this
+        loop's), taken out of the pool; None when there is none. The check and the removal run without a Python
+        call between them, so two threads cannot take the same one."""
+        if self._out_pool is None:
+            return None
+        cdef list kept = self._out_pool.get(B)
+        if not kept:
+            return None
+        cdef Py_ssize_t i
+        cdef tuple t
+        cdef bint free
+        for i in range(len(kept)):
+            t = <tuple>kept[i]
+            free = True
+            for a in t:
+                if Py_REFCNT(a) != 2:
+                    free = False
+                    break
+            if free:
+                del kept[i]
+                return t
+        return None
+
+    cdef void _give_pooled(self, int64_t B, tuple arrays):
+        """Keep ``arrays`` for a later ``sample`` of batch size ``B`` (at most ``POOL_PER_BATCH`` per size)."""
+        if self._out_pool is None:
+            self._out_pool = {}
+        cdef list kept = self._out_pool.setdefault(B, [])
+        if len(kept) < POOL_PER_BATCH:
+            kept.append(arrays)
 
     def get(self, indices, fields=None) -> dict:
         """Rows of the stored transitions with ids ``indices`` (int[n], as ``add``/``sample`` return):
