@@ -19,11 +19,20 @@ import numpy as np
 import pytest
 
 from pal_bench.bench.adapters import ADAPTERS, available, make_adapter
+from pal_bench.workloads import get_workload
 
 SWEEP = os.environ.get("PAL_BENCH_SWEEP", "quick")
 if SWEEP not in ("quick", "full"):
     raise pytest.UsageError(f"PAL_BENCH_SWEEP must be quick or full, got {SWEEP!r}")
-PEERS = [p for p in os.environ.get("PAL_BENCH_PEERS", ",".join(ADAPTERS)).split(",") if p]
+try:
+    WORKLOAD = get_workload(os.environ.get("PAL_BENCH_WORKLOAD", "lunarlander"))
+except ValueError as e:
+    raise pytest.UsageError(f"PAL_BENCH_WORKLOAD: {e}") from None
+# big rows: PAL's default call and its ``out=`` call, and the bandwidth floor, beside the buffers
+_EXTRA = ["pal-out", "floor-gather"] if WORKLOAD.name != "lunarlander" else []
+PEERS = [p for p in os.environ.get("PAL_BENCH_PEERS", ",".join([*ADAPTERS, *_EXTRA])).split(",") if p]
+# a buffer is filled only if its rows stored in full fit in this share of the memory available at the start
+MEMORY_SHARE = 0.4
 CAPACITIES = [10**3, 10**4, 10**5, 10**6] + ([10**7] if SWEEP == "full" else [])
 BATCH = 256
 POOL = 64  # pre-generated priority arrays, cycled: no RNG inside the timed region
@@ -48,12 +57,27 @@ def get_adapter(peer: str, capacity: int, **kwargs):
     limit = cls.QUICK_MAX_CAPACITY if SWEEP == "quick" and cls.QUICK_MAX_CAPACITY else cls.MAX_CAPACITY
     if limit is not None and capacity > limit[0]:
         pytest.skip(f"{peer} at N={fmt_n(capacity)}: {limit[1]}")
+    need = capacity * WORKLOAD.row_bytes
+    budget = MEMORY_SHARE * _available_bytes()
+    if need > budget:
+        pytest.skip(f"{peer} at N={fmt_n(capacity)}: {WORKLOAD.name} rows in full need {need / 2**30:.1f} GiB, over "
+                    f"{MEMORY_SHARE:.0%} of the {budget / MEMORY_SHARE / 2**30:.1f} GiB available")
     key = (peer, capacity, tuple(sorted(kwargs.items())))
     if key not in _cache:
         _cache.clear()
         gc.collect()
+        if WORKLOAD.name != "lunarlander":
+            kwargs = dict(kwargs, workload=WORKLOAD)
         _cache[key] = make_adapter(peer, capacity, **kwargs)
     return _cache[key]
+
+
+def _available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62
 
 
 def priority_pool(batch: int) -> list[np.ndarray]:
@@ -98,19 +122,17 @@ def pytest_runtest_logstart(nodeid):
 
 def run_op(benchmark, adapter, op: str, batch: int, **info) -> None:
     """Benchmark ``op`` on ``adapter`` and record what was measured in ``extra_info``."""
-    from pal_bench.bench.adapters import lunar_batch, lunar_row
-
     benchmark.extra_info.update(peer=adapter.name, op=op, batch=batch, capacity=adapter.capacity,
-                                sweep=SWEEP, **info)
+                                sweep=SWEEP, workload=WORKLOAD.name, **info)
+    if op in ("insert_one", "insert_batch") and not adapter.INSERTS:
+        pytest.skip(f"{adapter.name} stores no transitions")
     if op == "insert_one":
-        if adapter.name == "pal-tree":
-            pytest.skip("a sum tree alone stores no transitions")
-        row = lunar_row()
+        row = WORKLOAD.row()
         benchmark(adapter.insert_one, row)
     elif op == "insert_batch":
         if not adapter.NATIVE_BATCH_INSERT:
             pytest.skip(f"{adapter.name} has no native batch insert")
-        data = lunar_batch(batch, seed=7)
+        data = WORKLOAD.batch(batch, seed=7)
         benchmark(adapter.insert_batch, data)
     elif op in ("sample", "update", "sample_update"):
         pool = priority_pool(batch)

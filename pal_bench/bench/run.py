@@ -20,17 +20,31 @@ import numpy as np
 from pal_bench.argtypes import choice_list
 from pal_bench.bench import suite_json
 from pal_bench.bench.adapters import ADAPTERS
+from pal_bench.bench.adapters.registry import COMPONENTS
 from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 from pal_bench.paths import RESULTS, ROOT
+from pal_bench.workloads import WORKLOADS
 
 SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_vs_buffer", "shared_vs_private",
           "sequence_replay"]
 
 
-def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: list[str]) -> int:
+# the suites that take any workload (the others measure LunarLander rows only: the tree, fan-out, sharing, sequences)
+WORKLOAD_SUITES = ["latency_vs_capacity", "latency_vs_batch"]
+
+
+def results_dir(results: Path, workload: str) -> Path:
+    """Where a workload's suite results go: ``results/`` for LunarLander (the stored results), else
+    ``results/workloads/<name>/``."""
+    return results if workload == "lunarlander" else results / "workloads" / workload
+
+
+def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: list[str],
+              workload: str = "lunarlander") -> int:
     results.mkdir(parents=True, exist_ok=True)
     skips = results / f"{suite}.skipped.tmp"
-    env = dict(os.environ, PAL_BENCH_SWEEP=sweep, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips))
+    env = dict(os.environ, PAL_BENCH_SWEEP=sweep, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips),
+               PAL_BENCH_WORKLOAD=workload)
     if peers:
         env["PAL_BENCH_PEERS"] = peers
     cmd = [
@@ -40,10 +54,10 @@ def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: l
         "--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name",
         f"--benchmark-json={results / f'{suite}.json'}", *extra,
     ]
-    print(f"== suite {suite} ({sweep} sweep)", flush=True)
-    with Conditions(f"suite {suite} ({sweep} sweep)") as c:
+    print(f"== suite {suite} ({sweep} sweep, {workload} rows)", flush=True)
+    with Conditions(f"suite {suite} ({sweep} sweep, workload {workload})") as c:
         rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
-    finish_json(results / f"{suite}.json", skips, c.finish())
+    finish_json(results / f"{suite}.json", skips, dict(c.finish(), workload=workload))
     return rc
 
 
@@ -93,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", choices=["quick", "full"], default="quick",
                     help="quick (default: capacities to 1e6, short timing) or full (to 1e7, longer)")
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
-    ap.add_argument("--peers", type=choice_list(ADAPTERS), help=f"comma-separated adapters, of {', '.join(ADAPTERS)} "
-                    "(default: all installed)")
+    ap.add_argument("--peers", type=choice_list([*ADAPTERS, *COMPONENTS]),
+                    help=f"comma-separated adapters, of {', '.join(ADAPTERS)} (default: all installed; with a "
+                         "workload other than lunarlander also pal-out and floor-gather)")
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="lunarlander",
+                    help="the transition every buffer stores (default lunarlander: the stored results); others "
+                         f"run {', '.join(WORKLOAD_SUITES)} into results/workloads/<name>/")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--compare", action="store_true",
                     help="run into results/tmp/ and compare with the stored results (pytest-benchmark compare)")
@@ -103,12 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if refuse_if_busy("pal_bench.bench.run", args.force):
         return 2
-    out = args.results / "tmp" if args.compare else args.results
+    if args.workload != "lunarlander":
+        other = [s for s in args.suite or [] if s not in WORKLOAD_SUITES]
+        if other:
+            ap.error(f"--workload {args.workload}: suites {other} measure LunarLander rows only "
+                     f"(workload suites: {', '.join(WORKLOAD_SUITES)})")
+    stored = results_dir(args.results, args.workload)
+    out = stored / "tmp" if args.compare else stored
     rc = 0
-    for suite in args.suite or SUITES:
-        rc |= run_suite(suite, args.sweep, out, ",".join(args.peers or []), args.pytest_args)
-        if args.compare and (args.results / f"{suite}.json").exists():
-            compare(args.results / f"{suite}.json", out / f"{suite}.json")
+    for suite in args.suite or (SUITES if args.workload == "lunarlander" else WORKLOAD_SUITES):
+        rc |= run_suite(suite, args.sweep, out, ",".join(args.peers or []), args.pytest_args, args.workload)
+        if args.compare and (stored / f"{suite}.json").exists():
+            compare(stored / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:
         print("stored; `python -m pal_bench.report` (make figures) rebuilds the tables and figures", file=sys.stderr)
     return rc

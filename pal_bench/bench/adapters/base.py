@@ -33,6 +33,8 @@ class BufferAdapter:
     name = "abstract"
     #: False when the peer has no batch insert in its public API
     NATIVE_BATCH_INSERT = True
+    #: False for what stores no transitions (the tree alone, the bandwidth floor): no insert cases
+    INSERTS = True
     #: largest capacity this adapter is run at, with the reason (None: no limit)
     MAX_CAPACITY: tuple[int, str] | None = None
     #: the same limit for the quick sweep

@@ -66,6 +66,20 @@ class PalSharedAdapter(PalAdapter):
     SHARED = True
 
 
+class PalOutAdapter(PalAdapter):
+    """``PrioritizedReplayBuffer.sample(B, out=batch)``: the same buffer, sampling into one dict of arrays a learner
+    keeps (no allocation), beside the default call."""
+
+    name = "pal-out"
+    MODES = ("full",)
+
+    def sample(self, batch_size: int) -> np.ndarray:
+        out = getattr(self, "_out", None)
+        if out is None or len(out["indices"]) != batch_size:
+            out = self._out = self.buf.sample(batch_size, beta=self.beta)
+        return self.buf.sample(batch_size, beta=self.beta, out=out)["indices"]
+
+
 class PalUniformAdapter(PalAdapter):
     """``pal_bench.ReplayBuffer``: uniform sampling, no tree; the floor of a buffer's cost."""
 
@@ -88,6 +102,7 @@ class PalTreeAdapter(BufferAdapter):
 
     name = "pal-tree"
     NATIVE_BATCH_INSERT = False
+    INSERTS = False
     POOL = 64
 
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, fanout: int = DEFAULT_FANOUT):

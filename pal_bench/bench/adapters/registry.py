@@ -20,7 +20,9 @@ ADAPTERS: dict[str, str] = {
 TEST_ONLY: dict[str, str] = {"naive-numpy": "pal_bench.bench.adapters.naive:NaiveNumpyAdapter"}
 # parts of PAL's buffer measured on their own (suites/test_tree_vs_buffer.py), not buffers
 COMPONENTS: dict[str, str] = {"pal-tree": "pal_bench.bench.adapters.pal:PalTreeAdapter",
-                              "pal-shared": "pal_bench.bench.adapters.pal:PalSharedAdapter"}
+                              "pal-shared": "pal_bench.bench.adapters.pal:PalSharedAdapter",
+                              "pal-out": "pal_bench.bench.adapters.pal:PalOutAdapter",
+                              "floor-gather": "pal_bench.bench.adapters.floor:FloorGatherAdapter"}
 
 
 def adapter_class(name: str) -> type[BufferAdapter]:

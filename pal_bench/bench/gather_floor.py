@@ -1,0 +1,98 @@
+"""The memory-bandwidth floor for big rows (``gather_floor.c``): a plain-C gather of B random rows of a workload's
+size into one preallocated destination, and the machine's copy bandwidth.
+
+``python -m pal_bench.bench.gather_floor [--workload atari] [--capacity 1e5]`` prints the copy bandwidth (GB/s)
+and the median µs of a gather of 256 rows, with what that is in GB/s. The latency suites run the gather as the
+``floor-gather`` implementation beside the buffers (``pal_bench.bench.adapters.floor``), in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("gather_floor.c")
+_lib: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """``gather_floor.c`` compiled with ``$CC`` (else cc/gcc) at -O3 into a private temporary folder, once per
+    process."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("the gather floor needs a C compiler (set CC)")
+    with tempfile.TemporaryDirectory(prefix="pal-gather-floor-") as tmp:
+        so = Path(tmp) / "gather_floor.so"
+        done = subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(SOURCE)], capture_output=True,
+                              text=True)
+        if done.returncode:
+            raise RuntimeError(f"{cc} failed on {SOURCE.name}:\n{done.stderr}")
+        lib = ctypes.CDLL(str(so))          # mapped: the file may go
+    lib.pal_gather_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.pal_gather_rows.restype = None
+    lib.pal_copy_bandwidth.argtypes = [ctypes.c_int64, ctypes.c_int]
+    lib.pal_copy_bandwidth.restype = ctypes.c_double
+    _lib = lib
+    return lib
+
+
+def gather(records: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+    """``out[b] = records[idx[b]]`` in C: ``records`` C-contiguous [N, R] uint8, ``idx`` int64[B] in [0, N),
+    ``out`` C-contiguous [B, R] uint8 (checked here, before any copy)."""
+    if (records.dtype != np.uint8 or out.dtype != np.uint8 or records.ndim != 2 or out.shape != (len(idx),
+            records.shape[1]) or not records.flags.c_contiguous or not out.flags.c_contiguous
+            or idx.dtype != np.int64 or not idx.flags.c_contiguous):
+        raise ValueError("gather: records [N, R] uint8, idx int64[B], out [B, R] uint8, all C-contiguous")
+    if len(idx) and (idx.min() < 0 or idx.max() >= len(records)):
+        raise IndexError("gather: an index is out of range")
+    library().pal_gather_rows(records.ctypes.data, records.shape[1], idx.ctypes.data, len(idx), out.ctypes.data)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, rounds: int = 5) -> float:
+    """Best-of-``rounds`` memcpy bandwidth over ``nbytes`` (bytes copied per second)."""
+    bw = library().pal_copy_bandwidth(nbytes, rounds)
+    if bw < 0:
+        raise MemoryError(f"cannot allocate 2 x {nbytes} bytes for the copy bandwidth")
+    return bw
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pal_bench.workloads import WORKLOADS, get_workload
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="atari")
+    ap.add_argument("--capacity", type=lambda s: int(float(s)), default=10**5)
+    ap.add_argument("--calls", type=int, default=200)
+    args = ap.parse_args(argv)
+    w = get_workload(args.workload)
+    row = w.row_bytes
+    print(f"copy bandwidth (memcpy of 1 GiB, best of 5): {copy_bandwidth() / 1e9:.1f} GB/s")
+    records = np.ones((args.capacity, row), dtype=np.uint8)
+    out = np.empty((256, row), dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    ts = []
+    for _ in range(args.calls):
+        idx = rng.integers(0, args.capacity, 256)
+        t0 = time.perf_counter()
+        gather(records, idx, out)
+        ts.append(time.perf_counter() - t0)
+    med = float(np.median(ts))
+    print(f"gather of 256 random {row:,}-byte rows of {args.capacity:,} ({w.name}): {med * 1e6:,.0f} µs median "
+          f"({256 * row / med / 1e9:.1f} GB/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
