@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pal_bench.argtypes import (
     CAPACITY,
     COUNT,
@@ -487,8 +489,10 @@ def validate(cfg: TrainConfig) -> None:
     # the environment exists and suits the algorithm
     import gymnasium as gym
 
+    from pal_bench.train.envs import make_env
+
     try:
-        env = gym.make(cfg.env, **cfg.env_kwargs)
+        env = make_env(cfg.env, **cfg.env_kwargs)
     except gym.error.Error as e:
         raise ConfigError(f"env: cannot make {cfg.env!r} ({e})") from None
     except TypeError as e:
@@ -500,10 +504,16 @@ def validate(cfg: TrainConfig) -> None:
                               f"{env.action_space} (LunarLander-v3 takes env_kwargs={{continuous = true}})")
         if cfg.algo not in CONTINUOUS_ALGOS and not discrete:
             raise ConfigError(f"algo: {cfg.algo} needs a discrete action space, {cfg.env} has {env.action_space}")
-        if len(env.observation_space.shape or ()) != 1:
-            raise ConfigError(f"env: {cfg.env} has observations of shape {env.observation_space.shape}; "
-                              "the MLP algorithms take flat vectors")
-        _check_memory(cfg, env.observation_space.shape[0], 1 if discrete else env.action_space.shape[0], not discrete)
+        shape = tuple(env.observation_space.shape or ())
+        image = len(shape) == 3 and env.observation_space.dtype == np.uint8
+        if image and (cfg.algo not in Q_ALGOS or cfg.algo == "r2d2"):
+            raise ConfigError(f"env: {cfg.env} has image observations {shape}; the convolutional network is the "
+                              f"DQN family's ({', '.join(a for a in Q_ALGOS if a != 'r2d2')}), not {cfg.algo}'s")
+        if len(shape) != 1 and not image:
+            raise ConfigError(f"env: {cfg.env} has observations of shape {shape}; the MLP algorithms take flat "
+                              "vectors, the DQN family also uint8 image stacks [C, H, W]")
+        _check_memory(cfg, shape if image else shape[0], 1 if discrete else env.action_space.shape[0], not discrete,
+                      env.observation_space.dtype)
     finally:
         env.close()
 
@@ -511,15 +521,14 @@ def validate(cfg: TrainConfig) -> None:
 SLOT_OVERHEAD = 32      # bytes per buffer slot beside its record: priority tree levels, minimums, slot id
 
 
-def _check_memory(cfg: TrainConfig, obs_dim: int, act_dim: int, continuous: bool) -> None:
+def _check_memory(cfg: TrainConfig, obs_dim, act_dim: int, continuous: bool, obs_dtype=None) -> None:
     """``buffer_capacity`` records must fit this machine's memory (unless the buffer lives on a Ray cluster)."""
     if cfg.ray_address is not None or not hasattr(os, "sysconf"):
         return
-    import numpy as np
-
     from pal_bench.train.replay_spec import replay_fields, sequence_fields
 
-    spec = sequence_fields(obs_dim, cfg) if cfg.algo == "r2d2" else replay_fields(obs_dim, act_dim, continuous)
+    spec = (sequence_fields(obs_dim, cfg) if cfg.algo == "r2d2"
+            else replay_fields(obs_dim, act_dim, continuous, obs_dtype or np.float32))
     record = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for shape, dt in spec.values())
     need = cfg.buffer_capacity * (record + SLOT_OVERHEAD)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

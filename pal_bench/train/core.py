@@ -16,6 +16,7 @@ import torch
 from pal_bench.train import rate_policy
 from pal_bench.train.algos import module_for
 from pal_bench.train.config import Q_ALGOS, TrainConfig
+from pal_bench.train.envs import make_env, make_vec
 from pal_bench.train.errors import Diverged
 from pal_bench.train.replay_spec import replay_fields, sequence_fields
 
@@ -26,8 +27,12 @@ class RunCore:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.algo = module_for(cfg.algo)
-        probe = gym.make(cfg.env, **cfg.env_kwargs)
-        self.obs_dim = int(np.prod(probe.observation_space.shape))
+        probe = make_env(cfg.env, **cfg.env_kwargs)
+        self.obs_shape = tuple(probe.observation_space.shape)
+        self.obs_dtype = np.dtype(probe.observation_space.dtype)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        # what the networks take: a flat size for vector observations, the shape for image stacks [C, H, W]
+        self.net_input = self.obs_shape if len(self.obs_shape) == 3 else self.obs_dim
         self.action_space = probe.action_space
         probe.close()
         self.act_dim = 1 if not self.algo.CONTINUOUS else int(np.prod(self.action_space.shape))
@@ -36,21 +41,20 @@ class RunCore:
 
     def networks(self):
         """A fresh set of the algorithm's networks for this run's spaces."""
-        return self.algo.networks(self.obs_dim, self.action_space, self.cfg)
+        return self.algo.networks(self.net_input, self.action_space, self.cfg)
 
     def fields(self) -> dict:
         """Replay fields, the same for every backend: n-step transitions (``replay_spec.replay_fields``) or, for a
         recurrent algorithm, sequences (``replay_spec.sequence_fields``)."""
         if self.recurrent:
             return sequence_fields(self.obs_dim, self.cfg)
-        return replay_fields(self.obs_dim, self.act_dim, self.algo.CONTINUOUS)
+        return replay_fields(self.obs_shape, self.act_dim, self.algo.CONTINUOUS, self.obs_dtype)
 
     def make_vector_env(self, actor_id: int):
         """``envs_per_actor`` copies of the environment (gymnasium vector env, same-step autoreset)."""
         kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         mode = "async" if self.cfg.env_backend == "async" else "sync"
-        return gym.make_vec(self.cfg.env, num_envs=self.cfg.envs_per_actor, vectorization_mode=mode,
-                            vector_kwargs=kwargs, **self.cfg.env_kwargs)
+        return make_vec(self.cfg.env, self.cfg.envs_per_actor, mode, kwargs, **self.cfg.env_kwargs)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions in [-1, 1] (continuous) rescaled to the environment's bounds."""
@@ -116,7 +120,7 @@ class RunCore:
         cfg = self.cfg
         nets = self.networks()
         nets.load_state_dict(online_state)
-        env = gym.make(cfg.env, **cfg.env_kwargs)
+        env = make_env(cfg.env, **cfg.env_kwargs)
         rng = np.random.default_rng(0)
         explore = False if cfg.algo == "sac" else 0.0
         returns = []

@@ -1,4 +1,4 @@
-"""Small MLPs shared by the algorithms."""
+"""The networks the algorithms share: small MLPs, and the Nature-DQN convolutional Q-network for Atari stacks."""
 
 from __future__ import annotations
 
@@ -38,6 +38,35 @@ class DuelingQ(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         h = self.trunk_act(self.trunk(obs))
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(dim=-1, keepdim=True)
+
+
+class NatureQ(nn.Module):
+    """The Nature-DQN network (Mnih et al. 2015) for uint8 frame stacks [B, C, 84, 84]: scaled to [0, 1], three
+    convolutions (32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1, ReLU), a 512-unit layer, then Q-values
+    [B, n_actions]; ``dueling`` splits the last layer into value and advantage streams of 512 units each, combined
+    as in ``DuelingQ``."""
+
+    def __init__(self, obs_shape: tuple, n_actions: int, dueling: bool = False):
+        super().__init__()
+        c, h, w = obs_shape
+        self.conv = nn.Sequential(nn.Conv2d(c, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
+                                  nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.conv(torch.zeros(1, c, h, w)).shape[1]
+        self.dueling = dueling
+        if dueling:
+            self.value = mlp(flat, 1, (512,))
+            self.advantage = mlp(flat, n_actions, (512,))
+        else:
+            self.head = mlp(flat, n_actions, (512,))
+        self.out_features = n_actions
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.conv(obs.float() / 255.0)
+        if not self.dueling:
+            return self.head(h)
         a = self.advantage(h)
         return self.value(h) + a - a.mean(dim=-1, keepdim=True)
 

@@ -8,12 +8,14 @@ from pal_bench import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.sequence_replay import record_fields
 
 
-def replay_fields(obs_dim: int, act_dim: int, continuous: bool) -> dict:
-    """``{name: (shape, dtype)}`` of one n-step transition: obs, act (int64, or float32[act_dim] when
-    continuous), rew (the n-step return), next_obs, done, disc (gamma^steps)."""
+def replay_fields(obs_shape, act_dim: int, continuous: bool, obs_dtype=np.float32) -> dict:
+    """``{name: (shape, dtype)}`` of one n-step transition: obs (``obs_shape``: an int for a flat float32 vector, or
+    the observation's shape with ``obs_dtype``, e.g. uint8[4, 84, 84] Atari stacks), act (int64, or
+    float32[act_dim] when continuous), rew (the n-step return), next_obs, done, disc (gamma^steps)."""
+    obs = ((obs_shape,) if isinstance(obs_shape, (int, np.integer)) else tuple(obs_shape), np.dtype(obs_dtype))
     act = ((act_dim,), np.float32) if continuous else ((), np.int64)
-    return {"obs": ((obs_dim,), np.float32), "act": act, "rew": ((), np.float32),
-            "next_obs": ((obs_dim,), np.float32), "done": ((), np.float32), "disc": ((), np.float32)}
+    return {"obs": obs, "act": act, "rew": ((), np.float32), "next_obs": obs, "done": ((), np.float32),
+            "disc": ((), np.float32)}
 
 
 def sequence_fields(obs_dim: int, cfg) -> dict:

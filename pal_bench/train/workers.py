@@ -233,8 +233,8 @@ def actor_thread(tr, actor_id: int, stop: threading.Event) -> None:
     timer = tr.timers[f"actor{actor_id}"] = PhaseTimer()
     envs = tr.make_vector_env(actor_id)
     try:
-        nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
-        targets = algo.networks(tr.obs_dim, tr.action_space, cfg) if cfg.actor_priorities else None
+        nets = algo.networks(tr.net_input, tr.action_space, cfg)
+        targets = algo.networks(tr.net_input, tr.action_space, cfg) if cfg.actor_priorities else None
         E = cfg.envs_per_actor
         stepper = tr.make_stepper(envs, env_seeds(cfg.seed, actor_id, E, resumed_steps=tr.resumed_steps), actor_id)
         local = LocalBuffer(tr, tr.buffer, stepper, nets, targets, timer)
@@ -361,8 +361,8 @@ def learner_thread(tr, learner_id: int, stop: threading.Event) -> None:
         nets, targets, groups = tr.ps.nets, tr.ps.targets, tr.ps.params
         weights, sink = OwnWeights(), ApplyGradients(tr.ps)
     else:
-        nets = algo.networks(tr.obs_dim, tr.action_space, cfg)
-        targets = algo.networks(tr.obs_dim, tr.action_space, cfg)
+        nets = algo.networks(tr.net_input, tr.action_space, cfg)
+        targets = algo.networks(tr.net_input, tr.action_space, cfg)
         groups = param_groups(algo, nets)
         weights = SnapshotWeights(tr.ps, nets, targets)
         sink = SubmitGradients(tr.ps, learner_id, cfg.aggregation, stop)

@@ -12,7 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pandas as pd
 
@@ -24,6 +23,7 @@ from pal_bench.studies.scaling import worker_costs
 from pal_bench.studies.scaling.figures import backends_figure, draw, draw_end_to_end, overhead_table
 from pal_bench.train import Trainer, make_config, make_trainer
 from pal_bench.train.config import ALGOS
+from pal_bench.train.envs import make_env
 
 
 def quiet(cfg, out_dir: str, **kw):
@@ -56,7 +56,7 @@ def transitions(tr, n: int, seed: int = 0) -> dict:
     """``n`` real transitions from random actions, as replay-buffer columns; ``tr`` is a ``Trainer``
     or a worker's ``RunCore`` (anything with ``cfg``, ``algo``, ``act_dim``, ``action_space`` and
     ``env_actions``)."""
-    env = gym.make(tr.cfg.env, **tr.cfg.env_kwargs)
+    env = make_env(tr.cfg.env, **tr.cfg.env_kwargs)
     rng = np.random.default_rng(seed)
     rows = {k: [] for k in ("obs", "act", "rew", "next_obs", "done", "disc")}
     obs, _ = env.reset(seed=seed)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pal_bench.train.nets import DuelingQ, mlp
+from pal_bench.train.nets import DuelingQ, NatureQ, mlp
 
 DEFAULT_ENV = "CartPole-v1"
 DEFAULTS = dict(lr=1e-3, batch_size=128, n_step=3, target_update=250, updates_per_step=0.25, hidden=(256, 256))
@@ -33,8 +33,11 @@ GROUPS = {"q": ["q"]}
 TARGETS = ["q"]
 
 
-def networks(obs_dim: int, action_space, cfg) -> nn.ModuleDict:
+def networks(obs_dim, action_space, cfg) -> nn.ModuleDict:
+    """``obs_dim``: the flat observation size (MLP), or an image stack's shape (C, H, W): the Nature-DQN network."""
     n = int(action_space.n)
+    if isinstance(obs_dim, tuple):
+        return nn.ModuleDict({"q": NatureQ(obs_dim, n, cfg.dueling)})
     return nn.ModuleDict({"q": DuelingQ(obs_dim, n, cfg.hidden) if cfg.dueling else mlp(obs_dim, n, cfg.hidden)})
 
 
