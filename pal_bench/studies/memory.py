@@ -128,30 +128,32 @@ def study(impls, workload: str, modes, capacities, progress=print) -> pd.DataFra
     todo = points(impls, workload, modes, capacities)
     for i, (impl, mode, cap) in enumerate(todo):
         progress(f"[memory {i + 1}/{len(todo)}] {impl} {mode} at {cap:,}")
-        rows.append(measure_fitting(impl, workload, mode, cap, progress))
-        r = rows[-1]
-        progress(f"    {r['status']}: {r['bytes_per_transition'] or 0:,.0f} B per transition"
-                 + (f" (extrapolated from {r['extrapolated_from']:,})" if r["extrapolated_from"] else ""))
-    return pd.DataFrame(rows, columns=COLUMNS)
+        for r in measure_fitting(impl, workload, mode, cap, progress):
+            rows.append(r)
+            progress(f"    {r['capacity']:,}: {r['status']}, {r['bytes_per_transition'] or 0:,.0f} B per transition"
+                     + (f" (extrapolated from {r['extrapolated_from']:,})" if r["extrapolated_from"] else ""))
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return df.drop_duplicates(["impl", "workload", "mode", "capacity"], keep="last")
 
 
-def measure_fitting(impl: str, workload: str, mode: str, capacity: int, progress=print) -> dict:
-    """``capacity`` measured if it fits, else extrapolated. A capacity of 10,000 or more is first measured at a
-    tenth of it (smaller still while its rows stored in full would not fit), and the full point only when that
-    measurement says it fits."""
+def measure_fitting(impl: str, workload: str, mode: str, capacity: int, progress=print) -> list[dict]:
+    """The rows of one point: ``capacity`` measured if it fits, else extrapolated. A capacity of 10,000 or more is
+    first measured at a tenth of it (smaller still while its rows stored in full would not fit), that row kept
+    too, and the full capacity measured only when that measurement says it fits."""
     probe = capacity // 10 if capacity >= 10_000 else capacity
     while probe > 1000 and probe * get_workload(workload).row_bytes > FIT_SHARE * available_bytes():
         probe //= 10
     first = measure(impl, workload, mode, probe)
     if first["status"] != "ok" or probe == capacity:
-        return first
+        return [first]
     need = first["rss_bytes"] / probe * capacity
     if need <= FIT_SHARE * available_bytes():
-        return measure(impl, workload, mode, capacity)
+        return [first, measure(impl, workload, mode, capacity)]
     progress(f"    {need / 2**30:.1f} GiB would not fit: extrapolating from {probe:,}")
-    return first | {"capacity": capacity, "transitions": round(first["transitions"] * capacity / probe),
-                    "rss_bytes": round(need), "peak_rss_bytes": round(first["peak_rss_bytes"] / probe * capacity),
-                    "fill_s": "", "extrapolated_from": probe}
+    scale = capacity / probe
+    return [first, first | {"capacity": capacity, "transitions": round(first["transitions"] * scale),
+                            "rss_bytes": round(need), "peak_rss_bytes": round(first["peak_rss_bytes"] * scale),
+                            "fill_s": "", "extrapolated_from": probe}]
 
 
 # ------------------------------------------------------------------ publication
