@@ -155,6 +155,53 @@ def step_costs_block(results: Path, name: str = "step_costs.csv") -> str:
             "is recorded).\n")
 
 
+WORKLOAD_OPS = ("sample_update", "sample", "insert_batch", "insert_one")
+
+
+def workload_latency_block(results: Path) -> str:
+    """Per workload other than LunarLander (``results/workloads/<name>/``): median µs of every implementation per
+    capacity, PAL's default call and its ``out=`` call against the gather floor, and each peer's median over
+    PAL's, with bootstrap 95% intervals, all from one run of the suite."""
+    root = results / "workloads"
+    dirs = sorted(d for d in root.iterdir() if (d / "latency_vs_capacity.json").exists()) if root.is_dir() else []
+    if not dirs:
+        return missing("workloads/<name>/latency_vs_capacity.json", "make bench WORKLOAD=atari")
+    parts = []
+    for d in dirs:
+        df, machine = suite_json.load(d / "latency_vs_capacity.json")
+        good = df[df.status == "ok"]
+        batch = int(df.batch.iloc[0])
+        parts.append(f"#### {d.name} ({suite_json.machine_line(machine)})")
+        med = good.pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
+        med = med.reindex([i for op in WORKLOAD_OPS for i in med.index if i[0] == op])
+        med.index = [f"{op_label(op, batch)}, N={fmt_n(c)}" for op, c in med.index]
+        parts.append("Median µs per call:\n\n" + md(med.reset_index().rename(columns={"index": "operation"}), ".1f"))
+        rows = []
+        for c in sorted(good[good.op == "sample_update"].capacity.unique()):
+            row = {"capacity": f"N={fmt_n(c)}"}
+            here = good[(good.op == "sample_update") & (good.capacity == c)].set_index("peer")
+            if "floor-gather" in here.index:
+                for impl in ("pal", "pal-out"):
+                    if impl in here.index:
+                        row[f"{impl} / floor"] = fmt_ci(*_ratio(here, impl, "floor-gather"), 2)
+            if "pal" in here.index:
+                for peer in sorted(p for p in here.index if p not in ("pal", "floor-gather")):
+                    row[f"{peer} / pal"] = fmt_ci(*_ratio(here, peer, "pal"), 2)
+            rows.append(row)
+        parts.append(f"{op_label('sample_update', batch)}: ratios of medians [bootstrap 95% interval] (impl / floor "
+                     "above 1: slower than the floor; peer / pal above 1: PAL faster):\n\n"
+                     + md(pd.DataFrame(rows).fillna(""), ".2f"))
+        parts.append(source(results, f"workloads/{d.name}/latency_vs_capacity.json"))
+    return "\n\n".join(parts) + "\n"
+
+
+def _ratio(here: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
+    """median(a) / median(b) with a bootstrap interval from the stored round samples (point only without them)."""
+    if isinstance(here.loc[a].get("sample_us"), list) and isinstance(here.loc[b].get("sample_us"), list):
+        return ratio_ci(here.loc[a].sample_us, here.loc[b].sample_us)
+    return here.loc[a].median_us / here.loc[b].median_us, float("nan"), float("nan")
+
+
 def outputs(results: Path, figures: bool) -> list[Path]:
     """``latency.csv`` and ``latency_tables.md`` from the stored suite JSON, and (``figures``) the latency
     figures; nothing when no suite has run."""
@@ -178,4 +225,5 @@ PUBLICATION = Publication("latency", {
     "step-costs": step_costs_block,
     "sequence-replay": sequence_block,
     "instructions": instructions_block,
+    "workload-latency": workload_latency_block,
 }, outputs)
