@@ -29,11 +29,17 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pal_bench tests suites
 	$(VENV)/bin/lint-imports
 
-# the studies, then the report: every table and figure rebuilt from what they stored
+# the studies, then the report: every table and figure rebuilt from what they stored. WORKLOAD=atari (or humanoid)
+# runs the latency suites on that workload's rows instead, into results/workloads/<name>/ (docs/workloads.md)
+WORKLOAD ?= lunarlander
 bench: $(VENV)/.installed
+ifeq ($(WORKLOAD),lunarlander)
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.fanout
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.studies.shared_buffer
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.run
+else
+	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.run --workload $(WORKLOAD)
+endif
 	$(PY) -m pal_bench.report
 
 # the trainer's reference runs (about 1 h on 2 cores) and the scaling / core-split measurements

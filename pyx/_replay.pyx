@@ -853,7 +853,8 @@ cdef class _ReplayCore(RowStore):
         with nogil:
             next_id = self._h.next_id
             for q in range(n):
-                if iv[q] + lo < 0 or iv[q] + lo < next_id - cap or iv[q] + hi >= next_id:
+                # (no sum can overflow: next_id <= 2**62 and |lo|, hi < capacity)
+                if iv[q] < -lo or iv[q] >= next_id - hi or iv[q] + lo < next_id - cap:
                     okv[q] = 0
                     continue
                 for j in range(W):

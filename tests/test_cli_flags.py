@@ -10,7 +10,7 @@ import pytest
 from pal_bench.cli import main
 
 STUDIES = ("scaling.measure", "concurrency", "fanout", "shared_buffer", "race", "plugin.measure", "aggregation.measure",
-           "longhaul.experiment", "dse")
+           "longhaul.experiment", "dse", "memory")
 
 
 def _tripwire(*_a, **_k):
@@ -79,6 +79,11 @@ CASES = [
     (["race-profile", "pal", "--top", "-3"], "--top"),
     (["race-profile", "pal", "--seconds", "inf"], "--seconds"),
     (["race-profile", "pal", "--seed", "-1"], "--seed"),
+    (["memory", "--capacity", "0"], "--capacity"),
+    (["memory", "--capacity", "1e5,x"], "--capacity"),
+    (["memory", "--impl", "pal,bogus"], "--impl"),
+    (["memory", "--mode", "zip"], "--mode"),
+    (["memory", "--workload", "pong"], "--workload"),
     (["dse", "--curves", "c.csv", "--validate", "-5"], "--validate"),
     (["dse", "--curves", "c.csv", "--ratio", "inf"], "--ratio"),
     (["dse", "--curves", "c.csv", "--steps", "0"], "--steps"),

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pal_bench.argtypes import CAPACITY, choice_list, number_list
@@ -156,6 +157,60 @@ def measure_fitting(impl: str, workload: str, mode: str, capacity: int, progress
                             "fill_s": "", "extrapolated_from": probe}]
 
 
+# ------------------------------------------------------------------ several streams interleaved
+
+INTERLEAVE_IMPLS = ("pal", "cpprb", "tianshou")     # SB3's add takes every env of one vector env at once: it cannot
+                                                    # be handed one stream's chunk at a time
+
+
+def _sampled(adapter, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """obs and next_obs of one sample, in the workload's layout ([B, k, 84, 84] for stacks)."""
+    if adapter.name.startswith("pal"):
+        got = adapter.buf.sample(batch)
+        return got["obs"], got["next_obs"]
+    if adapter.name == "cpprb":
+        got = adapter.buf.sample(batch)
+        obs, nxt = got["obs"], got["next_obs"]
+        if adapter.mode == "stack":
+            obs, nxt = np.moveaxis(obs, -1, -3), np.moveaxis(nxt, -1, -3)
+        return obs.reshape(batch, *adapter.workload.obs_shape), nxt.reshape(batch, *adapter.workload.obs_shape)
+    if adapter.name == "tianshou":
+        got, _ = adapter.buf.sample(batch)
+        return np.asarray(got.obs), np.asarray(got.obs_next)
+    raise ValueError(f"no interleaving check for {adapter.name}")
+
+
+def interleaving_check(impl: str, workload: str, mode: str, capacity: int = 4000, n_streams: int = 4,
+                       chunk: int = 10, draws: int = 2000) -> dict:
+    """Several environment streams inserted as a parallel trainer's actors insert them (chunks of ``chunk`` steps,
+    streams taking turns), each chunk through the implementation's own insert path (cpprb: ``on_episode_end()``
+    after every chunk as well as at episode ends, the only way its API has to end a stream); then ``draws``
+    sampled transitions are compared with the rows that were inserted. Returns the fraction whose observation or
+    next observation is not one that was inserted with it."""
+    w = get_workload(workload)
+    adapter = adapter_class(impl)(capacity, workload=w, mode=mode)      # filled: then overwritten by the streams
+    rows = w.streams(capacity, seed=11, n_streams=n_streams, chunk=chunk)
+    truth = {rows["obs"][i].tobytes(): rows["next_obs"][i] for i in range(capacity)}
+    sid = rows.pop("stream")
+    starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+    for a, b in zip(starts, [*starts[1:], capacity]):
+        part = {k: v[a:b] for k, v in rows.items()}
+        if impl.startswith("pal") and mode != "full":
+            adapter.buf.add_batch(**part)
+        else:
+            adapter._fill_chunk(part)
+            if impl == "cpprb" and mode != "full":
+                adapter.buf.on_episode_end()
+    wrong = 0
+    for _ in range(draws // 100):
+        obs, nxt = _sampled(adapter, 100)
+        for o, n in zip(obs, nxt):
+            want = truth.get(np.ascontiguousarray(o).tobytes())
+            wrong += want is None or not np.array_equal(want, n)
+    return {"impl": impl, "workload": workload, "mode": mode, "streams": n_streams, "chunk": chunk,
+            "draws": draws // 100 * 100, "wrong": int(wrong), "wrong_share": wrong / (draws // 100 * 100)}
+
+
 # ------------------------------------------------------------------ publication
 
 def memory_block(results: Path) -> str:
@@ -175,7 +230,22 @@ def memory_block(results: Path) -> str:
             + "\n\n" + source(results, "memory.csv") + "\n")
 
 
-PUBLICATION = Publication("memory", {"memory": memory_block})
+def interleaving_block(results: Path) -> str:
+    path = results / "interleaving.csv"
+    if not path.exists():
+        return missing("interleaving.csv", "pal-bench memory --workload atari --interleaved")
+    df = read_csv(path)
+    df["wrong %"] = 100 * df.wrong_share
+    n, c, d = int(df.streams.iloc[0]), int(df.chunk.iloc[0]), int(df.draws.iloc[0])
+    return (f"{n} environment streams inserted in chunks of {c} steps, taking turns (as actors insert them); "
+            f"{d} sampled transitions per row compared with the ones inserted: the share whose observation or next "
+            "observation was never inserted with it.\n\n"
+            + md(df[["workload", "impl", "mode", "wrong", "draws", "wrong %"]], (".0f", ".0f", ".0f", ".0f", ".0f",
+                                                                                 ".1f"))
+            + "\n\n" + source(results, "interleaving.csv") + "\n")
+
+
+PUBLICATION = Publication("memory", {"memory": memory_block, "interleaving": interleaving_block})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated capacities (default 1e5)")
     ap.add_argument("--mode", type=choice_list(MODES), help=f"memory modes, of {', '.join(MODES)} "
                     "(default: every mode each implementation has)")
+    ap.add_argument("--interleaved", action="store_true",
+                    help=f"instead: insert several streams in turns into {', '.join(INTERLEAVE_IMPLS)} in each memory "
+                         "mode and count the sampled transitions that are wrong (DIR/interleaving.csv)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     add_force_flag(ap)
     args = ap.parse_args(argv)
@@ -208,6 +281,14 @@ def main(argv: list[str] | None = None) -> int:
             impls.append(impl)
     if refuse_if_busy("pal-bench memory", args.force):
         return 2
+    if args.interleaved:
+        with Conditions(f"interleaved streams, {args.workload}") as c:
+            checks = [interleaving_check(impl, args.workload, mode)
+                      for impl, mode, _ in points([i for i in impls if i in INTERLEAVE_IMPLS], args.workload,
+                                                  args.mode, [0])]
+        store(pd.DataFrame(checks), args.out / "interleaving.csv", c)
+        print(interleaving_block(args.out))
+        return 0
     with Conditions(f"memory per transition, {args.workload}") as c:
         df = study(impls, args.workload, args.mode, args.capacity,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
