@@ -3,7 +3,10 @@ size into one preallocated destination, and the machine's copy bandwidth.
 
 ``python -m pal_bench.bench.gather_floor [--workload atari] [--capacity 1e5]`` prints the copy bandwidth (GB/s)
 and the median µs of a gather of 256 rows, with what that is in GB/s. The latency suites run the gather as the
-``floor-gather`` implementation beside the buffers (``pal_bench.bench.adapters.floor``), in the same run.
+``floor-gather`` implementation beside the buffers (``pal_bench.bench.adapters.floor``), in the same run but each
+case in its own block; ``--against-pal --rounds 20 --out results`` alternates PAL's sample+update (default call and
+``out=``) with the gather in every round instead (``results/gather_floor.csv``), for ratios that a shared
+machine's drift between blocks does not move.
 """
 
 from __future__ import annotations
@@ -68,6 +71,57 @@ def copy_bandwidth(nbytes: int = 1 << 30, rounds: int = 5) -> float:
     return bw
 
 
+def interleaved(workload: str, capacity: int, rounds: int, calls: int, progress=print) -> list[dict]:
+    """PAL's ``sample(256)`` + ``update_priorities(256)`` (the default call, keeping the previous batch while the
+    next is drawn, as a learner loop does; and ``out=``), and the C gather of 256 random rows of the same size,
+    timed in blocks of ``calls`` calls, the three alternated in every round (shuffled order), so that a shared
+    machine's drift lands on all of them: one row per block (µs per call)."""
+    from pal_bench import PrioritizedReplayBuffer
+    from pal_bench.workloads import get_workload
+
+    w = get_workload(workload)
+    buf = PrioritizedReplayBuffer(capacity, w.fields, seed=0)
+    chunk = max(1, min(capacity, (64 << 20) // w.row_bytes))
+    for start in range(0, capacity, chunk):
+        buf.add_batch(**w.batch(min(chunk, capacity - start), seed=start))
+    records = np.ones((capacity, w.row_bytes), dtype=np.uint8)
+    out_rows = np.empty((256, w.row_bytes), dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    idx_pool = [rng.integers(0, capacity, 256) for _ in range(64)]
+    prio = [rng.random(256) * 2 for _ in range(64)]
+    kept = {"batch": buf.sample(256)}
+    out = buf.sample(256)
+
+    def pal_default(i):
+        kept["batch"] = buf.sample(256)            # the previous batch is still held while this one is drawn
+        buf.update_priorities(kept["batch"]["indices"], prio[i % 64])
+
+    def pal_out(i):
+        buf.sample(256, out=out)
+        buf.update_priorities(out["indices"], prio[i % 64])
+
+    def floor(i):
+        gather(records, idx_pool[i % 64], out_rows)
+
+    impls = {"pal": pal_default, "pal-out": pal_out, "floor-gather": floor}
+    for f in impls.values():                        # warm-up
+        for i in range(calls):
+            f(i)
+    rows = []
+    for r in range(rounds):
+        for name in rng.permutation(list(impls)):
+            f = impls[name]
+            t0 = time.perf_counter()
+            for i in range(calls):
+                f(i)
+            rows.append({"workload": workload, "capacity": capacity, "impl": str(name), "round": r,
+                         "us_per_call": (time.perf_counter() - t0) / calls * 1e6})
+        if (r + 1) % max(1, rounds // 5) == 0:
+            progress(f"[gather floor] round {r + 1}/{rounds}")
+    buf.close()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from pal_bench.workloads import WORKLOADS, get_workload
 
@@ -75,8 +129,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=list(WORKLOADS), default="atari")
     ap.add_argument("--capacity", type=lambda s: int(float(s)), default=10**5)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--against-pal", action="store_true",
+                    help="time PAL's sample+update (default call and out=) and the gather alternately in --rounds "
+                         "rounds of --calls calls; writes --out/gather_floor.csv")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.calls < 1 or args.rounds < 2 or args.capacity < 256:
+        ap.error("--calls >= 1, --rounds >= 2 and --capacity >= 256")
     w = get_workload(args.workload)
+    if args.against_pal:
+        import pandas as pd
+
+        from pal_bench.bench.publishing import store
+        from pal_bench.bench.stats import fmt_ci, ratio_ci
+        from pal_bench.conditions import Conditions
+
+        with Conditions(f"gather floor against PAL, {args.workload}") as c:
+            df = pd.DataFrame(interleaved(args.workload, args.capacity, args.rounds, args.calls,
+                                          progress=lambda m: print(m, file=sys.stderr, flush=True)))
+        if args.out is not None:
+            store(df, args.out / "gather_floor.csv", c)
+        floor = df[df.impl == "floor-gather"].us_per_call
+        for impl in ("pal", "pal-out", "floor-gather"):
+            mine = df[df.impl == impl].us_per_call
+            print(f"{impl:>12}: {mine.median():8.1f} µs median of {len(mine)} blocks; / floor "
+                  f"{fmt_ci(*ratio_ci(mine, floor), 2)}")
+        return 0
     row = w.row_bytes
     print(f"copy bandwidth (memcpy of 1 GiB, best of 5): {copy_bandwidth() / 1e9:.1f} GB/s")
     records = np.ones((args.capacity, row), dtype=np.uint8)

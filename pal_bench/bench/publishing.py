@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 BLOCK = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END generated:(?P=name) -->)",
                    re.S)
-DOC_ORDER = ("latency", "workloads", "trainer", "scaling", "backends", "plugin", "race", "longhaul", "aggregation", "measuring")
+DOC_ORDER = ("latency", "workloads", "trainer", "scaling", "backends", "plugin", "race", "longhaul", "aggregation",
+             "measuring")
 
 Block = Callable[[Path], str]
 

@@ -195,6 +195,24 @@ def workload_latency_block(results: Path) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def gather_floor_block(results: Path) -> str:
+    """PAL's sample+update (default call, ``out=``) and the C gather, alternated round by round
+    (``python -m pal_bench.bench.gather_floor --against-pal``)."""
+    path = results / "gather_floor.csv"
+    if not path.exists():
+        return missing("gather_floor.csv", "python -m pal_bench.bench.gather_floor --against-pal --out results")
+    df = read_csv(path)
+    floor = df[df.impl == "floor-gather"].us_per_call
+    rows = [{"implementation": impl, "median µs": g.us_per_call.median(),
+             "/ floor [95% CI]": fmt_ci(*ratio_ci(g.us_per_call, floor), 2)}
+            for impl, g in df.groupby("impl", sort=False)]
+    w, n, r = df.workload.iloc[0], int(df.capacity.iloc[0]), df["round"].nunique()
+    return (f"{w} rows at capacity {fmt_n(n)}: sample+update 256 of PAL's buffer (default call, keeping the previous "
+            f"batch while drawing the next; and `out=`) and the C gather of 256 rows, alternated in each of {r} rounds "
+            "(medians of the rounds' blocks; bootstrap 95% interval over rounds).\n\n" + md(pd.DataFrame(rows), ".1f")
+            + "\n\n" + source(results, "gather_floor.csv") + "\n")
+
+
 def _ratio(here: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
     """median(a) / median(b) with a bootstrap interval from the stored round samples (point only without them)."""
     if isinstance(here.loc[a].get("sample_us"), list) and isinstance(here.loc[b].get("sample_us"), list):
@@ -226,4 +244,5 @@ PUBLICATION = Publication("latency", {
     "sequence-replay": sequence_block,
     "instructions": instructions_block,
     "workload-latency": workload_latency_block,
+    "gather-floor": gather_floor_block,
 }, outputs)
