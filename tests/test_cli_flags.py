@@ -10,7 +10,7 @@ import pytest
 from pal_bench.cli import main
 
 STUDIES = ("scaling.measure", "concurrency", "fanout", "shared_buffer", "race", "plugin.measure", "aggregation.measure",
-           "longhaul.experiment", "dse", "memory")
+           "longhaul.experiment", "dse", "memory", "atari_run")
 
 
 def _tripwire(*_a, **_k):
@@ -79,6 +79,8 @@ CASES = [
     (["race-profile", "pal", "--top", "-3"], "--top"),
     (["race-profile", "pal", "--seconds", "inf"], "--seconds"),
     (["race-profile", "pal", "--seed", "-1"], "--seed"),
+    (["atari-run", "--actors", "0"], "--actors"),
+    (["atari-run", "--steps", "-5"], "--steps"),
     (["memory", "--capacity", "0"], "--capacity"),
     (["memory", "--capacity", "1e5,x"], "--capacity"),
     (["memory", "--impl", "pal,bogus"], "--impl"),

@@ -47,6 +47,8 @@ STUDIES = (
           "share of a training iteration spent aggregating gradients, per scheme"),
     Study("pal_bench.studies.memory", "memory", "pal_bench.studies.memory",
           "resident memory per transition of each buffer in each of its memory modes"),
+    Study("pal_bench.studies.atari_run", "atari-run", "pal_bench.studies.atari_run",
+          "Ape-X on Pong with actor processes: frames/s, updates/s, memory per process"),
     Study("pal_bench.studies.simulate.publish", "simulate", "pal_bench.studies.simulate.cli",
           "the trainer simulated past this machine's cores: inputs, validation, predicted curves"),
 )
