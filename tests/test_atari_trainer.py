@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from pal_bench.train import Trainer, make_config  # noqa: E402
+from pal_bench.train import Trainer, make_config, make_trainer  # noqa: E402
 from pal_bench.train.config import ConfigError  # noqa: E402
 from pal_bench.train.nets import NatureQ  # noqa: E402
 
@@ -25,14 +25,14 @@ def pong_cfg(tmp_path, steps):
 
 
 def test_pong_apex_runs_checkpoints_and_resumes(tmp_path):
-    with Trainer(pong_cfg(tmp_path, 300)) as tr:
+    with make_trainer(pong_cfg(tmp_path, 300)) as tr:
         assert isinstance(tr.ps.nets["q"], NatureQ) and tr.ps.nets["q"].dueling
         assert tr.buffer.fields["obs"] == ((4, 84, 84), np.dtype(np.uint8))
         s = tr.run()
         assert s["env_steps"] == 300 and s["updates"] > 0
         obs = tr.buffer.sample(8)["obs"]
     assert obs.dtype == np.uint8 and obs.shape == (8, 4, 84, 84) and obs.max() > 0
-    with Trainer(pong_cfg(tmp_path, 400), resume=True) as tr:
+    with make_trainer(pong_cfg(tmp_path, 400), resume=True) as tr:
         assert tr.rate.steps == 300 and len(tr.buffer) == 300
         s = tr.run()
     assert s["env_steps"] == 400

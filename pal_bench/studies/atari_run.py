@@ -56,7 +56,7 @@ def _children(pid: int) -> list[int]:
 
 
 def one_run(actors: int, steps: int, buffer_capacity: int, out_dir: Path, seed: int) -> dict:
-    from pal_bench.train import Trainer, make_config
+    from pal_bench.train import make_config, make_trainer
 
     cfg = make_config(None, ENV, preset="apex", backend="processes", actors=actors, steps=steps,
                       learning_starts=min(1000, steps // 2), buffer_capacity=buffer_capacity, batch_size=32,
@@ -76,7 +76,7 @@ def one_run(actors: int, steps: int, buffer_capacity: int, out_dir: Path, seed: 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     try:
-        with Trainer(cfg) as tr:
+        with make_trainer(cfg) as tr:
             record = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                          for shape, dtype in tr.buffer.fields.values())
             s = tr.run()
