@@ -94,23 +94,30 @@ def _restore(buf, zf, meta: dict) -> None:
     rng_state = read_member(zf, "rng_state", np.empty(4, dtype=np.uint64))
     if not rng_state.any():
         raise ValueError("invalid RNG state (all zero)")
-    targets = buf._fields_to_fill()
-    for name, arr in targets.items():
-        read_member(zf, f"field.{name}", arr)
     leaves = None
+    live = slot_ids >= 0
     if meta["kind"] == "prioritized":
-        live = slot_ids >= 0
-        hidden = _hidden_rows(targets, live)
         leaves = read_member(zf, "priorities", np.empty(cap, dtype=np.float64))
         if not (np.isfinite(leaves).all() and (leaves >= 0).all() and (leaves[~live] == 0).all()):
             raise ValueError("invalid priorities")
         if (leaves > DBL_MAX / (2.0 * cap)).any():
             raise ValueError("priorities too large: their sum could overflow")
-        if meta["eps"] > 0 and (leaves[live & ~hidden] <= 0).any():
-            raise ValueError("a stored transition has priority 0 although eps > 0")
-        if (leaves[hidden] != 0).any():
-            raise ValueError(f"a hidden row ({HIDDEN_FIELD} set) has a priority: it could be drawn")
+        if HIDDEN_FIELD not in buf.fields:
+            _check_zero_priorities(leaves, live, np.zeros(cap, dtype=np.bool_), meta["eps"])
+    targets = buf._fields_to_fill()
+    for name, arr in targets.items():
+        read_member(zf, f"field.{name}", arr)
+    if leaves is not None and HIDDEN_FIELD in buf.fields:     # the rows' own flags say which may have priority 0
+        _check_zero_priorities(leaves, live, _hidden_rows(targets, live), meta["eps"])
     buf._set_state(slot_ids, leaves, next_id, float(meta["max_priority"]), rng_state)
+
+
+def _check_zero_priorities(leaves: np.ndarray, live: np.ndarray, hidden: np.ndarray, eps: float) -> None:
+    """Live rows have a priority (when eps > 0), hidden rows none."""
+    if eps > 0 and (leaves[live & ~hidden] <= 0).any():
+        raise ValueError("a stored transition has priority 0 although eps > 0")
+    if (leaves[hidden] != 0).any():
+        raise ValueError(f"a hidden row ({HIDDEN_FIELD} set) has a priority: it could be drawn")
 
 
 def _hidden_rows(fields: dict, live: np.ndarray) -> np.ndarray:

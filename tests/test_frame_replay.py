@@ -254,3 +254,27 @@ def test_processes_insert_into_a_shared_buffer():
         for p in procs:
             p.join(60)
             assert p.exitcode == 0
+
+
+def test_a_file_that_gives_a_hidden_row_a_priority_is_refused(tmp_path):
+    """A saved frame buffer edited so that a context row has a priority (it could then be drawn as a step) is
+    refused on load, and so is one whose step rows were marked hidden."""
+    k = 4
+    buf = FrameReplayBuffer(100, fields(k), stack=k)
+    ids = buf.add_batch(**as_batch([Stream(0, k, [50]).next_row() for _ in range(20)], k))
+    buf.save(tmp_path / "ok.pal")
+    with np.load(tmp_path / "ok.pal") as z:
+        arrays = {name: z[name] for name in z.files}
+    hidden_slot = int(np.setdiff1d(np.arange(len(buf)), ids)[0])
+    bad = dict(arrays, priorities=arrays["priorities"].copy())
+    bad["priorities"][hidden_slot] = 1.0
+    with open(tmp_path / "bad.pal", "wb") as f:
+        np.savez(f, **bad)
+    with pytest.raises(ValueError, match="hidden row"):
+        FrameReplayBuffer.load(tmp_path / "bad.pal", fields(k), stack=k)
+    flipped = dict(arrays, **{"field._hidden": np.ones_like(arrays["field._hidden"])})
+    with open(tmp_path / "flipped.pal", "wb") as f:
+        np.savez(f, **flipped)
+    with pytest.raises(ValueError, match="hidden row"):
+        FrameReplayBuffer.load(tmp_path / "flipped.pal", fields(k), stack=k)
+    assert FrameReplayBuffer.load(tmp_path / "ok.pal", fields(k), stack=k).transitions() == 20

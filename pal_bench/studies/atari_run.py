@@ -105,9 +105,22 @@ def atari_block(results: Path) -> str:
         "driver MiB": g.driver_rss_bytes.max() / 2**20, "largest actor MiB": g.actor_rss_bytes.max() / 2**20,
         "buffer MiB": g.buffer_bytes.max() / 2**20,
     }).reset_index()
-    return (f"Ape-X on {ENV} (process backend, one learner thread, 0.25 updates per step, {int(df.steps.iloc[0])} "
-            "steps a run; medians over runs, memory the largest VmRSS seen).\n\n" + md(t, ".0f") + "\n\n"
-            + source(results, "atari_run.csv") + "\n")
+    text = (f"Ape-X on {ENV} (process backend, one learner thread, batch 32, 0.25 updates per step, "
+            f"{int(df.steps.iloc[0])} steps a run; medians over runs, memory the largest VmRSS seen).\n\n"
+            + md(t, ".0f") + "\n\n" + source(results, "atari_run.csv") + "\n")
+    curves = results / "atari" / "scaling_processes.csv"
+    if curves.exists():
+        c = read_csv(curves)
+        c = c[c.env == ENV]
+        f_a, f_l = c[c.curve == "f_a"], c[c.curve == "f_l"]
+        rows = [{"workers": int(r.threads), "f_a env steps/s": r.throughput, "f_a frames/s": FRAME_SKIP * r.throughput,
+                 "f_l updates/s": float(f_l[f_l.threads == r.threads].throughput.iloc[0])
+                 if (f_l.threads == r.threads).any() else float("nan")} for r in f_a.itertuples()]
+        text += ("\nThe scaling curves on the same game (`pal-bench scaling --env ALE/Pong-v5 --algo ddqn --backend "
+                 "processes --max-threads 2 --steps 2000 --updates 100 --repeats 3 --out results/atari`: actor "
+                 "processes alone, learners alone at the config's batch size, 128; medians of 3 repeats):\n\n"
+                 + md(pd.DataFrame(rows), ".1f") + "\n\n" + source(results, "atari/scaling_processes.csv") + "\n")
+    return text
 
 
 PUBLICATION = Publication("atari-run", {"atari-run": atari_block})
