@@ -62,4 +62,4 @@ cdef class RowStore(SegmentHandle):
     cdef object _convert(self, str name, value, bint batch)
     cdef object _new_rows(self, int f, int64_t B)
     cdef object _out_array(self, arr, str name, object dtype, int ndim, const int64_t* dims, int64_t B)
-    cdef int _check_disjoint(self, list arrays) except -1
+    cdef int _check_disjoint(self, list arrays, tuple names) except -1

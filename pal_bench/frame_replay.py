@@ -40,15 +40,18 @@ chunks: 8% over one frame per step at k = 4). ``len()`` counts stored rows, hidd
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 
 from pal_bench._replay import PrioritizedReplayBuffer, ReplayBuffer
 from pal_bench.replay_layout import HIDDEN_FIELD, normalise_fields
 
-#: window arrays kept per batch size for ``sample`` to reuse (the caller's last batch, the one before, a spare)
+#: window arrays kept per batch size for ``sample`` to reuse (the caller's last batch, the one before, a spare),
+#: and batch sizes kept
 POOL_PER_BATCH = 3
+POOL_BATCH_SIZES = 4
+#: the ``_hidden`` field's values: a step (drawn), a context frame, a tail frame (3: hidden by ``hide_rows``)
+STEP, CONTEXT, TAIL, HIDDEN_BY_CORE = 0, 1, 2, 3
 #: how many times ``sample`` draws again for rows whose window was not whole before it gives up
 MAX_REDRAWS = 100
 
@@ -65,6 +68,8 @@ def stored_fields(fields: dict, obs: str, next_obs: str, stack: int) -> dict:
         raise ValueError(f"field name {HIDDEN_FIELD!r} is reserved")
     if not isinstance(stack, (int, np.integer)) or isinstance(stack, bool) or stack < 1:
         raise ValueError(f"stack must be an int >= 1, got {stack!r}")
+    if obs == next_obs:
+        raise ValueError(f"obs and next_obs must be two fields, got {obs!r} for both")
     shape, dtype = spec[obs]
     if spec[next_obs] != (shape, dtype):
         raise ValueError(f"{next_obs!r} must have {obs!r}'s shape and dtype, got {spec[next_obs]} and {spec[obs]}")
@@ -72,9 +77,15 @@ def stored_fields(fields: dict, obs: str, next_obs: str, stack: int) -> dict:
         if not shape or shape[0] != stack:
             raise ValueError(f"with stack={stack}, {obs!r} must have shape ({stack}, *frame), got {shape}")
         shape = shape[1:]
-    out = {obs: (shape, dtype)}
+    out = {frame_field(obs, stack): (shape, dtype)}
     out |= {k: v for k, v in spec.items() if k not in (obs, next_obs)}
-    return out | {HIDDEN_FIELD: ((), np.dtype(np.bool_))}
+    return out | {HIDDEN_FIELD: ((), np.dtype(np.uint8))}
+
+
+def frame_field(obs: str, stack: int) -> str:
+    """The stored field of one frame per row: its name carries the stack size, so that a handle made with another
+    ``stack`` does not attach to or load the buffer (the fields would not match)."""
+    return f"{obs}__frames_of_{int(stack)}"
 
 
 class FrameReplayBuffer:
@@ -91,10 +102,10 @@ class FrameReplayBuffer:
         self.fields = normalise_fields(fields)
         self._stored = stored_fields(fields, obs, next_obs, stack)
         self.obs, self.next_obs, self.stack = obs, next_obs, int(stack)
-        self._frame_shape, self._frame_dtype = self._stored[obs]
-        self._others = [k for k in self._stored if k not in (obs, HIDDEN_FIELD)]
+        self._frame = frame_field(obs, self.stack)
+        self._frame_shape, self._frame_dtype = self._stored[self._frame]
+        self._others = [k for k in self._stored if k not in (self._frame, HIDDEN_FIELD)]
         self._pool: dict[int, list[np.ndarray]] = {}     # sample's window arrays no caller holds (see _window)
-        self._pool_lock = threading.Lock()
         if _buffer is not None:
             self._buf = _buffer
             self._check_layout()
@@ -180,9 +191,10 @@ class FrameReplayBuffer:
             frames[starts + np.arange(S) * k + j] = o[first, j]
         tail_pos = ends + np.arange(S) * k + (k - 1)
         frames[tail_pos] = n[order[ends - 1], -1]
-        hidden = np.ones(R, dtype=np.bool_)
-        hidden[step_pos] = False
-        rows = {self.obs: frames, HIDDEN_FIELD: hidden}
+        hidden = np.full(R, CONTEXT, dtype=np.uint8)
+        hidden[step_pos] = STEP
+        hidden[tail_pos] = TAIL
+        rows = {self._frame: frames, HIDDEN_FIELD: hidden}
         for name in self._others:
             full = np.zeros((R,) + self.fields[name][0], dtype=self.fields[name][1])
             full[step_pos] = cols[name][order]
@@ -209,18 +221,20 @@ class FrameReplayBuffer:
         "indices", "weights"}``; ``obs`` and ``next_obs`` are views of one [B, k + 1, *frame] window array, so they
         share memory (copy one before writing into it)."""
         k = self.stack
-        got = self._buf.sample(batch_size, beta, fields=self._others)
-        win, ok = self._buf.gather_window(got["indices"], self.obs, -(k - 1), 1, out=self._window(batch_size))
+        take = self._others or [HIDDEN_FIELD]          # the core returns at least one field
+        got = self._buf.sample(batch_size, beta, fields=take)
+        win, ok = self._buf.gather_window(got["indices"], self._frame, -(k - 1), 1, out=self._window(batch_size))
         self._keep_window(batch_size, win)
         tries = 0
         while not ok.all():
             tries += 1
-            if tries > MAX_REDRAWS:
-                raise RuntimeError(f"sample: {MAX_REDRAWS} redraws still hit steps whose frames were overwritten")
             bad = np.flatnonzero(~ok)
-            more = self._buf.sample(bad.size, beta, fields=self._others)
-            w2, ok2 = self._buf.gather_window(more["indices"], self.obs, -(k - 1), 1)
-            for key in (*self._others, "indices", "weights"):
+            self._hide_cut(got["indices"][bad])
+            if tries > MAX_REDRAWS:
+                raise RuntimeError(f"sample: {MAX_REDRAWS} redraws still hit steps whose frames were being written")
+            more = self._buf.sample(bad.size, beta, fields=take)
+            w2, ok2 = self._buf.gather_window(more["indices"], self._frame, -(k - 1), 1)
+            for key in (*take, "indices", "weights"):
                 got[key][bad] = more[key]
             win[bad] = w2
             ok[bad] = ok2
@@ -232,21 +246,48 @@ class FrameReplayBuffer:
         out["indices"], out["weights"] = got["indices"], got["weights"]
         return out
 
+    def _hide_cut(self, ids: np.ndarray) -> None:
+        """Hide the steps among ``ids`` whose window the ring has cut for good (their oldest frame's id is older than
+        the oldest stored one: ids are never reused, so the window never heals), so that they are not drawn again;
+        windows that failed because a writer was copying are left alone."""
+        oldest = self._buf.total_added - self._buf.capacity
+        cut = ids[ids - (self.stack - 1) < oldest]
+        if cut.size:
+            self._buf.hide_rows(cut)
+
     def _window(self, n: int) -> np.ndarray | None:
         """A [n, k + 1, *frame] array of an earlier ``sample`` that no one references any more (no batch, view or
-        tensor of a caller), taken out of the pool; None when there is none (``gather_window`` allocates)."""
-        with self._pool_lock:
-            kept = self._pool.get(n, [])
-            for i in range(len(kept)):
-                if sys.getrefcount(kept[i]) == 2:      # the pool's list and getrefcount's argument
-                    return kept.pop(i)
+        tensor of a caller) and that is still as it was made, taken out of the pool; None when there is none
+        (``gather_window`` allocates). ``list.pop`` is atomic, so two threads never take the same array, and no
+        lock is held (a fork cannot leave one locked)."""
+        kept = self._pool.get(n)
+        for _ in range(len(kept) if kept else 0):
+            try:
+                arr = kept.pop(0)
+            except IndexError:
+                return None
+            if sys.getrefcount(arr) == 2 and self._still_fits(arr, n):   # ``arr`` and getrefcount's argument
+                return arr
+            if sys.getrefcount(arr) > 2:
+                kept.append(arr)                       # still held by a caller: back in the pool
         return None
 
+    def _still_fits(self, arr: np.ndarray, n: int) -> bool:
+        return (arr.shape == (n, self.stack + 1, *self._frame_shape) and arr.dtype == self._frame_dtype
+                and arr.flags.c_contiguous and arr.flags.writeable)
+
     def _keep_window(self, n: int, win: np.ndarray) -> None:
-        with self._pool_lock:
+        kept = self._pool.get(n)
+        if kept is None:
+            if len(self._pool) >= POOL_BATCH_SIZES:
+                self._pool.pop(next(iter(self._pool)), None)
             kept = self._pool.setdefault(n, [])
-            if len(kept) < POOL_PER_BATCH and not any(a is win for a in kept):
-                kept.append(win)
+        if len(kept) < POOL_PER_BATCH and not any(a is win for a in kept):
+            kept.append(win)
+
+    def __reduce__(self):
+        """Pickled as its core buffer (a shared one travels as an attach reference) and its layout."""
+        return (_rebuild, (self._buf, self.fields, self.obs, self.next_obs, self.stack))
 
     def update_priorities(self, indices, priorities) -> int:
         """As the core buffer's (ids of hidden rows are dropped like stale ones); returns the number applied."""
@@ -264,8 +305,8 @@ class FrameReplayBuffer:
         n = len(self._buf)
         if n == 0:
             return 0
-        flags = self._buf.storage[HIDDEN_FIELD]
-        return int(np.count_nonzero(~flags[: min(n, self._buf.capacity)]))
+        kinds = self._buf.storage[HIDDEN_FIELD]
+        return int(np.count_nonzero(kinds[: min(n, self._buf.capacity)] == STEP))
 
     @property
     def capacity(self) -> int:
@@ -286,7 +327,13 @@ class FrameReplayBuffer:
         """A buffer saved by ``save``; ``fields``, ``obs``, ``next_obs`` and ``stack`` as it was made with
         (ValueError if the file's fields are not the ones they imply)."""
         core = (PrioritizedReplayBuffer if prioritized else ReplayBuffer).load(source, **kw)
-        return cls(core.capacity, fields, obs, next_obs, stack, _buffer=core)
+        buf = cls(core.capacity, fields, obs, next_obs, stack, _buffer=core)
+        try:
+            buf._check_kinds()
+        except ValueError:
+            core.close()
+            raise
+        return buf
 
     @classmethod
     def attach(cls, name: str, fields: dict, obs: str = "obs", next_obs: str = "next_obs", stack: int = 1,
@@ -301,6 +348,39 @@ class FrameReplayBuffer:
             self._buf.close()
             raise ValueError(f"not a frame buffer of this layout: it stores {have}, expected {self._stored}")
 
+    def _check_kinds(self) -> None:
+        """(load) The rows' kinds, in id order, follow the layout: each segment is ``k - 1`` context rows, one or
+        more steps, one tail (a run cut by the ring's oldest edge may be shorter). A file whose ``_hidden`` values
+        were edited (a tail made a step, a step a context frame) would otherwise hand back frames that were never
+        a step's. ValueError naming the first row that breaks it."""
+        core, k = self._buf, self.stack
+        lo, hi = max(0, core.total_added - core.capacity), core.total_added
+        kinds = np.asarray(core.storage[HIDDEN_FIELD])[np.arange(lo, hi) % core.capacity].astype(np.int64)
+        n = len(kinds)
+        if n == 0:
+            return
+        step = (kinds == STEP) | (kinds == HIDDEN_BY_CORE)       # a hidden step was a step
+        nxt = np.r_[kinds[1:], -1]
+        prev = np.r_[-1, kinds[:-1]]
+        bad = ~np.isin(kinds, (STEP, CONTEXT, TAIL, HIDDEN_BY_CORE))
+        bad |= step & ~np.isin(nxt, (STEP, TAIL, HIDDEN_BY_CORE))              # a step is followed by a step or tail
+        bad |= (kinds == TAIL) & (np.arange(n) > 0) & ~np.isin(prev, (STEP, HIDDEN_BY_CORE))
+        after_tail = (CONTEXT,) if k > 1 else (STEP, HIDDEN_BY_CORE)
+        bad |= (kinds == TAIL) & (np.arange(n) < n - 1) & ~np.isin(nxt, after_tail)
+        if k == 1:
+            bad |= kinds == CONTEXT
+        else:
+            ctx = (kinds == CONTEXT).astype(np.int8)
+            edges = np.diff(np.r_[0, ctx, 0])
+            starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+            for a, b in zip(starts, ends):
+                if (a > 0 and (b - a != k - 1 or kinds[a - 1] != TAIL)) or b >= n or not step[b]:
+                    bad[a] = True
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"the stored rows do not follow the frame layout of stack={k} (transition id "
+                             f"{lo + first}, kind {int(kinds[first])}): not a file this buffer wrote, or edited")
+
     def close(self) -> None:
         self._buf.close()
 
@@ -309,6 +389,10 @@ class FrameReplayBuffer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _rebuild(core, fields, obs, next_obs, stack) -> FrameReplayBuffer:
+    return FrameReplayBuffer(core.capacity, fields, obs, next_obs, stack, _buffer=core)
 
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -52,6 +52,7 @@ import math
 import numpy as np
 
 from pal_bench.replay_files import check_invariants, load_buffer, save_buffer
+from pal_bench.replay_layout import HIDDEN_FIELD
 
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
@@ -95,6 +96,7 @@ DEF_FANOUT = DEFAULT_FANOUT_C
 # big rows (an Atari batch is 14 MB) do not pay fresh pages from the kernel on every call
 cdef int64_t POOL_MIN_BYTES = 256 * 1024
 cdef Py_ssize_t POOL_PER_BATCH = 3       # kept per batch size: the caller's last batch, the one before, a spare
+cdef Py_ssize_t POOL_BATCH_SIZES = 4     # batch sizes kept (a learner uses one or two)
 cdef int64_t MAX_HIDDEN_REDRAWS = 1000   # uniform draws that may land on hidden rows before sample() gives up
 cdef int64_t MAX_NEXT_ID = 1 << 62     # transition ids stay below this (no int64 overflow in id arithmetic)
 _CORRUPT_NEXT_ID = "the shared segment's header word next_id was overwritten with an impossible value (corrupted)"
@@ -652,7 +654,7 @@ cdef class _ReplayCore(RowStore):
                 self._out_array(arrays[f], self._names[g], self._dtypes[g], self._ndim[g], self._dims + g * MAX_DIMS, B)
             self._out_array(arrays[nf], "indices", _INT64, 0, &one, B)
             self._out_array(arrays[nf + 1], "weights", _FLOAT64, 0, &one, B)
-            self._check_disjoint(arrays)
+            self._check_disjoint(arrays, names + ("indices", "weights"))
         cdef int64_t* ids = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>arrays[nf])
         cdef double* w = <double*>cnp.PyArray_DATA(<cnp.ndarray>arrays[nf + 1])
         # one block: the field destinations (nf pointers), then four scratch arrays of B entries each (slots,
@@ -714,10 +716,11 @@ cdef class _ReplayCore(RowStore):
         if zero == 3:
             raise ValueError("cannot sample from an empty buffer")
         if zero == 4:
-            raise ValueError(f"cannot sample: {MAX_HIDDEN_REDRAWS} uniform draws in a row hit hidden rows (is every "
-                             f"stored row hidden?)")
+            raise ValueError(f"cannot sample: {MAX_HIDDEN_REDRAWS} uniform draws in a row hit hidden rows (every row "
+                             f"hidden, or too few visible ones to draw among by rejection)")
         if zero:
-            raise ValueError("cannot sample: every stored priority is zero (eps=0 and all updates were 0)")
+            raise ValueError("cannot sample: every stored priority is zero (every row hidden, or eps=0 and all updates "
+                             "were 0)")
         if pooled is not None:
             self._give_pooled(B, pooled)
         return out
@@ -744,14 +747,34 @@ cdef class _ReplayCore(RowStore):
                     break
             if free:
                 del kept[i]
-                return t
+                if self._still_fits(t, B):
+                    return t
+                return None          # a caller changed it (shape, dtype, flags) before dropping it: not reused
         return None
+
+    cdef bint _still_fits(self, tuple t, int64_t B):
+        """The pooled arrays are still what ``sample`` made: each writable, C-contiguous, of its field's dtype and
+        shape [B, *shape] (a caller may have set ``.shape``, ``.dtype`` or ``.flags.writeable`` on one)."""
+        cdef int f, nf = self._n_fields
+        cdef int64_t one = 1
+        try:
+            for f in range(nf):
+                self._out_array(t[f], self._names[f], self._dtypes[f], self._ndim[f], self._dims + f * MAX_DIMS, B)
+            self._out_array(t[nf], "indices", _INT64, 0, &one, B)
+            self._out_array(t[nf + 1], "weights", _FLOAT64, 0, &one, B)
+        except ValueError:
+            return False
+        return True
 
     cdef void _give_pooled(self, int64_t B, tuple arrays):
         """Keep ``arrays`` for a later ``sample`` of batch size ``B`` (at most ``POOL_PER_BATCH`` per size)."""
         if self._out_pool is None:
             self._out_pool = {}
-        cdef list kept = self._out_pool.setdefault(B, [])
+        cdef list kept = self._out_pool.get(B)
+        if kept is None:
+            if len(self._out_pool) >= POOL_BATCH_SIZES:      # the oldest batch size's arrays go
+                del self._out_pool[next(iter(self._out_pool))]
+            kept = self._out_pool[B] = []
         if len(kept) < POOL_PER_BATCH:
             kept.append(arrays)
 
@@ -871,6 +894,38 @@ cdef class _ReplayCore(RowStore):
             self._unlock()
         return win, ok
 
+    def hide_rows(self, indices) -> int:
+        """Hide the stored transitions with ids ``indices`` (int[B]): their ``_hidden`` field is set (to 3) and their
+        priority to 0, so they are never drawn or re-prioritised again (``pal_bench.frame_replay`` hides steps whose
+        frame window the ring has cut). Stale ids are skipped. Returns how many were hidden. ValueError for a buffer
+        without a ``_hidden`` field."""
+        self._enter()
+        try:
+            if self._hidden_off < 0:
+                raise ValueError(f"this buffer has no {HIDDEN_FIELD!r} field: nothing can be hidden")
+            idx = _as_index_array(indices)
+            return self._hide_impl(idx)
+        finally:
+            self._leave()
+
+    cdef int64_t _hide_impl(self, idx):
+        cdef int64_t n = idx.shape[0], b, s, done = 0
+        cdef const int64_t* iv = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>idx)
+        for b in range(n):
+            if iv[b] < 0 or iv[b] >= MAX_NEXT_ID:
+                raise IndexError(f"indices[{b}] = {iv[b]} is not a transition id")
+        with nogil:
+            self._lock()
+            for b in range(n):
+                s = iv[b] % self.capacity
+                if self._slot_ids[s] == iv[b]:
+                    self._records[s * self._rb_total + self._hidden_off] = 3
+                    if self._prioritized:
+                        tree_set(&self._tree, s, 0.0)
+                    done += 1
+            self._unlock()
+        return done
+
     # ------------------------------------------------------------------ priorities
 
     def update_priorities(self, indices, priorities) -> int:
@@ -889,11 +944,7 @@ cdef class _ReplayCore(RowStore):
 
     cdef object _update_priorities_impl(self, indices, priorities):
         idx = _as_index_array(indices)
-        if (type(priorities) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>priorities) == cnp.NPY_FLOAT64
-                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>priorities)):
-            raw = priorities
-        else:
-            raw = np.ascontiguousarray(priorities, dtype=np.float64)
+        raw = np.array(priorities, dtype=np.float64, order="C", copy=True)    # private: checked is what is stored
         cdef int64_t n = idx.shape[0]
         if raw.ndim != 1 or raw.shape[0] != n:
             raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
@@ -944,7 +995,7 @@ cdef class _ReplayCore(RowStore):
 
     def get_priorities(self, indices) -> np.ndarray:
         """Stored priorities ``(p + eps) ** alpha`` of transition ids (float64[B]); NaN for stale ids,
-        1.0 for a live id in ``ReplayBuffer``."""
+        1.0 for a live id in ``ReplayBuffer`` (0.0 for a hidden row, which is never drawn)."""
         self._enter()
         try:
             return self._get_priorities_impl(indices)
@@ -969,7 +1020,7 @@ cdef class _ReplayCore(RowStore):
                 elif self._prioritized:
                     ov[b] = tree_get(&self._tree, s)
                 else:
-                    ov[b] = 1.0
+                    ov[b] = 0.0 if self._hidden(s) else 1.0
             self._unlock()
         return out
 
@@ -1122,14 +1173,16 @@ cdef class _Quiescent:
 
 
 cdef object _as_index_array(indices):
-    """``indices`` as a C-contiguous int64[B] array; TypeError/ValueError for anything else."""
+    """``indices`` as a private C-contiguous int64[B] copy (what is checked is what is used: another thread, or an
+    ``out`` array sharing its memory, cannot change an id between the check and the copy that reads with it);
+    TypeError/ValueError for anything else."""
     if type(indices) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>indices) == cnp.NPY_INT64:
-        idx = indices if cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>indices) else np.ascontiguousarray(indices)
+        idx = np.array(indices, order="C", copy=True)
     else:
         idx = np.asarray(indices)
         if idx.size and idx.dtype.kind not in "iu":
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-        idx = np.ascontiguousarray(idx, dtype=np.int64)
+        idx = np.array(idx, dtype=np.int64, order="C", copy=True)
     if idx.ndim != 1:
         raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
     return idx

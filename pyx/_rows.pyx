@@ -233,9 +233,10 @@ cdef class RowStore(SegmentHandle):
         self._hidden_off = -1
         for name, shape, dstr, off in spec:
             if name == HIDDEN_FIELD:
-                if tuple(shape) != () or np.dtype(dstr) != np.dtype(np.bool_):
+                if tuple(shape) != () or np.dtype(dstr) not in (np.dtype(np.bool_), np.dtype(np.uint8)):
                     raise ValueError(f"field {HIDDEN_FIELD!r} is reserved for rows that are stored but never "
-                                     f"drawn (bool, shape ()); got {np.dtype(dstr)} {tuple(shape)}")
+                                     f"drawn (bool or uint8, shape (); nonzero: hidden); got {np.dtype(dstr)} "
+                                     f"{tuple(shape)}")
                 self._hidden_off = off
             dtype = np.dtype(dstr)
             shape = tuple(shape)
@@ -588,11 +589,11 @@ cdef class RowStore(SegmentHandle):
             raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
         return a
 
-    cdef int _check_disjoint(self, list arrays) except -1:
+    cdef int _check_disjoint(self, list arrays, tuple names) except -1:
         """The ``out`` arrays (each C-contiguous, checked before) occupy disjoint bytes, none of them the buffer's
         own: rows written through one array must not change another (``weights`` aliasing ``indices`` made the
         seqlock check fail for ever)."""
-        cdef int n = self._n_fields + 2, i, j, bad_i = -1, bad_j = -1
+        cdef int n = len(arrays), i, j, bad_i = -1, bad_j = -1
         cdef size_t* span = <size_t*>malloc(2 * n * sizeof(size_t))
         cdef size_t lo_buf = <size_t>self._base, hi_buf = <size_t>self._base + <size_t>self._h.total_bytes
         cdef cnp.ndarray a
@@ -612,7 +613,6 @@ cdef class RowStore(SegmentHandle):
         free(span)
         if bad_i < 0:
             return 0
-        names = list(self._names) + ["indices", "weights"]
         if bad_j < 0:
             raise ValueError(f"out[{names[bad_i]!r}] overlaps the buffer's own memory; pass arrays of your own")
         raise ValueError(f"out[{names[bad_i]!r}] and out[{names[bad_j]!r}] share memory (overlap); each needs an "

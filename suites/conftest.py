@@ -108,7 +108,16 @@ def pytest_sessionfinish(session):
 _progress = {"n": 0, "i": 0, "t0": 0.0}
 
 
+# the suites that take any workload; the others measure LunarLander rows only (pal_bench.bench.run.WORKLOAD_SUITES)
+WORKLOAD_SUITE_FILES = ("test_latency_vs_capacity.py", "test_latency_vs_batch.py")
+
+
 def pytest_collection_modifyitems(items):
+    if WORKLOAD.name != "lunarlander":
+        skip = pytest.mark.skip(reason=f"this suite measures LunarLander rows only, not {WORKLOAD.name}")
+        for item in items:
+            if item.path.name not in WORKLOAD_SUITE_FILES:
+                item.add_marker(skip)
     _progress.update(n=len(items), t0=time.perf_counter())
 
 

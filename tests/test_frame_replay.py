@@ -126,7 +126,7 @@ def test_memory_per_step_is_one_frame():
     for _ in range(10):
         buf.add_batch(**as_batch([s.next_row() for _ in range(50)], k))
     assert len(buf) == 540 and buf.transitions() == 500
-    assert buf._buf.fields["obs"] == (FRAME, np.dtype(np.uint8))
+    assert buf._buf.fields["obs__frames_of_4"] == (FRAME, np.dtype(np.uint8))
     assert "next_obs" not in buf._buf.fields
 
 
@@ -278,3 +278,68 @@ def test_a_file_that_gives_a_hidden_row_a_priority_is_refused(tmp_path):
     with pytest.raises(ValueError, match="hidden row"):
         FrameReplayBuffer.load(tmp_path / "flipped.pal", fields(k), stack=k)
     assert FrameReplayBuffer.load(tmp_path / "ok.pal", fields(k), stack=k).transitions() == 20
+
+
+def test_a_handle_with_another_stack_is_refused(tmp_path):
+    """Stack 2 and stack 4 store the same one frame per row: the stack is in the stored field's name, so neither
+    load nor attach takes one for the other."""
+    buf = FrameReplayBuffer(100, fields(2), stack=2, shared=True)
+    try:
+        buf.add_batch(**as_batch([Stream(0, 2, [50]).next_row() for _ in range(10)], 2))
+        buf.save(tmp_path / "two.pal")
+        with pytest.raises(ValueError, match="frame buffer of this layout"):
+            FrameReplayBuffer.attach(buf.shared_name, fields(4), stack=4)
+        with pytest.raises(ValueError, match="frame buffer of this layout"):
+            FrameReplayBuffer.load(tmp_path / "two.pal", fields(4), stack=4)
+    finally:
+        buf.close()
+
+
+def test_an_edited_kind_is_refused_on_load_even_without_priorities(tmp_path):
+    """A uniform buffer has no priorities to cross-check: a tail edited into a step would be drawn with frames
+    of the next segment. The rows' kinds are checked against the layout on load."""
+    k = 4
+    buf = FrameReplayBuffer(200, fields(k), stack=k, prioritized=False)
+    s = Stream(0, k, [6, 6, 6, 6])
+    for _ in range(4):
+        buf.add_batch(**as_batch([s.next_row() for _ in range(5)], k))
+    buf.save(tmp_path / "ok.pal")
+    with np.load(tmp_path / "ok.pal") as z:
+        arrays = {name: z[name] for name in z.files}
+    kinds = arrays["field._hidden"]
+    for edit in (2, 1):                               # a tail made a step; a context frame made a step
+        bad = kinds.copy()
+        bad[np.flatnonzero(kinds == edit)[0]] = 0
+        with open(tmp_path / "bad.pal", "wb") as f:
+            np.savez(f, **dict(arrays, **{"field._hidden": bad}))
+        with pytest.raises(ValueError, match="frame layout"):
+            FrameReplayBuffer.load(tmp_path / "bad.pal", fields(k), stack=k, prioritized=False)
+    assert FrameReplayBuffer.load(tmp_path / "ok.pal", fields(k), stack=k, prioritized=False).transitions() == 20
+
+
+def test_only_obs_and_next_obs():
+    f = {"obs": ((3,), np.float32), "next_obs": ((3,), np.float32)}
+    buf = FrameReplayBuffer(50, f)
+    o = np.arange(30, dtype=np.float32).reshape(10, 3)
+    buf.add_batch(obs=o[:-1], next_obs=o[1:])
+    got = buf.sample(8)
+    assert set(got) == {"obs", "next_obs", "indices", "weights"}
+    np.testing.assert_array_equal(got["next_obs"], got["obs"] + 3)
+
+
+def test_a_step_whose_window_the_ring_cut_is_hidden_not_redrawn_for_ever():
+    """The oldest steps lose their context frames to the ring; one with a dominant priority must not make every
+    sample fail: it is hidden the first time its window is found cut."""
+    k = 4
+    buf = FrameReplayBuffer(30, fields(k), stack=k, alpha=1.0)
+    s = Stream(0, k, [1000])
+    ids = buf.add_batch(**as_batch([s.next_row() for _ in range(20)], k))     # rows 0..23
+    buf.update_priorities(ids[2:3], [1e6])                                     # step id 5 dominates
+    buf.add_batch(**as_batch([s.next_row() for _ in range(2)], k))            # 6 rows: ids 24..29, ring full
+    buf.add_batch(**as_batch([s.next_row() for _ in range(1)], k))            # 5 rows overwrite ids 0..4
+    assert ids[2] == 5 and buf.get_priorities(ids[2:3])[0] > 1000              # alive, its context (id 2) gone
+    for _ in range(20):
+        got = buf.sample(16)
+        assert ids[2] not in got["indices"]
+    assert buf.get_priorities(ids[2:3])[0] == 0                                # hidden: never drawn again
+    assert buf.update_priorities(ids[2:3], [5.0]) == 0

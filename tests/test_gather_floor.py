@@ -20,7 +20,8 @@ def test_gather_copies_the_named_rows():
     np.testing.assert_array_equal(out, records[idx])
 
 
-@pytest.mark.parametrize("bad", ["dtype", "shape", "negative", "past_end", "strided", "idx_dtype"])
+@pytest.mark.parametrize("bad", ["dtype", "shape", "negative", "past_end", "strided", "idx_dtype", "readonly",
+                                 "idx_2d", "aliased"])
 def test_gather_refuses_what_it_cannot_copy_safely(bad):
     records = np.zeros((100, 64), dtype=np.uint8)
     idx = np.arange(8, dtype=np.int64)
@@ -35,8 +36,16 @@ def test_gather_refuses_what_it_cannot_copy_safely(bad):
         idx[3] = 100
     elif bad == "strided":
         records = np.zeros((100, 128), dtype=np.uint8)[:, ::2]
-    else:
+    elif bad == "idx_dtype":
         idx = idx.astype(np.int32)
+    elif bad == "readonly":
+        out.flags.writeable = False
+    elif bad == "idx_2d":
+        idx = idx.reshape(4, 2)
+    else:                                   # out overlaps idx: a copied row would rewrite the next index
+        block = np.zeros(8 * 64 + 64, dtype=np.uint8)
+        out = block[:512].reshape(8, 64)
+        idx = block[448:512].view(np.int64)
     with pytest.raises((ValueError, IndexError)):
         gather(records, idx, out)
     assert not out.any()

@@ -112,3 +112,41 @@ def test_frame_buffer_reuses_its_window_only_when_free():
     c = buf.sample(32)
     assert id(c["obs"].base) == base                                # kept alive by the pool: the same array
     np.testing.assert_array_equal(c["next_obs"][:, :-1], c["obs"][:, 1:])
+
+
+def test_sample_some_fields_into_out():
+    buf = filled(PrioritizedReplayBuffer)
+    out = buf.sample(16, fields="act")
+    again = buf.sample(16, out=out, fields="act")
+    assert again is out and set(out) == {"act", "indices", "weights"}
+    np.testing.assert_array_equal(out["act"], out["indices"])
+
+
+def test_an_array_a_caller_changed_is_not_reused():
+    """(weak references: an id can be reused once the pool drops the array)"""
+    import weakref
+
+    buf = filled(PrioritizedReplayBuffer)
+    for change in ("readonly", "shape"):
+        a = buf.sample(64)
+        if change == "readonly":
+            a["obs"].flags.writeable = False
+        else:
+            a["obs"].shape = (64 * 1024,)
+        ref = weakref.ref(a["obs"])
+        del a
+        for _ in range(5):
+            b = buf.sample(64)
+            assert b["obs"] is not ref(), f"an array whose {change} a caller changed was handed out again"
+            assert b["obs"].flags.writeable and b["obs"].shape == (64, 1024)
+            del b
+
+
+def test_the_pool_keeps_a_few_batch_sizes_only():
+    """32 batch sizes sampled and dropped: what stays alive (in the pool) is a few batch sizes' arrays, not 32."""
+    import weakref
+
+    buf = filled(PrioritizedReplayBuffer)
+    refs = [weakref.ref(buf.sample(b)["obs"]) for b in range(64, 96)]
+    alive = sum(r() is not None for r in refs)
+    assert 1 <= alive <= 4

@@ -79,3 +79,19 @@ def test_memory_command(tmp_path):
     assert ((full > 0.8 * row) & (full < 1.5 * row)).all()
     assert (ref < 0.7 * row).all()
     assert (tmp_path / "memory.csv.meta.json").exists()
+
+
+def test_memory_refuses_a_bad_stored_table_before_measuring(tmp_path, monkeypatch):
+    from pal_bench.studies import memory
+
+    monkeypatch.setattr(memory, "study", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    monkeypatch.setattr(memory, "interleaving_check", lambda *a, **k: (_ for _ in ()).throw(AssertionError("x")))
+    for text in ("impl,workload\npal,atari\n", "impl,workload,mode,capacity,status,rss_bytes\npal,atari,full,1e5,"
+                 "ok,lots\n", "\xff\xfe"):
+        (tmp_path / "memory.csv").write_bytes(text.encode("latin-1"))
+        with pytest.raises(SystemExit) as e:
+            memory.main(["--workload", "humanoid", "--impl", "pal", "--out", str(tmp_path), "--force"])
+        assert e.value.code == 2
+    with pytest.raises(SystemExit):                        # nothing to check: refused, nothing written
+        memory.main(["--workload", "humanoid", "--impl", "sb3", "--interleaved", "--out", str(tmp_path), "--force"])
+    assert not (tmp_path / "interleaving.csv").exists()

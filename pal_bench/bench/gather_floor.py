@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 SOURCE = Path(__file__).with_name("gather_floor.c")
+COMPILE_TIMEOUT_S = 120
 _lib: ctypes.CDLL | None = None
 
 
@@ -33,16 +35,22 @@ def library() -> ctypes.CDLL:
     global _lib
     if _lib is not None:
         return _lib
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not cc[0]:
         raise RuntimeError("the gather floor needs a C compiler (set CC)")
     with tempfile.TemporaryDirectory(prefix="pal-gather-floor-") as tmp:
         so = Path(tmp) / "gather_floor.so"
-        done = subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(SOURCE)], capture_output=True,
-                              text=True)
+        try:
+            done = subprocess.run([*cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(SOURCE)], capture_output=True,
+                                  text=True, timeout=COMPILE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RuntimeError(f"cannot compile {SOURCE.name} with CC={' '.join(cc)!r}: {e}") from None
         if done.returncode:
-            raise RuntimeError(f"{cc} failed on {SOURCE.name}:\n{done.stderr}")
-        lib = ctypes.CDLL(str(so))          # mapped: the file may go
+            raise RuntimeError(f"{' '.join(cc)} failed on {SOURCE.name}:\n{done.stderr}")
+        try:
+            lib = ctypes.CDLL(str(so))          # mapped: the file may go
+        except OSError as e:
+            raise RuntimeError(f"{' '.join(cc)} built no loadable library from {SOURCE.name}: {e}") from None
     lib.pal_gather_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.pal_gather_rows.restype = None
     lib.pal_copy_bandwidth.argtypes = [ctypes.c_int64, ctypes.c_int]
@@ -54,10 +62,16 @@ def library() -> ctypes.CDLL:
 def gather(records: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     """``out[b] = records[idx[b]]`` in C: ``records`` C-contiguous [N, R] uint8, ``idx`` int64[B] in [0, N),
     ``out`` C-contiguous [B, R] uint8 (checked here, before any copy)."""
-    if (records.dtype != np.uint8 or out.dtype != np.uint8 or records.ndim != 2 or out.shape != (len(idx),
-            records.shape[1]) or not records.flags.c_contiguous or not out.flags.c_contiguous
-            or idx.dtype != np.int64 or not idx.flags.c_contiguous):
-        raise ValueError("gather: records [N, R] uint8, idx int64[B], out [B, R] uint8, all C-contiguous")
+    if not all(isinstance(a, np.ndarray) for a in (records, idx, out)):
+        raise ValueError("gather: records, idx and out must be numpy arrays")
+    if (records.dtype != np.uint8 or out.dtype != np.uint8 or records.ndim != 2 or idx.ndim != 1
+            or out.shape != (len(idx), records.shape[1]) or not records.flags.c_contiguous
+            or not out.flags.c_contiguous or not out.flags.writeable or idx.dtype != np.int64
+            or not idx.flags.c_contiguous):
+        raise ValueError("gather: records [N, R] uint8, idx int64[B], out [B, R] uint8 and writable, all "
+                         "C-contiguous")
+    if np.shares_memory(out, idx) or np.shares_memory(out, records):
+        raise ValueError("gather: out shares memory with idx or records")
     if len(idx) and (idx.min() < 0 or idx.max() >= len(records)):
         raise IndexError("gather: an index is out of range")
     library().pal_gather_rows(records.ctypes.data, records.shape[1], idx.ctypes.data, len(idx), out.ctypes.data)
@@ -123,20 +137,20 @@ def interleaved(workload: str, capacity: int, rounds: int, calls: int, progress=
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pal_bench.argtypes import Range, number, positive_int
     from pal_bench.workloads import WORKLOADS, get_workload
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m pal_bench.bench.gather_floor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=list(WORKLOADS), default="atari")
-    ap.add_argument("--capacity", type=lambda s: int(float(s)), default=10**5)
-    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--capacity", type=number(Range(256, 10**8)), default=10**5)
+    ap.add_argument("--calls", type=positive_int, default=200)
     ap.add_argument("--against-pal", action="store_true",
                     help="time PAL's sample+update (default call and out=) and the gather alternately in --rounds "
                          "rounds of --calls calls; writes --out/gather_floor.csv")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=number(Range(2, 10**6)), default=20)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    if args.calls < 1 or args.rounds < 2 or args.capacity < 256:
-        ap.error("--calls >= 1, --rounds >= 2 and --capacity >= 256")
     w = get_workload(args.workload)
     if args.against_pal:
         import pandas as pd

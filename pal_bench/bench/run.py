@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     add_force_flag(ap)
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
-    if refuse_if_busy("pal_bench.bench.run", args.force):
-        return 2
     if args.workload != "lunarlander":
         other = [s for s in args.suite or [] if s not in WORKLOAD_SUITES]
         if other:
             ap.error(f"--workload {args.workload}: suites {other} measure LunarLander rows only "
                      f"(workload suites: {', '.join(WORKLOAD_SUITES)})")
+    if refuse_if_busy("pal_bench.bench.run", args.force):
+        return 2
     stored = results_dir(args.results, args.workload)
     out = stored / "tmp" if args.compare else stored
     rc = 0

@@ -29,16 +29,26 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pal_bench.argtypes import CAPACITY, choice_list, number_list
+from pal_bench.argtypes import CAPACITY, Range, choice_list, number_list
 from pal_bench.bench.adapters.registry import ADAPTERS, adapter_class, available
 from pal_bench.bench.publishing import Publication, md, missing, source, store
 from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
 from pal_bench.paths import RESULTS
-from pal_bench.stored_tables import read_csv
+from pal_bench.stored_tables import Column, UsageError, read_table
 from pal_bench.workloads import MODES, WORKLOADS, get_workload
 
 COLUMNS = ["impl", "workload", "mode", "capacity", "transitions", "rss_bytes", "peak_rss_bytes",
            "bytes_per_transition", "fill_s", "extrapolated_from", "status"]
+_NUM = Range(0, 1e18)
+MEMORY_COLUMNS = {"impl": Column(str), "workload": Column(str), "mode": Column(str, choices=MODES),
+                  "capacity": Column(int, CAPACITY), "status": Column(str),
+                  **{k: Column(float, _NUM, required=False) for k in ("transitions", "rss_bytes", "peak_rss_bytes",
+                                                                      "bytes_per_transition", "fill_s",
+                                                                      "extrapolated_from")}}
+INTERLEAVING_COLUMNS = {"impl": Column(str), "workload": Column(str), "mode": Column(str, choices=MODES),
+                        "streams": Column(int, Range(1, 10**6)), "chunk": Column(int, Range(1, 10**9)),
+                        "draws": Column(int, Range(1, 10**9)), "wrong": Column(int, Range(0, 10**9)),
+                        "wrong_share": Column(float, Range(0, 1))}
 DEFAULT_IMPLS = ("pal", "pal-uniform", "cpprb", "tianshou", "sb3")
 FIT_SHARE = 0.6          # a point is measured only if its estimate takes at most this share of available memory
 CHILD_TIMEOUT_S = 3600
@@ -211,18 +221,34 @@ def interleaving_check(impl: str, workload: str, mode: str, capacity: int = 4000
             "draws": draws // 100 * 100, "wrong": int(wrong), "wrong_share": wrong / (draws // 100 * 100)}
 
 
+def _stored(out: Path, interleaved: bool) -> pd.DataFrame | None:
+    """The table already stored in ``out`` (None: none), checked column by column (UsageError naming the file)."""
+    name, columns = ("interleaving.csv", INTERLEAVING_COLUMNS) if interleaved else ("memory.csv", MEMORY_COLUMNS)
+    path = out / name
+    if not os.path.lexists(path):
+        return None
+    return read_table(path, columns, f"the stored {name}")
+
+
+def _merged(old: pd.DataFrame | None, new: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """``old``'s rows (other workloads, implementations, capacities) with ``new``'s replacing those of its keys."""
+    if old is None or old.empty:
+        return new
+    old = old[~old.set_index(key).index.isin(new.set_index(key).index)]
+    return pd.concat([old[[c for c in new.columns if c in old.columns]], new], ignore_index=True)
+
+
 # ------------------------------------------------------------------ publication
 
 def memory_block(results: Path) -> str:
     path = results / "memory.csv"
     if not path.exists():
         return missing("memory.csv", "pal-bench memory --workload atari --capacity 1e5,1e6")
-    df = read_csv(path)
+    df = read_table(path, MEMORY_COLUMNS, "memory per transition as `pal-bench memory` writes it")
     df = df[df.status == "ok"].copy()
     df["GiB"] = df.rss_bytes / 2**30
     df["bytes/transition"] = df.bytes_per_transition
-    df["measured"] = ["extrapolated from " + f"{int(e):,}" if str(e) not in ("", "nan") else "measured"
-                      for e in df.extrapolated_from]
+    df["measured"] = [f"extrapolated from {int(e):,}" if e == e else "measured" for e in df.extrapolated_from]
     show_cols = ["workload", "impl", "mode", "capacity", "transitions", "bytes/transition", "GiB", "measured"]
     df = df.sort_values(["workload", "capacity", "impl", "mode"])
     return ("Resident memory a filled buffer adds, per transition it holds (growth of VmRSS in a fresh process; "
@@ -234,7 +260,8 @@ def interleaving_block(results: Path) -> str:
     path = results / "interleaving.csv"
     if not path.exists():
         return missing("interleaving.csv", "pal-bench memory --workload atari --interleaved")
-    df = read_csv(path)
+    df = read_table(path, INTERLEAVING_COLUMNS, "interleaving checks as `pal-bench memory --interleaved` writes them",
+                    min_rows=1)
     df["wrong %"] = 100 * df.wrong_share
     n, c, d = int(df.streams.iloc[0]), int(df.chunk.iloc[0]), int(df.draws.iloc[0])
     return (f"{n} environment streams inserted in chunks of {c} steps, taking turns (as actors insert them); "
@@ -267,11 +294,20 @@ def main(argv: list[str] | None = None) -> int:
     add_force_flag(ap)
     args = ap.parse_args(argv)
     if args.child:
-        impl, workload, mode, capacity = json.loads(args.child)
-        print(json.dumps(measure_here(impl, workload, mode, int(capacity))))
+        try:
+            impl, workload, mode, capacity = json.loads(args.child)
+            capacity = int(capacity)
+        except (ValueError, TypeError) as e:
+            ap.error(f"--child: {e}")
+        print(json.dumps(measure_here(impl, workload, mode, capacity)))
         return 0
     if args.out.exists() and not args.out.is_dir():
         ap.error(f"--out {args.out} is not a directory")
+    try:                       # what is stored there is read (and refused) before hours of measuring, not after
+        args.out.mkdir(parents=True, exist_ok=True)
+        old = _stored(args.out, args.interleaved)
+    except (OSError, UsageError) as e:
+        ap.error(f"--out {args.out}: {e}")
     impls = []
     for impl in args.impl:
         why = available(impl)
@@ -282,23 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     if refuse_if_busy("pal-bench memory", args.force):
         return 2
     if args.interleaved:
+        todo = points([i for i in impls if i in INTERLEAVE_IMPLS], args.workload, args.mode, [0])
+        if not todo:
+            ap.error(f"--interleaved: nothing to check ({', '.join(INTERLEAVE_IMPLS)} in the modes "
+                     f"{get_workload(args.workload).modes} of {args.workload})")
         with Conditions(f"interleaved streams, {args.workload}") as c:
-            checks = [interleaving_check(impl, args.workload, mode)
-                      for impl, mode, _ in points([i for i in impls if i in INTERLEAVE_IMPLS], args.workload,
-                                                  args.mode, [0])]
-        store(pd.DataFrame(checks), args.out / "interleaving.csv", c)
+            df = pd.DataFrame([interleaving_check(impl, args.workload, mode) for impl, mode, _ in todo])
+        store(_merged(old, df, ["impl", "workload", "mode"]), args.out / "interleaving.csv", c)
         print(interleaving_block(args.out))
         return 0
     with Conditions(f"memory per transition, {args.workload}") as c:
         df = study(impls, args.workload, args.mode, args.capacity,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
-    path = args.out / "memory.csv"
-    if path.exists():          # other workloads' and capacities' rows stay; these points replace theirs
-        old = read_csv(path)
-        key = ["impl", "workload", "mode", "capacity"]
-        old = old[~old.set_index(key).index.isin(df.set_index(key).index)]
-        df = pd.concat([old, df], ignore_index=True)
-    store(df, path, c)
+    store(_merged(old, df, ["impl", "workload", "mode", "capacity"]), args.out / "memory.csv", c)
     print(memory_block(args.out))
     return 0
 
