@@ -171,7 +171,7 @@ def workload_latency_block(results: Path) -> str:
         df, machine = suite_json.load(d / "latency_vs_capacity.json")
         good = df[df.status == "ok"]
         batch = int(df.batch.iloc[0])
-        parts.append(f"#### {d.name} ({suite_json.machine_line(machine)})")
+        parts.append(f"#### {esc(d.name)} ({esc(suite_json.machine_line(machine))})")
         med = good.pivot_table(index=["op", "capacity"], columns="peer", values="median_us", aggfunc="first")
         med = med.reindex([i for op in WORKLOAD_OPS for i in med.index if i[0] == op])
         med.index = [f"{op_label(op, batch)}, N={fmt_n(c)}" for op, c in med.index]
@@ -191,7 +191,7 @@ def workload_latency_block(results: Path) -> str:
         parts.append(f"{op_label('sample_update', batch)}: ratios of medians [bootstrap 95% interval] (impl / floor "
                      "above 1: slower than the floor; peer / pal above 1: PAL faster):\n\n"
                      + md(pd.DataFrame(rows).fillna(""), ".2f"))
-        parts.append(source(results, f"workloads/{d.name}/latency_vs_capacity.json"))
+        parts.append(source(results, f"workloads/{esc(d.name)}/latency_vs_capacity.json"))
     return "\n\n".join(parts) + "\n"
 
 
@@ -207,7 +207,7 @@ def gather_floor_block(results: Path) -> str:
              "/ floor [95% CI]": fmt_ci(*ratio_ci(g.us_per_call, floor), 2)}
             for impl, g in df.groupby("impl", sort=False)]
     w, n, r = df.workload.iloc[0], int(df.capacity.iloc[0]), df["round"].nunique()
-    return (f"{w} rows at capacity {fmt_n(n)}: sample+update 256 of PAL's buffer (default call, keeping the previous "
+    return (f"{esc(w)} rows at capacity {fmt_n(n)}: sample+update 256 of PAL's buffer (default call, keeping the previous "
             f"batch while drawing the next; and `out=`) and the C gather of 256 rows, alternated in each of {r} rounds "
             "(medians of the rounds' blocks; bootstrap 95% interval over rounds).\n\n" + md(pd.DataFrame(rows), ".1f")
             + "\n\n" + source(results, "gather_floor.csv") + "\n")
