@@ -62,14 +62,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def memory_gib() -> float | None:
+def meminfo_bytes(key: str) -> int | None:
+    """A /proc/meminfo entry (``MemTotal``, ``MemAvailable``) in bytes; None where there is none."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def memory_gib() -> float | None:
+    total = meminfo_bytes("MemTotal")
+    return None if total is None else round(total / 2**30, 1)
 
 
 def commit() -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pal_bench.bench.adapters import ADAPTERS, available, make_adapter
+from pal_bench.conditions import meminfo_bytes
 from pal_bench.workloads import get_workload
 
 SWEEP = os.environ.get("PAL_BENCH_SWEEP", "quick")
@@ -58,7 +59,7 @@ def get_adapter(peer: str, capacity: int, **kwargs):
     if limit is not None and capacity > limit[0]:
         pytest.skip(f"{peer} at N={fmt_n(capacity)}: {limit[1]}")
     need = capacity * WORKLOAD.row_bytes
-    budget = MEMORY_SHARE * _available_bytes()
+    budget = MEMORY_SHARE * (meminfo_bytes("MemAvailable") or 1 << 62)
     if need > budget:
         pytest.skip(f"{peer} at N={fmt_n(capacity)}: {WORKLOAD.name} rows in full need {need / 2**30:.1f} GiB, over "
                     f"{MEMORY_SHARE:.0%} of the {budget / MEMORY_SHARE / 2**30:.1f} GiB available")
@@ -70,14 +71,6 @@ def get_adapter(peer: str, capacity: int, **kwargs):
             kwargs = dict(kwargs, workload=WORKLOAD)
         _cache[key] = make_adapter(peer, capacity, **kwargs)
     return _cache[key]
-
-
-def _available_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 1 << 62
 
 
 def priority_pool(batch: int) -> list[np.ndarray]:

@@ -32,7 +32,7 @@ import pandas as pd
 from pal_bench.argtypes import CAPACITY, Range, choice_list, number_list
 from pal_bench.bench.adapters.registry import ADAPTERS, adapter_class, available
 from pal_bench.bench.publishing import Publication, md, missing, source, store
-from pal_bench.conditions import Conditions, add_force_flag, refuse_if_busy
+from pal_bench.conditions import Conditions, add_force_flag, meminfo_bytes, refuse_if_busy
 from pal_bench.paths import RESULTS
 from pal_bench.stored_tables import Column, UsageError, read_table
 from pal_bench.workloads import MODES, WORKLOADS, get_workload
@@ -65,11 +65,10 @@ def _status_kb(key: str) -> int:
 
 def available_bytes() -> int:
     """MemAvailable of /proc/meminfo, in bytes."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/meminfo has no MemAvailable")
+    avail = meminfo_bytes("MemAvailable")
+    if avail is None:
+        raise RuntimeError("/proc/meminfo has no MemAvailable")
+    return avail
 
 
 def _release() -> None:

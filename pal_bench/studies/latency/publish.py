@@ -16,7 +16,7 @@ from pal_bench.bench.stats import fmt_ci, ratio_ci
 from pal_bench.conditions import atomic_write_text
 from pal_bench.stored_tables import read_csv, read_json
 from pal_bench.studies.latency.figures import draw_all
-from pal_bench.studies.latency.tables import fmt_n, op_label, speedup_ci, tables_markdown
+from pal_bench.studies.latency.tables import fmt_n, median_ratio, op_label, speedup_ci, tables_markdown
 
 
 def latency_block(results: Path) -> str:
@@ -183,10 +183,10 @@ def workload_latency_block(results: Path) -> str:
             if "floor-gather" in here.index:
                 for impl in ("pal", "pal-out"):
                     if impl in here.index:
-                        row[f"{impl} / floor"] = fmt_ci(*_ratio(here, impl, "floor-gather"), 2)
+                        row[f"{impl} / floor"] = fmt_ci(*median_ratio(here, impl, "floor-gather"), 2)
             if "pal" in here.index:
                 for peer in sorted(p for p in here.index if p not in ("pal", "floor-gather")):
-                    row[f"{peer} / pal"] = fmt_ci(*_ratio(here, peer, "pal"), 2)
+                    row[f"{peer} / pal"] = fmt_ci(*median_ratio(here, peer, "pal"), 2)
             rows.append(row)
         parts.append(f"{op_label('sample_update', batch)}: ratios of medians [bootstrap 95% interval] (impl / floor "
                      "above 1: slower than the floor; peer / pal above 1: PAL faster):\n\n"
@@ -207,17 +207,10 @@ def gather_floor_block(results: Path) -> str:
              "/ floor [95% CI]": fmt_ci(*ratio_ci(g.us_per_call, floor), 2)}
             for impl, g in df.groupby("impl", sort=False)]
     w, n, r = df.workload.iloc[0], int(df.capacity.iloc[0]), df["round"].nunique()
-    return (f"{esc(w)} rows at capacity {fmt_n(n)}: sample+update 256 of PAL's buffer (default call, keeping the previous "
-            f"batch while drawing the next; and `out=`) and the C gather of 256 rows, alternated in each of {r} rounds "
-            "(medians of the rounds' blocks; bootstrap 95% interval over rounds).\n\n" + md(pd.DataFrame(rows), ".1f")
-            + "\n\n" + source(results, "gather_floor.csv") + "\n")
-
-
-def _ratio(here: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
-    """median(a) / median(b) with a bootstrap interval from the stored round samples (point only without them)."""
-    if isinstance(here.loc[a].get("sample_us"), list) and isinstance(here.loc[b].get("sample_us"), list):
-        return ratio_ci(here.loc[a].sample_us, here.loc[b].sample_us)
-    return here.loc[a].median_us / here.loc[b].median_us, float("nan"), float("nan")
+    caption = (f"{esc(w)} rows at capacity {fmt_n(n)}: sample+update 256 of PAL's buffer (default call, keeping the "
+               "previous batch while drawing the next; and `out=`) and the C gather of 256 rows, alternated in each "
+               f"of {r} rounds (medians of the rounds' blocks; bootstrap 95% interval over rounds).")
+    return caption + "\n\n" + md(pd.DataFrame(rows), ".1f") + "\n\n" + source(results, "gather_floor.csv") + "\n"
 
 
 def outputs(results: Path, figures: bool) -> list[Path]:

@@ -44,7 +44,13 @@ def speedup_ci(df: pd.DataFrame, peer: str, op: str, capacity: int) -> tuple[flo
     """PAL's speedup over ``peer`` (peer median / PAL median) with a bootstrap 95% interval over the stored
     round samples; (point, nan, nan) where a sample was not kept."""
     rows = ok(df)[(ok(df).op == op) & (ok(df).capacity == capacity)].set_index("peer")
-    theirs, ours = rows.loc[peer], rows.loc["pal"]
+    return median_ratio(rows, peer, "pal")
+
+
+def median_ratio(rows: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
+    """median(a) / median(b) of one case's rows (indexed by implementation) with a bootstrap 95% interval over the
+    stored round samples; (point, nan, nan) where a sample was not kept."""
+    theirs, ours = rows.loc[a], rows.loc[b]
     if isinstance(theirs.get("sample_us"), list) and isinstance(ours.get("sample_us"), list):
         return ratio_ci(theirs.sample_us, ours.sample_us)
     return theirs.median_us / ours.median_us, float("nan"), float("nan")
