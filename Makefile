@@ -60,10 +60,11 @@ race: $(VENV)/.installed
 	$(VENV)/bin/pal-bench race --quick
 
 # every table of README.md and docs/ and every figure, from the stored results alone (measures nothing): the
-# simulation's validation and predictions are computed again from the stored inputs and points first (about
+# built-in buffers' conformance checks (a minute; not timings), the simulation's validation and predictions are computed again from the stored inputs and points first (about
 # 25 min on 2 cores; tests/test_simulate_current.py checks that the stored ones are what the model says today)
 SIM_BACKENDS := threads,processes,learner-processes,learner-allreduce,ray-node,ray
 figures: $(VENV)/.installed
+	$(VENV)/bin/pal-bench check-buffer --builtin --out results/conformance.csv || [ $$? -eq 1 ]   # 1: a peer fails one
 	$(VENV)/bin/pal-bench simulate --validate --samples 2
 	$(VENV)/bin/pal-bench simulate --backend $(SIM_BACKENDS) --cores 1,2,3,4,6,8,12,16,24,32,48,64 --samples 5 --no-figure
 	$(PY) -m pal_bench.report

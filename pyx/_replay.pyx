@@ -1205,6 +1205,9 @@ cdef class ReplayBuffer(_ReplayCore):
         The segment's name with ``shared=True`` (default: ``pal-<pid>-<random>``).
     """
 
+    #: the buffer protocol's declaration (pal_bench.bench.protocol): uniform draws, no priorities kept
+    PRIORITIZED = False
+
     def __init__(self, capacity, fields, seed=None, shared=False, name=None):
         self._setup(capacity, fields, seed, False, 0.0, 0.0, 2, shared, name)
 

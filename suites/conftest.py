@@ -1,7 +1,9 @@
 """Shared fixtures of the benchmark suites: the sweep (quick or full), the peer list, and a cache of filled buffers.
 
-Sweep: ``PAL_BENCH_SWEEP=quick`` (default) or ``full``. Peers: ``PAL_BENCH_PEERS`` (comma
-separated, default: every adapter in ``pal_bench.bench.adapters.ADAPTERS``). Cases that cannot run (a
+Sweep: ``PAL_BENCH_SWEEP=quick`` (default) or ``full``; ``PAL_BENCH_CAPACITIES`` (comma separated) replaces
+the sweep's capacities. Peers: ``PAL_BENCH_PEERS`` (comma separated, default: every adapter in
+``pal_bench.bench.adapters.ADAPTERS``; any buffer name ``pal_bench.bench.protocol`` resolves: an entry point of
+``pal_bench.buffers`` or ``module:Class``). Cases that cannot run (a
 peer not installed, too large for the sweep, no native batch insert) are skipped with a reason;
 when ``PAL_BENCH_SKIPS`` names a file, the skipped cases and their reasons are written there as
 JSON, so that the results record them (``pal_bench.bench.run`` merges them into the suite's JSON).
@@ -35,6 +37,15 @@ PEERS = [p for p in os.environ.get("PAL_BENCH_PEERS", ",".join([*ADAPTERS, *_EXT
 # a buffer is filled only if its rows stored in full fit in this share of the memory available at the start
 MEMORY_SHARE = 0.4
 CAPACITIES = [10**3, 10**4, 10**5, 10**6] + ([10**7] if SWEEP == "full" else [])
+if os.environ.get("PAL_BENCH_CAPACITIES"):      # pal-bench latency --capacity: a comma-separated list of integers
+    try:
+        _caps = [float(c) for c in os.environ["PAL_BENCH_CAPACITIES"].split(",")]
+    except ValueError:
+        _caps = []
+    if not _caps or not all(c.is_integer() and 1 <= c <= 1e9 for c in _caps):
+        raise pytest.UsageError(f"PAL_BENCH_CAPACITIES: {os.environ['PAL_BENCH_CAPACITIES']!r} is not a "
+                                "comma-separated list of whole capacities in [1, 1e9]")
+    CAPACITIES = sorted({int(c) for c in _caps})
 BATCH = 256
 POOL = 64  # pre-generated priority arrays, cycled: no RNG inside the timed region
 
@@ -128,6 +139,8 @@ def run_op(benchmark, adapter, op: str, batch: int, **info) -> None:
                                 sweep=SWEEP, workload=WORKLOAD.name, **info)
     if op in ("insert_one", "insert_batch") and not adapter.INSERTS:
         pytest.skip(f"{adapter.name} stores no transitions")
+    if op == "insert_one" and not adapter.SINGLE_INSERT:
+        pytest.skip(f"{adapter.name} has no one-row add (optional in the buffer protocol)")
     if op == "insert_one":
         row = WORKLOAD.row()
         benchmark(adapter.insert_one, row)

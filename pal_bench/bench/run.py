@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ import numpy as np
 from pal_bench.argtypes import choice_list
 from pal_bench.bench import suite_json
 from pal_bench.bench.adapters import ADAPTERS
-from pal_bench.bench.adapters.registry import COMPONENTS
+from pal_bench.bench.adapters.registry import COMPONENTS, TEST_ONLY, adapter_class
+from pal_bench.bench.protocol import BufferNameError
 from pal_bench.conditions import Conditions, add_force_flag, atomic_write_text, refuse_if_busy
 from pal_bench.paths import RESULTS, ROOT
 from pal_bench.workloads import WORKLOADS
@@ -33,6 +35,25 @@ SUITES = ["latency_vs_capacity", "latency_vs_batch", "latency_vs_fanout", "tree_
 WORKLOAD_SUITES = ["latency_vs_capacity", "latency_vs_batch"]
 
 
+def buffer_names(text: str) -> list[str]:
+    """An argparse ``type``: comma-separated buffer names, each a built-in adapter, an entry point of
+    ``pal_bench.buffers`` or ``module:Class`` that loads (``pal_bench.bench.protocol``)."""
+    names = choice_list([*ADAPTERS, *COMPONENTS, *TEST_ONLY, *(n for n in text.split(",") if n.strip())])(text)
+    for name in names:
+        try:
+            adapter_class(name)
+        except BufferNameError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
+def user_path() -> str:
+    """PYTHONPATH for a suite's process (which runs in ``suites/``): the current directory first, so that a
+    ``module:Class`` found from here is found there too."""
+    given = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([os.getcwd(), *given])
+
+
 def results_dir(results: Path, workload: str) -> Path:
     """Where a workload's suite results go: ``results/`` for LunarLander (the stored results), else
     ``results/workloads/<name>/``."""
@@ -40,10 +61,13 @@ def results_dir(results: Path, workload: str) -> Path:
 
 
 def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: list[str],
-              workload: str = "lunarlander") -> int:
+              workload: str = "lunarlander", env: dict[str, str] | None = None, timeout_s: float | None = None) -> int:
+    """Run ``suites/test_<suite>.py`` into ``results/<suite>.json``; ``env``: more environment for it (the
+    capacities, a user's module path); ``timeout_s``: stop it after so long (exit status 124). Returns pytest's
+    exit status."""
     results.mkdir(parents=True, exist_ok=True)
     skips = results / f"{suite}.skipped.tmp"
-    env = dict(os.environ, PAL_BENCH_SWEEP=sweep, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips),
+    env = dict(os.environ, **(env or {}), PAL_BENCH_SWEEP=sweep, OMP_NUM_THREADS="1", PAL_BENCH_SKIPS=str(skips),
                PAL_BENCH_WORKLOAD=workload)
     if peers:
         env["PAL_BENCH_PEERS"] = peers
@@ -56,7 +80,16 @@ def run_suite(suite: str, sweep: str, results: Path, peers: str | None, extra: l
     ]
     print(f"== suite {suite} ({sweep} sweep, {workload} rows)", flush=True)
     with Conditions(f"suite {suite} ({sweep} sweep, workload {workload})") as c:
-        rc = subprocess.call(cmd, env=env, cwd=ROOT / "suites")
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT / "suites", start_new_session=True)
+        try:
+            rc = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"suite {suite}: stopped after {timeout_s:g} s", file=sys.stderr, flush=True)
+            rc = 124
+        finally:                              # a timeout, Ctrl-C or SIGTERM here: the suite's processes go too
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     finish_json(results / f"{suite}.json", skips, dict(c.finish(), workload=workload))
     return rc
 
@@ -107,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", choices=["quick", "full"], default="quick",
                     help="quick (default: capacities to 1e6, short timing) or full (to 1e7, longer)")
     ap.add_argument("--suite", action="append", choices=SUITES, help="suite to run (repeatable; default all)")
-    ap.add_argument("--peers", type=choice_list([*ADAPTERS, *COMPONENTS]),
-                    help=f"comma-separated adapters, of {', '.join(ADAPTERS)} (default: all installed; with a "
-                         "workload other than lunarlander also pal-out and floor-gather)")
+    ap.add_argument("--peers", type=buffer_names,
+                    help=f"comma-separated buffers: of {', '.join(ADAPTERS)}, an entry point of the group "
+                         "pal_bench.buffers, or module:Class (default: all built-in ones installed; with a workload "
+                         "other than lunarlander also pal-out and floor-gather)")
     ap.add_argument("--workload", choices=list(WORKLOADS), default="lunarlander",
                     help="the transition every buffer stores (default lunarlander: the stored results); others "
                          f"run {', '.join(WORKLOAD_SUITES)} into results/workloads/<name>/")
@@ -130,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     out = stored / "tmp" if args.compare else stored
     rc = 0
     for suite in args.suite or (SUITES if args.workload == "lunarlander" else WORKLOAD_SUITES):
-        rc |= run_suite(suite, args.sweep, out, ",".join(args.peers or []), args.pytest_args, args.workload)
+        rc |= run_suite(suite, args.sweep, out, ",".join(args.peers or []), args.pytest_args, args.workload,
+                        env={"PYTHONPATH": user_path()})
         if args.compare and (stored / f"{suite}.json").exists():
             compare(stored / f"{suite}.json", out / f"{suite}.json")
     if not args.compare:

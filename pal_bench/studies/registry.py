@@ -24,7 +24,10 @@ class Study:
 
 
 STUDIES = (
-    Study("pal_bench.studies.latency.publish"),
+    Study("pal_bench.studies.latency.publish", "latency", "pal_bench.studies.latency.measure",
+          "your replay buffer (module:Class) timed beside PAL, the peers and the floor, checked first"),
+    Study("pal_bench.studies.conformance", "check-buffer", "pal_bench.studies.conformance",
+          "check a replay buffer's semantics (sampling, weights, priorities, bad input), one line per property"),
     Study("pal_bench.studies.fanout", "fanout", "pal_bench.studies.fanout",
           "sample + update latency against the sum tree's fan-out K"),
     Study("pal_bench.studies.shared_buffer", "shared-buffer", "pal_bench.studies.shared_buffer",

@@ -35,6 +35,8 @@ class BufferAdapter:
     NATIVE_BATCH_INSERT = True
     #: False for what stores no transitions (the tree alone, the bandwidth floor): no insert cases
     INSERTS = True
+    #: False when the implementation has no one-transition insert (the protocol's ``add`` is optional)
+    SINGLE_INSERT = True
     #: largest capacity this adapter is run at, with the reason (None: no limit)
     MAX_CAPACITY: tuple[int, str] | None = None
     #: the same limit for the quick sweep

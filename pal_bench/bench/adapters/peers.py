@@ -5,66 +5,95 @@ from __future__ import annotations
 import numpy as np
 
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNARLANDER, BufferAdapter
+from pal_bench.bench.adapters.protocol import ProtocolAdapter
+from pal_bench.bench.peer_buffers import CpprbPrioritized, RllibTimestepPrioritized, TianshouPrioritized
 from pal_bench.workloads import Workload
 
 
-class TianshouAdapter(BufferAdapter):
-    """tianshou 2.0.1 ``tianshou.data.PrioritizedReplayBuffer`` (numpy segment tree).
-
-    tianshou inserts one transition per ``add``; it has no batch insert for a single buffer. In ``full`` mode it
-    is filled with ``ReplayBuffer.from_data`` followed by ``PrioritizedReplayBuffer.update`` (both public), its
-    fastest path, a chunk at a time. Memory modes (its own options, filled through ``add``, one row at a time):
-    ``next-ref`` is ``ignore_obs_next=True`` (the next observation is read from the following slot);
-    ``stack`` is ``stack_num=k, save_only_last_obs=True, ignore_obs_next=True`` (one frame per slot, stacks
-    rebuilt from the preceding slots). Both assume that consecutive slots are consecutive steps of one stream.
-    """
-
-    name = "tianshou"
-    NATIVE_BATCH_INSERT = False
-    MODES = ("full", "next-ref", "stack")
+class _PeerAdapter(ProtocolAdapter):
+    """A peer measured through its protocol class (``IMPL``, from ``pal_bench.bench.peer_buffers``) in ``full``
+    mode: the same calls as a user's buffer (``ProtocolAdapter``). Its memory modes, which are not part of the
+    protocol, go through the peer's own options (``_mode_buffer``, ``_fill_mode_chunk``, ``_insert_mode_row``)."""
 
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
                  mode: str = "full"):
-        super().__init__(capacity, alpha, beta, workload, mode)
+        if mode == "full":
+            super().__init__(capacity, alpha, beta, workload, mode)
+            self.buf = self.proto.buf                   # the peer's own buffer object
+            return
+        BufferAdapter.__init__(self, capacity, alpha, beta, workload, mode)
+        self.proto = None
+        self.buf = self._mode_buffer()
+        self.fill()
+
+    def _mode_buffer(self):
+        raise NotImplementedError
+
+    def insert_one(self, row: dict) -> None:
+        if self.proto is None:
+            return self._insert_mode_row(row)
+        self.proto.add(**row)
+
+    def insert_batch(self, batch: dict) -> None:
+        if self.proto is None:
+            return self._insert_mode_batch(batch)
+        self.proto.add_batch(**batch)
+
+    def _fill_chunk(self, batch: dict) -> None:
+        if self.proto is None:
+            return self._fill_mode_chunk(batch)
+        self.proto.add_batch(**batch)
+
+
+class TianshouAdapter(_PeerAdapter):
+    """tianshou 2.0.1 ``tianshou.data.PrioritizedReplayBuffer`` (numpy segment tree), in ``full`` mode through
+    ``peer_buffers.TianshouPrioritized``.
+
+    tianshou inserts one transition per ``add``; it has no batch insert for a single buffer. It is filled with
+    ``ReplayBuffer.from_data`` followed by ``PrioritizedReplayBuffer.update`` (both public), its fastest path, a
+    chunk at a time; the suites do not time that as a batch insert. Memory modes (its own options, filled through
+    ``add``, one row at a time): ``next-ref`` is ``ignore_obs_next=True`` (the next observation is read from the
+    following slot); ``stack`` is ``stack_num=k, save_only_last_obs=True, ignore_obs_next=True`` (one frame per
+    slot, stacks rebuilt from the preceding slots). Both assume that consecutive slots are consecutive steps of one
+    stream.
+    """
+
+    name = "tianshou"
+    IMPL = TianshouPrioritized
+    NATIVE_BATCH_INSERT = False
+    MODES = ("full", "next-ref", "stack")
+
+    def _mode_buffer(self):
         from tianshou.data import Batch, PrioritizedReplayBuffer
 
         self._Batch = Batch
-        kw = {}
-        if mode in ("next-ref", "stack"):
-            kw["ignore_obs_next"] = True
-        if mode == "stack":
-            kw |= dict(stack_num=workload.stack, save_only_last_obs=True)
-        self.buf = PrioritizedReplayBuffer(capacity, alpha=alpha, beta=beta, **kw)
-        self.fill()
+        kw = {"ignore_obs_next": True}
+        if self.mode == "stack":
+            kw |= dict(stack_num=self.workload.stack, save_only_last_obs=True)
+        return PrioritizedReplayBuffer(self.capacity, alpha=self.alpha, beta=self.beta, **kw)
 
-    def _fill_chunk(self, b: dict) -> None:
-        if self.mode != "full":
-            for i in range(len(b["act"])):
-                self.insert_one({k: v[i] for k, v in b.items()})
-            return
-        from tianshou.data import ReplayBuffer
+    def _fill_mode_chunk(self, b: dict) -> None:
+        for i in range(len(b["act"])):
+            self.insert_one({k: v[i] for k, v in b.items()})
 
-        n = len(b["act"])
-        src = ReplayBuffer.from_data(
-            obs=b["obs"], act=b["act"], rew=b["rew"], terminated=b["done"],
-            truncated=np.zeros(n, bool), done=b["done"], obs_next=b["next_obs"],
-        )
-        self.buf.update(src)
-
-    def insert_one(self, row: dict) -> None:
+    def _insert_mode_row(self, row: dict) -> None:
         self.buf.add(self._Batch(obs=row["obs"], act=row["act"], rew=row["rew"], terminated=row["done"],
                                  truncated=False, obs_next=row["next_obs"], info={}))
 
-    def sample(self, batch_size: int) -> np.ndarray:
-        _, indices = self.buf.sample(batch_size)
-        return indices
+    def sample(self, batch_size: int):
+        if self.proto is None:
+            return self.buf.sample(batch_size)[1]
+        return super().sample(batch_size)
 
     def update(self, indices, priorities: np.ndarray) -> None:
-        self.buf.update_weight(indices, priorities)
+        if self.proto is None:
+            return self.buf.update_weight(indices, priorities)
+        super().update(indices, priorities)
 
 
-class CpprbAdapter(BufferAdapter):
-    """cpprb ``PrioritizedReplayBuffer`` (C++ segment tree behind a Cython binding).
+class CpprbAdapter(_PeerAdapter):
+    """cpprb ``PrioritizedReplayBuffer`` (C++ segment tree behind a Cython binding), in ``full`` mode through
+    ``peer_buffers.CpprbPrioritized``.
 
     Memory modes (its own options): ``next-ref`` is ``next_of="obs"`` (``next_obs`` shares the following slot's
     memory; the last one is cached); ``stack`` adds ``stack_compress="obs"``, which needs the stack on the last axis,
@@ -72,36 +101,28 @@ class CpprbAdapter(BufferAdapter):
     adapter calls ``on_episode_end()``, as cpprb's documentation asks. Both assume one stream per buffer."""
 
     name = "cpprb"
+    IMPL = CpprbPrioritized
     MODES = ("full", "next-ref", "stack")
 
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
-                 mode: str = "full"):
-        super().__init__(capacity, alpha, beta, workload, mode)
+    def _mode_buffer(self):
         import cpprb
 
         env_dict = {}
-        for name, (shape, dtype) in workload.fields.items():
-            if mode != "full" and name == "next_obs":
+        for name, (shape, dtype) in self.workload.fields.items():
+            if name == "next_obs":
                 continue
-            if mode == "stack" and name == "obs":
+            if self.mode == "stack" and name == "obs":
                 shape = (*shape[1:], shape[0])
             env_dict[name] = {"shape": shape or 1, "dtype": dtype}
-        kw = {}
-        if mode != "full":
-            kw["next_of"] = "obs"
-        if mode == "stack":
-            kw["stack_compress"] = "obs"
-        self.buf = cpprb.PrioritizedReplayBuffer(capacity, env_dict, alpha=alpha, **kw)
-        self.fill()
+        kw = {"next_of": "obs"} | ({"stack_compress": "obs"} if self.mode == "stack" else {})
+        return cpprb.PrioritizedReplayBuffer(self.capacity, env_dict, alpha=self.alpha, **kw)
 
     def _rows(self, batch: dict) -> dict:
         if self.mode != "stack":
             return batch
         return dict(batch, obs=np.moveaxis(batch["obs"], -3, -1), next_obs=np.moveaxis(batch["next_obs"], -3, -1))
 
-    def _fill_chunk(self, batch: dict) -> None:
-        if self.mode == "full":
-            return self.insert_batch(batch)
+    def _fill_mode_chunk(self, batch: dict) -> None:
         done = np.flatnonzero(batch["done"])
         start = 0
         for end in list(done + 1) + [len(batch["act"])]:
@@ -111,17 +132,21 @@ class CpprbAdapter(BufferAdapter):
                     self.buf.on_episode_end()
             start = end
 
-    def insert_one(self, row: dict) -> None:
+    def _insert_mode_row(self, row: dict) -> None:
         self.buf.add(**self._rows({k: np.asarray(v) for k, v in row.items()}) if self.mode == "stack" else row)
 
-    def insert_batch(self, batch: dict) -> None:
+    def _insert_mode_batch(self, batch: dict) -> None:
         self.buf.add(**self._rows(batch))
 
-    def sample(self, batch_size: int) -> np.ndarray:
-        return self.buf.sample(batch_size, beta=self.beta)["indexes"]
+    def sample(self, batch_size: int):
+        if self.proto is None:
+            return self.buf.sample(batch_size, beta=self.beta)["indexes"]
+        return super().sample(batch_size)
 
     def update(self, indices, priorities: np.ndarray) -> None:
-        self.buf.update_priorities(indices, priorities)
+        if self.proto is None:
+            return self.buf.update_priorities(indices, priorities)
+        super().update(indices, priorities)
 
 
 class Sb3Adapter(BufferAdapter):
@@ -173,41 +198,17 @@ class Sb3Adapter(BufferAdapter):
         pass
 
 
-class RllibTimestepAdapter(BufferAdapter):
-    """RLlib (ray 2.60) ``ray.rllib.utils.replay_buffers.PrioritizedReplayBuffer``, timestep storage.
+class RllibTimestepAdapter(ProtocolAdapter):
+    """RLlib (ray 2.60) ``ray.rllib.utils.replay_buffers.PrioritizedReplayBuffer``, timestep storage, through
+    ``peer_buffers.RllibTimestepPrioritized``.
 
     Every timestep is stored as its own ``SampleBatch`` (about 3.4 KB each), so filling takes over
     a minute and about 3 GB at 1e6: the quick sweep stops it at 1e5.
     """
 
     name = "rllib"
+    IMPL = RllibTimestepPrioritized
     MAX_CAPACITY = (10**6, "RLlib's timestep buffer needs ~3.4 KB and ~70 µs per step to fill: 1e7 would "
                            "take ~34 GB and over 10 minutes")
     QUICK_MAX_CAPACITY = (10**5, "quick sweep: filling RLlib's timestep buffer to 1e6 takes over a minute and "
                                  "~3 GB; the full sweep runs it")
-
-    def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
-                 mode: str = "full"):
-        super().__init__(capacity, alpha, beta, workload, mode)
-        from ray.rllib.policy.sample_batch import SampleBatch
-        from ray.rllib.utils.replay_buffers import PrioritizedReplayBuffer
-
-        self._SampleBatch = SampleBatch
-        self.buf = PrioritizedReplayBuffer(capacity=capacity, alpha=alpha)
-        self.fill()
-
-    def _sample_batch(self, batch: dict):
-        return self._SampleBatch({"obs": batch["obs"], "actions": batch["act"], "rewards": batch["rew"],
-                                  "new_obs": batch["next_obs"], "terminateds": batch["done"]})
-
-    def insert_one(self, row: dict) -> None:
-        self.buf.add(self._sample_batch({k: np.asarray(v)[None] for k, v in row.items()}))
-
-    def insert_batch(self, batch: dict) -> None:
-        self.buf.add(self._sample_batch(batch))
-
-    def sample(self, batch_size: int) -> np.ndarray:
-        return self.buf.sample(num_items=batch_size, beta=self.beta)["batch_indexes"]
-
-    def update(self, indices, priorities: np.ndarray) -> None:
-        self.buf.update_priorities(indices, priorities)

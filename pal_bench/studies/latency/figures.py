@@ -7,6 +7,7 @@ alone vs the full buffer. PNG files in ``results/figures/``.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pandas as pd
@@ -19,13 +20,16 @@ TITLES = {"insert_one": "insert 1 transition", "insert_batch": "add_batch (B tra
 STYLE = {  # peer -> (colour, marker); PAL in bold colours, peers in muted ones
     "pal": ("#d62728", "o"), "pal-uniform": ("#ff9896", "s"), "pal-tree": ("#9467bd", "^"),
     "tianshou": ("#1f77b4", "v"), "cpprb": ("#2ca02c", "D"), "rllib": ("#7f7f7f", "P"),
-    "rllib-episode": ("#bcbd22", "X"),
+    "rllib-episode": ("#bcbd22", "X"), "sb3": ("#8c564b", "<"), "floor-gather": ("#000000", "_"),
+    "pal-out": ("#e377c2", "o"),
 }
+# a user's buffers (``pal-bench latency --impl mypkg.buf:MyBuffer``): a colour each, picked from the name
+USER_STYLES = [("#ff7f0e", "*"), ("#17becf", "*"), ("#9edae5", "h"), ("#c49c94", "p")]
 README_FIGURES = {"latency_vs_capacity", "latency_vs_fanout"}
 
 
 def _style(peer: str) -> dict:
-    colour, marker = STYLE.get(peer, ("black", "."))
+    colour, marker = STYLE.get(peer) or USER_STYLES[zlib.crc32(peer.encode()) % len(USER_STYLES)]
     return dict(color=colour, marker=marker, lw=2.2 if peer == "pal" else 1.4, ms=5, label=peer)
 
 
