@@ -305,7 +305,8 @@ class Checker:
                  "other": f"divided by another constant ({min(consts):.3g} to {max(consts):.3g})"}
         how = names[next(k for k in ("buffer", "batch", "none", "other") if k in norms)]
         if not self.prioritized:
-            return "pass", f"constant within a batch, as uniform draws need; {how}"
+            return "pass", (f"constant within a batch, as uniform draws need ({min(consts):.3g} to {max(consts):.3g} "
+                            "times (N P(i))^-beta)")
         return "pass", f"(N P(i))^-beta at beta 0.4 and 1.0 (within {spread:.1e}); {how}"
 
     def new_rows(self):
