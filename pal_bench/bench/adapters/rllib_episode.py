@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 
 from pal_bench.bench.adapters.base import ALPHA, BETA, LUNARLANDER, BufferAdapter
+from pal_bench.bench.peer_buffers import RllibEpisodePrioritized
 from pal_bench.workloads import Workload
-
-# LunarLander-v3's time limit: an episode chunk never grows past it
-EPISODE_TIME_LIMIT = 1000
 
 
 class RllibEpisodeAdapter(BufferAdapter):
     """RLlib (ray 2.60) ``ray.rllib.utils.replay_buffers.prioritized_episode_buffer.PrioritizedEpisodeReplayBuffer``.
 
-    Data goes in as numpy-backed ``SingleAgentEpisode`` objects through ``add``, as an env runner
+    Inserts go through its protocol class (``peer_buffers.RllibEpisodePrioritized``); ``sample`` and ``update``
+    are RLlib's own calls. Data goes in as numpy-backed ``SingleAgentEpisode`` objects through ``add``, as an env runner
     hands them over. A batch of transitions becomes one episode per run between ``done`` flags,
     also cut every ``min(1000, capacity // 10)`` steps (LunarLander-v3's time limit, shortened so
     one episode never holds the whole buffer); observations are ``obs`` plus the last ``next_obs``
@@ -51,55 +48,18 @@ class RllibEpisodeAdapter(BufferAdapter):
     def __init__(self, capacity: int, alpha: float = ALPHA, beta: float = BETA, workload: Workload = LUNARLANDER,
                  mode: str = "full"):
         super().__init__(capacity, alpha, beta, workload, mode)
-        import scipy.signal  # noqa: F401  (sample's n-step reward filter, else imported in the first sample)
-        from ray.rllib.core import DEFAULT_MODULE_ID
-        from ray.rllib.env.single_agent_episode import SingleAgentEpisode
-        from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
-
-        self._Episode = SingleAgentEpisode
-        self._module_id = DEFAULT_MODULE_ID
-        self._max_len = max(1, min(EPISODE_TIME_LIMIT, capacity // 10))
-        # the episode insert_one continues: its id, next timestep and last observation
-        self._eps_id: str | None = None
-        self._t = 0
-        self._last_obs: np.ndarray | None = None
-        self.buf = PrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=alpha)
+        # inserts through the protocol class (episodes made the same way); sample and update through RLlib's own
+        # calls, as DQN makes them (the protocol class also reads the sampled episodes into arrays: not timed here)
+        self.proto = RllibEpisodePrioritized(capacity, dict(workload.fields), alpha=alpha)
+        self.buf = self.proto.buf
+        self._module_id = self.proto._module_id
         self.fill()
 
-    def _episodes(self, batch: dict) -> list:
-        """One numpy-backed episode per run of ``batch`` between done flags and time-limit cuts."""
-        obs, act, rew, next_obs = batch["obs"], batch["act"], batch["rew"], batch["next_obs"]
-        done = np.asarray(batch["done"])
-        n = len(done)
-        ends = np.union1d(np.flatnonzero(done) + 1, np.arange(self._max_len, n, self._max_len))
-        ends = ends if len(ends) and ends[-1] == n else np.append(ends, n)
-        episodes, start = [], 0
-        for end in ends.tolist():
-            episodes.append(self._Episode(
-                observations=np.concatenate([obs[start:end], next_obs[end - 1:end]]),
-                infos=[{}] * (end - start + 1), actions=act[start:end], rewards=rew[start:end],
-                terminated=bool(done[end - 1]), len_lookback_buffer=0,
-            ))
-            start = end
-        return episodes
-
     def insert_one(self, row: dict) -> None:
-        if self._eps_id is None:
-            self._eps_id, self._t, self._last_obs = uuid.uuid4().hex, 0, row["obs"]
-        next_obs = np.asarray(row["next_obs"], dtype=np.float32)
-        truncated = not row["done"] and self._t + 1 >= self._max_len
-        self.buf.add(self._Episode(
-            self._eps_id, observations=np.stack([self._last_obs, next_obs]), infos=[{}, {}],
-            actions=np.array([row["act"]], dtype=np.int64), rewards=np.array([row["rew"]], dtype=np.float32),
-            terminated=bool(row["done"]), truncated=truncated, t_started=self._t, len_lookback_buffer=0,
-        ))
-        self._t += 1
-        self._last_obs = next_obs
-        if row["done"] or truncated:
-            self._eps_id = None
+        self.proto.add(**row)
 
     def insert_batch(self, batch: dict) -> None:
-        self.buf.add(self._episodes(batch))
+        self.proto.add_batch(**batch)
 
     def sample(self, batch_size: int) -> list[int]:
         self.buf.sample(num_items=batch_size, n_step=1, batch_length_T=0, lookback=0, min_batch_length_T=0,
