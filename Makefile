@@ -5,8 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # torch is pinned: this exact version installs as a CPU build; a bare `torch` pulls a multi-GB CUDA build.
-# --no-compile: Python compiles what is imported when it is first imported (82 s instead of 120 s for the whole
-# install on this 2-core machine, pip's cache warm in both; most of ray's and torch's files are never imported)
+# pip compiles every installed module (not --no-compile): these machines set PYTHONDONTWRITEBYTECODE=1, so a module
+# pip did not compile is compiled again by every process that imports it (a CI run with --no-compile was ~40% slower)
 TORCH := torch==2.13.0
 
 .PHONY: test bench bench-compare figures report lint install clean train-results scaling plugin-bench race
@@ -14,8 +14,8 @@ TORCH := torch==2.13.0
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd pal_bench/*.pxd)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile "$(TORCH)" "Cython==3.3.1" "numpy>=2" "setuptools>=68" wheel
-	$(PIP) install -q --no-compile --no-build-isolation -e ".[test,bench,peers,train]"
+	$(PIP) install -q "$(TORCH)" "Cython==3.3.1" "numpy>=2" "setuptools>=68" wheel
+	$(PIP) install -q --no-build-isolation -e ".[test,bench,peers,train]"
 	touch $@
 
 install: $(VENV)/.installed
