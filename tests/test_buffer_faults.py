@@ -160,6 +160,8 @@ def test_ctrl_c_reaches_a_sample_that_waits_on_a_writer_that_never_commits():
         buf._debug_copy_pause_s = 600.0                 # a writer stuck between reserve and commit
         threading.Thread(target=buf.add_batch, kwargs=lunar_batch(64), daemon=True).start()
         time.sleep(0.5)
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C raises here even when the test run
+                                                                   # was started with SIGINT ignored (a background job)
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
         try:
@@ -583,6 +585,8 @@ def test_ctrl_c_reaches_add_add_batch_and_save_waiting_on_a_stuck_writer(op):
         threading.Thread(target=buf.add_batch, kwargs={{"x": np.ones(4)}}, daemon=True).start()
         time.sleep(0.5)
         buf._debug_copy_pause_s = 0.0
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C raises here even when the test run
+                                                                   # was started with SIGINT ignored (a background job)
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
             if "{op}" == "add":
