@@ -9,8 +9,10 @@ buffer protocol of docs/latency.md. The run:
    ``--no-check``; a buffer that fails a property is still timed and marked in the table;
 2. runs the latency-vs-capacity suite (insert 1, add_batch, sample, update, sample + update at batch 256; the
    quick sweep's timing) on each buffer, at each ``--capacity``, with the ``--workload``'s rows;
-3. writes ``DIR/latency.csv`` (impl, workload, op, capacity, batch, median_us, ci_low, ci_high: a bootstrap 95%
-   interval of the median from the stored round times; rounds, status, reason, conformance), prints the table, and
+3. writes ``DIR/latency.csv`` (impl, workload, op, capacity, batch, median_us: pytest-benchmark's median over
+   every round; ci_low, ci_high: a bootstrap 95% interval of the median from the 200 round times kept, evenly
+   spaced over the run, so the all-rounds median can sit just outside it; rounds, status, reason, conformance),
+   prints the table, and
    draws ``DIR/latency_vs_capacity.png`` (a panel of every operation; one figure per operation beside it).
 
 The raw pytest-benchmark JSON is kept as ``DIR/latency_vs_capacity.json`` and the conditions in
