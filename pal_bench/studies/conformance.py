@@ -33,6 +33,7 @@ from pal_bench.bench.conformance import PROPERTIES, STATUSES
 from pal_bench.bench.publishing import Markup, Publication, esc, md, missing, source, store
 from pal_bench.bench.run import user_path
 from pal_bench.stored_tables import Column, read_table
+from pal_bench.studies.race import stop_on_termination
 
 MAX_LINE = 1 << 16           # bytes of one line from the child (its details are cut to MAX_DETAIL characters)
 MAX_DETAIL = 2000
@@ -283,15 +284,6 @@ def _writable(out: Path) -> None:
         raise UsageError(f"--out {out}: cannot make its folder: {e.strerror}") from None
     if not os.access(parent, os.W_OK):
         raise UsageError(f"--out {out}: its folder is not writable")
-
-
-def stop_on_termination() -> None:
-    """SIGTERM and SIGHUP stop the command as Ctrl-C does (KeyboardInterrupt: the child in flight is killed)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
 
 
 if __name__ == "__main__":
