@@ -172,6 +172,35 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def descendants(root: int | None = None) -> dict[int, list[str]]:
+    """{pid: its /proc/<pid>/stat fields after the command name} for every live descendant of ``root`` (default:
+    this process), a zombie included (Linux /proc; empty where it cannot be read)."""
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return {}
+    for d in entries:
+        if not d.name.isascii() or not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(d.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        stats[int(d.name)] = fields
+    out = {}
+    for pid, fields in stats.items():
+        p, hops = parents.get(pid), 0
+        while p not in (None, 0, 1, root) and hops < 64:
+            p, hops = parents.get(p), hops + 1
+        if p == root and pid != root:
+            out[pid] = fields
+    return out
+
+
 class _TreeCpu:
     """CPU seconds of this process's descendants that rusage cannot see: those still alive (not reaped) when the
     measurement ends, such as Ray's workers or a child killed later (Linux /proc, read at the start and at
@@ -191,31 +220,12 @@ class _TreeCpu:
     def sample(self) -> dict[tuple[int, str], float]:
         """{(pid, start time): CPU seconds of it and its reaped children} for every live descendant (a zombie
         included: its times stay readable until its parent reaps it)."""
-        parents: dict[int, int] = {}
-        stats: dict[int, list[str]] = {}
-        try:
-            entries = list(Path("/proc").iterdir())
-        except OSError:
-            return {}
-        for d in entries:
-            if not d.name.isascii() or not d.name.isdigit():
-                continue
+        out = {}
+        for pid, fields in descendants().items():       # utime + stime + its reaped children's
             try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(d.name)] = int(fields[1])
-            except (OSError, IndexError, ValueError):
+                out[(pid, fields[19])] = sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._tick
+            except (IndexError, ValueError):
                 continue
-            stats[int(d.name)] = fields
-        me, out = os.getpid(), {}
-        for pid, fields in stats.items():
-            p, hops = parents.get(pid), 0
-            while p not in (None, 0, 1, me) and hops < 64:
-                p, hops = parents.get(p), hops + 1
-            if p == me and pid != me:      # a descendant: utime + stime + its reaped children's
-                try:
-                    out[(pid, fields[19])] = sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._tick
-                except (IndexError, ValueError):
-                    continue
         return out
 
     def stop(self) -> float:

@@ -76,6 +76,9 @@ def test_the_race_refuses_a_mismatched_contestant_before_it_trains(monkeypatch):
         def facts(self):
             return matched_facts(n_params=123, torch_threads=4) | {"n_params": MATCHED.n_params(4, 2) + 1}
 
+        def attach(self, counters):
+            pass
+
         def train(self, clock):
             trained.append(True)
             return {"env_steps": 0, "updates": 0}
@@ -100,6 +103,9 @@ def test_a_matched_run_whose_measured_updates_per_step_is_off_is_an_error_not_a_
 
         def facts(self):
             return matched_facts(n_params=MATCHED.n_params(4, 2))
+
+        def attach(self, counters):
+            pass
 
         def train(self, clock):
             return {"env_steps": 1500, "updates": 200}        # 0.2 per step after the 500 of learning starts
@@ -163,21 +169,76 @@ def test_the_speed_probe_times_env_steps_and_updates():
     assert p == {"probe_s": 1.0, "probe_env_s": 0.5, "probe_update_s": 0.5}
 
 
-def test_a_run_whose_probe_is_20_percent_slow_is_flagged_and_run_again(tmp_path, monkeypatch):
+def test_the_probe_outliers_are_found_but_a_probe_alone_never_reruns_a_run(tmp_path, monkeypatch):
     assert probe_outliers({"a": 10.0, "b": 10.5, "c": 9.8, "d": 12.0}) == {"d": pytest.approx(12 / 10.25, abs=1e-3)}
     assert probe_outliers({"a": 10.0, "b": 10.9}) == {}
     stored = fake_runs(tmp_path, {("pal", s): 10.0 for s in range(4)} | {("pal", 4): 12.0})
     launched = []
     monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
 
-    def launch(name, track, task_name, seed, log, mode="race"):
+    def launch(name, track, task_name, seed, log, mode="race", **kw):
         launched.append((name, seed))
         return stored[name, seed] | {"probe_s": 10.1}
 
-    orchestrate.run_race("matched", "smoke", ["pal"], 5, tmp_path, launch_run=launch)
+    orchestrate.run_race("matched", "smoke", ["pal"], 5, tmp_path, launch_run=launch, cpus=1)
     assert launched == []                                     # all stored and current
-    orchestrate.run_race("matched", "smoke", ["pal"], 5, tmp_path, rerun_slow=True, launch_run=launch)
-    assert launched == [("pal", 4)]
+    orchestrate.run_race("matched", "smoke", ["pal"], 5, tmp_path, rerun_slow=True, launch_run=launch, cpus=1)
+    assert launched == []                                     # a slow probe is not a slow run
+
+
+def curve(rate: float, reached: bool = True) -> list[dict]:
+    """Evaluations at learning start (500) and at 1,000 and 2,000 env steps of a run making ``rate`` env steps/s."""
+    return [{"env_steps": n, "train_s": 1.0 + (n - 500) / rate, "eval_s": 0.0, "setup_s": 1.0,
+             "mean_return": 600.0 if reached and n == 2000 else 10.0} for n in (500, 1000, 2000)]
+
+
+def test_a_run_slower_than_its_speed_rounds_is_run_again_once_and_both_draws_are_kept(tmp_path, monkeypatch):
+    """The rerun rule reads the run's own env steps/s after learning start against its contestant's median speed
+    round (not its outcome, not its probe): seed 2 at 60% of the speed rounds' median runs again; the first draw
+    stays stored, marked superseded_by, and the rerun is not judged again."""
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+    d = orchestrate.runs_dir(tmp_path, "smoke", "matched", 1)
+    (d / "speed").mkdir(parents=True)
+    for r in range(3):
+        (d / "speed" / f"pal-r{r}.json").write_text(json.dumps({"contestant": "pal", "env_steps_per_s": 1000.0}))
+    rates = {0: 950.0, 1: 1020.0, 2: 600.0}
+    launched = []
+
+    def launch(name, track, task_name, seed, log, mode="race", **kw):
+        launched.append((seed, kw.get("cpus")))
+        slow = len(launched) <= 3 and seed == 2
+        return fake_run(name, seed) | {"curve": curve(600.0 if slow else rates[seed] if seed != 2 else 990.0),
+                                       "cpus": kw.get("cpus")}
+
+    orchestrate.run_race("matched", "smoke", ["pal"], 3, tmp_path, launch_run=launch, cpus=1)
+    assert launched == [(0, 1), (1, 1), (2, 1)]
+    assert orchestrate.slow_runs(orchestrate.load_runs(d), orchestrate.load_runs(d / "speed", "*-r*.json")) == {
+        "pal-s2": pytest.approx(0.6)}
+    orchestrate.run_race("matched", "smoke", ["pal"], 3, tmp_path, rerun_slow=True, launch_run=launch, cpus=1)
+    assert launched[3:] == [(2, 1)]
+    runs = {r["run_id"]: r for r in orchestrate.load_runs(d)}
+    assert set(runs) == {"pal-s0", "pal-s1", "pal-s2", "pal-s2-a1"}
+    assert runs["pal-s2"]["superseded_by"] == "pal-s2-a1" and runs["pal-s2"]["curve"] == curve(600.0)
+    assert runs["pal-s2-a1"]["rerun_of"] == "pal-s2" and "slower" in runs["pal-s2-a1"]["rerun_reason"]
+    orchestrate.run_race("matched", "smoke", ["pal"], 3, tmp_path, rerun_slow=True, launch_run=launch, cpus=1)
+    assert len(launched) == 4                                 # one pass: nothing judged again
+    df = results.runs_frame(orchestrate.load_runs(d))
+    assert len(results.track_runs(df, "matched", 1)) == 3 and len(results.track_runs(df, "matched", 1, True)) == 4
+    assert results.track_runs(df, "matched", 2).empty and results.track_runs(df, "matched", None).empty
+
+
+def test_a_run_that_used_more_cpu_than_its_budget_is_marked_and_left_out_of_the_tables(tmp_path, monkeypatch):
+    from pal_bench.conditions import Conditions
+
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+    monkeypatch.setattr(Conditions, "finish", lambda self: {"own_cores": 1.4, "commit": "x"})
+    monkeypatch.setattr(Conditions, "noisy", lambda self: False)
+    orchestrate.run_race("matched", "smoke", ["pal"], 1, tmp_path, cpus=1,
+                         launch_run=lambda *a, **kw: fake_run("pal", 0) | {"cpus": kw["cpus"]})
+    (run,) = orchestrate.load_runs(orchestrate.runs_dir(tmp_path, "smoke", "matched", 1))
+    assert run["over_budget"] and run["own_cores"] == 1.4
+    df = results.runs_frame([run])
+    assert results.track_runs(df, "matched", 1).empty and len(results.over_budget_runs(df, "matched", 1)) == 1
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -235,11 +296,11 @@ def fake_run(name, seed, probe=10.0, reached=True, track="matched", task="smoke"
 
 
 def fake_runs(tmp_path, probes: dict) -> dict:
-    d = orchestrate.runs_dir(tmp_path, "smoke", "matched")
+    d = orchestrate.runs_dir(tmp_path, "smoke", "matched", 1)
     d.mkdir(parents=True)
     out = {}
     for (name, seed), p in probes.items():
-        run = fake_run(name, seed, p) | {"settings_hash": orchestrate.run_hash(name, "matched", "smoke"),
+        run = fake_run(name, seed, p) | {"settings_hash": orchestrate.run_hash(name, "matched", "smoke", 1),
                                          "noisy": False, "conditions": {}}
         (d / f"{name}-s{seed}.json").write_text(json.dumps(run))
         out[name, seed] = run
@@ -250,7 +311,7 @@ def test_runs_are_stored_resumed_rotated_and_run_again_when_their_settings_chang
     monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
     launched = []
 
-    def launch(name, track, task_name, seed, log, mode="race"):
+    def launch(name, track, task_name, seed, log, mode="race", **kw):
         launched.append((seed, name))
         return fake_run(name, seed)
 
@@ -259,18 +320,21 @@ def test_runs_are_stored_resumed_rotated_and_run_again_when_their_settings_chang
     launched.clear()
     orchestrate.run_race("matched", "smoke", ["pal", "tianshou"], 2, tmp_path, launch_run=launch)
     assert launched == []
-    path = orchestrate.runs_dir(tmp_path, "smoke", "matched") / "pal-s1.json"
+    path = orchestrate.runs_dir(tmp_path, "smoke", "matched", 2) / "pal-s1.json"
     stale = json.loads(path.read_text()) | {"settings_hash": "old"}
     path.write_text(json.dumps(stale))
     orchestrate.run_race("matched", "smoke", ["pal", "tianshou"], 2, tmp_path, launch_run=launch)
     assert launched == [(1, "pal")]
+    kept = json.loads(path.read_text())                       # the old run is kept, pointing at the new one
+    assert kept["superseded_by"] == "pal-s1-a1" and kept["settings_hash"] == "old"
+    assert json.loads(path.with_name("pal-s1-a1.json").read_text())["rerun_reason"] == "its settings changed"
 
 
 def test_a_contestant_that_never_reaches_stops_after_five_seeds(tmp_path, monkeypatch):
     monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
     launched = []
 
-    def launch(name, track, task_name, seed, log, mode="race"):
+    def launch(name, track, task_name, seed, log, mode="race", **kw):
         launched.append(name)
         return fake_run(name, seed, reached=name == "pal")
 
@@ -293,7 +357,7 @@ def test_pal_runs_the_matched_learner_and_its_counts_hold(name):
 def test_a_speed_round_of_pal_times_its_span(tmp_path):
     run = run_one("pal", "matched", "smoke", 0, mode="speed")
     assert run["span"]["start_steps"] >= SMOKE.learning_starts and run["env_steps_per_s"] > 0
-    assert run["updates_per_s"] == pytest.approx(run["env_steps_per_s"] * run["updates_per_env_step"])
+    assert run["updates_per_s"] == pytest.approx(run["env_steps_per_s"] * run["updates_per_env_step"], rel=1e-4)
 
 
 def test_a_terminated_race_takes_its_run_in_flight_with_it(tmp_path):

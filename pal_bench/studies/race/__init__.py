@@ -1,21 +1,26 @@
-"""Race to a target return: PAL's trainer against tianshou's and RLlib's DQN, in two tracks.
+"""Race to a target return: PAL's trainer against tianshou's and RLlib's DQN, in two tracks, each on a core budget.
 
-``pal-bench race [--track matched|tuned] [--quick] [--seeds N] [--only NAME ...]`` runs the race in resumable
-pieces; ``--speed`` runs the interleaved speed rounds; ``--rebuild`` rebuilds the CSVs, tables and figures from the
-stored run files.
+``pal-bench race [--track matched|tuned] [--cpus N] [--quick] [--seeds N] [--only NAME ...]`` runs the race in
+resumable pieces; ``--speed`` runs the interleaved speed rounds; ``--rerun-slow`` one pass of reruns by measured
+speed; ``--rebuild`` rebuilds the CSVs, tables and figures from the stored run files.
 
 - **matched** (default): every contestant trains the same learner on the same data rhythm (``task.MATCHED``:
   Double DQN, obs-256-256-actions, Huber x importance weights, clip 10, Adam 5e-4, batch 128, 3-step, 200k
   prioritized replay with alpha 0.6 and beta 0.4, target every 250 updates, one environment, 0.25 updates per env
-  step, one torch thread), checked from what each framework built and, after the run, from its own counters.
-  Contestants: pal (threads), pal-processes, tianshou, rllib, rllib-pal.
+  step, one torch thread), checked from what each framework built and, while it runs, from hooks on its objects
+  (``counters.py``: optimizer steps, target copies, the first update's env step, the loss's batch, epsilon).
+  Contestants: pal (threads), pal-processes, tianshou, rllib (and rllib-pal with ``--only``).
 - **tuned**: each framework at its authors' own settings for the task (PAL's process backend at its own preset,
   which the matched learner is, and its Ape-X preset; tianshou's LunarLander example; RLlib's tuned DQN examples).
+- **core budget** (``--cpus``, default 2): every contestant's process tree is pinned to the same CPUs
+  (``pin.py``); with two, each framework places its work with its own parallel features (PAL an actor process,
+  tianshou a subprocess environment, RLlib a remote env runner). The CPU each run used is stored (``own_cores``).
 
 Each run is its own process (``run.py``), probes the machine first (``probe.py``), evaluates with training
-stopped (``clock.py``) and is stored at once (``orchestrate.py``); the same command skips what is stored and current.
-Results: ``results/race.csv`` (one row per run, both tracks), ``race_curves.csv``, ``race_speed.csv`` and
-``figures/race_<track>.png`` (``--quick``: ``race_quick*``); tables in docs/race.md.
+stopped (``clock.py``) and is stored at once (``orchestrate.py``); the same command skips what is stored and current,
+and a run made again is stored beside the one it supersedes. Results: ``results/race.csv`` (one row per run, every
+track and budget, superseded runs included), ``race_curves.csv``, ``race_speed.csv`` and
+``figures/race_<track>_<N>cpu.png`` (``--quick``: ``race_quick*``); tables in docs/race.md.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from pathlib import Path
 
 from pal_bench.argtypes import positive_float, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
-from pal_bench.conditions import add_force_flag, refuse_if_busy
+from pal_bench.conditions import add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
-from pal_bench.studies.race.contestants import CONTESTANTS, TRACK_CONTESTANTS
+from pal_bench.studies.race.contestants import CONTESTANTS, DEFAULT_CONTESTANTS, TRACK_CONTESTANTS
 from pal_bench.studies.race.task import TASKS, TRACKS, suffix
 
 DEFAULT_SEEDS = {"matched": 10, "tuned": 5}
@@ -47,9 +52,9 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
 
     runs, speed = [], []
     for track in TRACKS:
-        d = runs_dir(out, task_name, track)
-        runs += load_runs(d)
-        speed += load_runs(d / "speed", "*-r*.json")
+        for d in budget_dirs(runs_dir(out, task_name, track)):
+            runs += load_runs(d)
+            speed += load_runs(d / "speed", "*-r*.json")
     if not runs:
         raise FileNotFoundError(f"no stored race runs under {runs_dir(out, task_name, 'matched').parent}; run "
                                 f"`pal-bench race` first")
@@ -62,10 +67,11 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
     write_meta(out / f"race{sfx}.csv", combined_conditions([r["conditions"] for r in runs]))
     if speed:
         write_meta(out / f"race{sfx}_speed.csv", combined_conditions([r["conditions"] for r in speed]))
-    for track in TRACKS:
-        c = curves[curves.track == track] if not curves.empty else curves
-        if not c.empty:
-            path = figure.draw(c, track, TASKS[task_name], out / "figures" / f"race{sfx}_{track}.png")
+    if not curves.empty:
+        for (track, cpus), c in curves.groupby(["track", curves.cpus.fillna(-1)]):
+            cpus = None if cpus == -1 else int(cpus)
+            path = figure.draw(c, track, TASKS[task_name], out / "figures" / results.figure_name(sfx, track, cpus),
+                               cpus)
             if not quiet:
                 print(f"figure: {path}")
     if not quiet:
@@ -73,6 +79,13 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
 
         print(race_blocks(out, task_name))
     return 0
+
+
+def budget_dirs(track_dir: Path) -> list[Path]:
+    """A track's run directories: the runs stored before the core budgets (the track's own directory), then one
+    ``cpus<N>`` directory per budget, in order of N."""
+    subs = [d for d in track_dir.glob("cpus*") if d.is_dir() and d.name[4:].isdigit()]
+    return [track_dir, *sorted(subs, key=lambda d: int(d.name[4:]))]
 
 
 def combined_conditions(parts: list[dict]) -> dict:
@@ -101,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seeds per contestant (default: {DEFAULT_SEEDS['matched']} matched, "
                          f"{DEFAULT_SEEDS['tuned']} tuned, {QUICK_SEEDS} with --quick; a contestant that reaches the "
                          f"target in none of its first 5 runs no more)")
+    ap.add_argument("--cpus", type=positive_int, default=None,
+                    help="the run's core budget: every contestant's process tree pinned to this many CPUs, each "
+                         "framework using its own parallel features within them (default: 2, or the CPUs this "
+                         "machine has if fewer); the race has a 1-CPU and a 2-CPU track")
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants of the track")
     ap.add_argument("--speed", action="store_true",
                     help=f"run the interleaved speed rounds instead ({SPEED_ROUNDS} by default, --rounds)")
@@ -111,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="start no run after M minutes (the stored runs stay; run the same command to go on)")
     ap.add_argument("--rerun-noisy", action="store_true", help="run again stored runs marked noisy (machine busy)")
     ap.add_argument("--rerun-slow", action="store_true",
-                    help="run again stored runs whose speed probe is more than 10%% off the race's median probe")
+                    help="run again, once, the stored runs whose own env steps/s after learning start is below "
+                         "80%% of their contestant's median speed round (run --speed first); the runs they replace "
+                         "are kept, marked superseded_by")
     add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=rng_seed, default=0, help=argparse.SUPPRESS)
@@ -119,30 +138,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     task_name = args.task or ("quick" if args.quick else "full")
-    names = [n for n in TRACK_CONTESTANTS[args.track] if not args.only or n in args.only]
+    names = [n for n in (TRACK_CONTESTANTS[args.track] if args.only else DEFAULT_CONTESTANTS[args.track])
+             if not args.only or n in args.only]
     if args.only and not names:
         ap.error(f"--only {' '.join(args.only)}: none of them races in the {args.track} track "
                  f"({', '.join(TRACK_CONTESTANTS[args.track])})")
     if args.worker:
         from pal_bench.studies.race.run import run_one
 
-        run = run_one(args.worker, args.track, task_name, args.seed, args.mode)
+        run = run_one(args.worker, args.track, task_name, args.seed, args.mode, cpus=args.cpus)
         atomic_write_text(args.worker_out, json.dumps(run))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rebuild:
         return rebuild(args.out, task_name)
+    from pal_bench.studies.race.pin import cpu_set
+
+    cpus = args.cpus or min(2, usable_cores())
+    cpu_set(cpus)                                    # UsageError now when this machine has fewer
     stop_on_termination()
     if refuse_if_busy("pal-bench race", args.force):
         return 2
     from pal_bench.studies.race import orchestrate
 
     if args.speed:
-        orchestrate.run_speed(args.track, task_name, names, args.rounds, args.out)
+        orchestrate.run_speed(args.track, task_name, names, args.rounds, args.out, cpus=cpus)
     else:
         seeds = args.seeds or (QUICK_SEEDS if task_name == "quick" else DEFAULT_SEEDS[args.track])
         if not orchestrate.run_race(args.track, task_name, names, seeds, args.out, args.max_minutes,
-                                    args.rerun_noisy, args.rerun_slow):
+                                    args.rerun_noisy, args.rerun_slow, cpus=cpus):
             return 0
     return rebuild(args.out, task_name)
 

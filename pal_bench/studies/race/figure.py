@@ -39,7 +39,7 @@ def return_bands(curves: pd.DataFrame, points: int = 400) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def draw(curves: pd.DataFrame, track: str, task: Task, path: Path) -> Path:
+def draw(curves: pd.DataFrame, track: str, task: Task, path: Path, cpus: int | None = None) -> Path:
     from pal_bench.plotting import pyplot, save_figure
 
     plt = pyplot()
@@ -52,7 +52,9 @@ def draw(curves: pd.DataFrame, track: str, task: Task, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("wall time, s (set-up + training; evaluation excluded; log scale)")
     ax.set_ylabel(f"mean greedy return ({task.eval_episodes} episodes)")
-    ax.set_title(f"{track} track, {task.env}: return against wall time; shaded: range over seeds", fontsize=10)
+    budget = f", {cpus} CPU{'s' if cpus != 1 else ''} each" if cpus else ""
+    ax.set_title(f"{track} track{budget}, {task.env}: return against wall time; shaded: range over seeds",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)

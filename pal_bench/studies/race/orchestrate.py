@@ -1,10 +1,13 @@
 """The race in resumable pieces: every (contestant, seed) run and every speed round is stored as soon as it ends, and
 the same command run again skips what is stored and still current (same settings hash), so a race of many hours
-is completed over several sittings.
+is completed over several sittings. Every run is kept: a run made again (its settings changed, the machine was busy,
+or it ran slower than its contestant's speed rounds) is a new file, and the old one names it in ``superseded_by``.
 
 Layout (``<runs>`` is ``results/race_runs`` for the full task, ``results/race_quick_runs`` for ``--quick``):
-``<runs>/<track>/<contestant>-s<seed>.json`` (one race run), ``<runs>/<track>/speed/<contestant>-r<round>.json``
-(one speed round of one contestant); the CSVs and figures are rebuilt from these files (``results.py``).
+``<runs>/<track>/cpus<N>/<contestant>-s<seed>[-a<k>].json`` (one race run on a budget of N CPUs; ``-a<k>``: its
+k-th run again), ``<runs>/<track>/cpus<N>/speed/<contestant>-r<round>.json`` (one speed round). Runs stored before
+the core budgets (not pinned) stay in ``<runs>/<track>/`` and are read as such (``cpus`` None). The CSVs and
+figures are rebuilt from these files (``results.py``).
 """
 
 from __future__ import annotations
@@ -18,33 +21,50 @@ from pathlib import Path
 from pal_bench.atomic import atomic_write_text
 from pal_bench.conditions import Conditions, settle
 from pal_bench.studies.race.contestants import contestant_class
-from pal_bench.studies.race.probe import probe_outliers
+from pal_bench.studies.race.pin import over_budget
+from pal_bench.studies.race.results import run_rate
 from pal_bench.studies.race.run import launch
 from pal_bench.studies.race.task import TASKS, settings_hash
 
 SETTLE_S = 300.0          # before each run: the longest wait for the previous run's load to fade
 MIN_UNREACHED_SEEDS = 5   # a contestant that reached the target in none of this many seeds runs no more of them
+SLOW_RUN = 0.8            # --rerun-slow: a run whose own env steps/s after learning starts is below this fraction
+#                           of its contestant's median speed round (same track and CPUs) is run again, once
+MIN_SPEED_ROUNDS = 3      # ... judged only against at least this many speed rounds
 
 
-def runs_dir(out: Path, task_name: str, track: str) -> Path:
-    return out / ("race_runs" if task_name == "full" else f"race_{task_name}_runs") / track
+def runs_dir(out: Path, task_name: str, track: str, cpus: int | None = None) -> Path:
+    """Where a track's runs on a budget of ``cpus`` CPUs are stored (None: the runs stored before the budgets)."""
+    base = out / ("race_runs" if task_name == "full" else f"race_{task_name}_runs") / track
+    return base if cpus is None else base / f"cpus{cpus}"
 
 
-def run_hash(name: str, track: str, task_name: str) -> str:
-    """The settings a stored run must still have: the task and the contestant's settings on the track."""
+def run_hash(name: str, track: str, task_name: str, cpus: int | None = None) -> str:
+    """The settings a stored run must still have: the task, the contestant's settings on the track and its CPUs."""
     task = TASKS[task_name]
-    return settings_hash(task, track, name, contestant_class(name).settings(name, track, task))
+    if cpus is None:
+        return settings_hash(task, track, name, contestant_class(name).settings(name, track, task))
+    return settings_hash(task, track, name, contestant_class(name).settings(name, track, task, cpus), {"cpus": cpus})
 
 
 def load_runs(directory: Path, pattern: str = "*-s*.json") -> list[dict]:
-    """Every run stored in ``directory`` matching ``pattern`` (unreadable files skipped, with a line)."""
+    """Every run stored in ``directory`` matching ``pattern`` (unreadable files skipped, with a line), each with
+    its ``run_id`` (the file's name without ``.json``)."""
     runs = []
     for path in sorted(directory.glob(pattern)):
         try:
-            runs.append(json.loads(path.read_text()))
+            run = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             print(f"pal-bench race: skipping {path} ({e})", file=sys.stderr)
+            continue
+        if isinstance(run, dict):
+            runs.append(run | {"run_id": path.stem})
     return runs
+
+
+def current_runs(runs: list[dict]) -> list[dict]:
+    """The runs no other run superseded."""
+    return [r for r in runs if not r.get("superseded_by")]
 
 
 def _say(msg: str) -> None:
@@ -54,39 +74,80 @@ def _say(msg: str) -> None:
 def _store(path: Path, run: dict, key: str, measured: Conditions) -> dict:
     conditions = measured.finish()
     run |= {"settings_hash": key, "noisy": measured.noisy(), "conditions": conditions,
-            "commit": conditions.get("commit")}
+            "commit": conditions.get("commit"), "own_cores": conditions.get("own_cores")}
+    run["over_budget"] = over_budget(run["own_cores"], run.get("cpus"))
+    run.pop("run_id", None)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(run))
-    return run
+    return run | {"run_id": path.stem}
+
+
+def _supersede(directory: Path, old: dict, new_id: str) -> None:
+    """Mark the stored run ``old`` as superseded by the run ``new_id`` (the file rewritten whole, atomically)."""
+    path = directory / f"{old['run_id']}.json"
+    kept = {k: v for k, v in old.items() if k != "run_id"} | {"superseded_by": new_id}
+    atomic_write_text(path, json.dumps(kept))
+    old["superseded_by"] = new_id
+
+
+def _next_id(directory: Path, name: str, seed: int) -> str:
+    """The file name (without .json) of the next run of (``name``, ``seed``): ``name-s<seed>``, then ``-a1``..."""
+    k = 0
+    while (directory / f"{name}-s{seed}{f'-a{k}' if k else ''}.json").exists():
+        k += 1
+    return f"{name}-s{seed}{f'-a{k}' if k else ''}"
+
+
+def slow_runs(runs: list[dict], speed: list[dict], below: float = SLOW_RUN) -> dict[str, float]:
+    """``{run_id: its rate / its contestant's median speed round}`` for the current first runs slower than ``below``
+    that median (runs that are themselves a run made again are not judged again; a contestant with fewer than
+    ``MIN_SPEED_ROUNDS`` speed rounds is not judged)."""
+    import numpy as np
+
+    med = {}
+    for name in {r["contestant"] for r in speed}:
+        v = [r["env_steps_per_s"] for r in speed if r["contestant"] == name and r.get("env_steps_per_s")]
+        if len(v) >= MIN_SPEED_ROUNDS:
+            med[name] = float(np.median(v))
+    out = {}
+    for r in current_runs(runs):
+        rate = run_rate(r)
+        if r.get("rerun_of") or rate is None or r["contestant"] not in med:
+            continue
+        if rate < below * med[r["contestant"]]:
+            out[r["run_id"]] = rate / med[r["contestant"]]
+    return out
 
 
 def run_race(track: str, task_name: str, names: list[str], seeds: int, out: Path, max_minutes: float | None = None,
              rerun_noisy: bool = False, rerun_slow: bool = False, settle_s: float = SETTLE_S,
-             launch_run: Callable[..., dict] = launch) -> bool:
-    """Run every (contestant, seed < ``seeds``) of ``track`` not stored and current; each seed's contestants in an
-    order rotated by the seed. A contestant that reached the target in none of its first ``MIN_UNREACHED_SEEDS``
-    seeds runs no more (its runs are lower bounds). ``max_minutes``: start no run after that many minutes (at least
-    one runs). ``rerun_noisy`` / ``rerun_slow``: run again the stored runs during which the machine was busy, or
-    whose speed probe is more than 10% off the median probe of the stored race. True when every run is stored."""
-    directory = runs_dir(out, task_name, track)
+             launch_run: Callable[..., dict] = launch, cpus: int = 2) -> bool:
+    """Run every (contestant, seed < ``seeds``) of ``track`` on ``cpus`` CPUs not stored and current; each seed's
+    contestants in an order rotated by the seed. A contestant that reached the target in none of its first
+    ``MIN_UNREACHED_SEEDS`` seeds runs no more (its runs are lower bounds). ``max_minutes``: start no run after that
+    many minutes (at least one runs). ``rerun_noisy`` / ``rerun_slow``: run again the stored runs during which the
+    machine was busy, or whose own env steps/s after learning start is below ``SLOW_RUN`` of its contestant's median
+    speed round (``slow_runs``: one pass; a run made again is not judged again). A run made again is stored beside
+    the one it replaces, which keeps its outcome and names it in ``superseded_by``. True when every run is stored."""
+    directory = runs_dir(out, task_name, track, cpus)
     directory.mkdir(parents=True, exist_ok=True)
     log = out / "race.log"
-    stored = {(r["contestant"], r["seed"]): r for r in load_runs(directory)}
-    slow = set()
+    stored = {(r["contestant"], r["seed"]): r for r in current_runs(load_runs(directory))}
+    slow = {}
     if rerun_slow:
-        probes = {k: r["probe_s"] for k, r in stored.items() if r.get("probe_s")}
-        slow = set(probe_outliers(probes))
-        for k in sorted(slow):
-            _say(f"{k[0]} seed {k[1]}: probe {stored[k]['probe_s']:.1f} s is more than 10% off the race's median: "
-                 f"run again")
+        speed = load_runs(directory / "speed", "*-r*.json")
+        slow = slow_runs(list(stored.values()), speed)
+        for run_id, f in sorted(slow.items()):
+            _say(f"{run_id}: {f:.2f}x its contestant's median speed round after learning start: run again")
     t_start, launched = time.monotonic(), 0
     todo = [(seed, name) for seed in range(seeds) for name in names[seed % len(names):] + names[:seed % len(names)]]
     for i, (seed, name) in enumerate(todo, 1):
-        key = run_hash(name, track, task_name)
+        key = run_hash(name, track, task_name, cpus)
         run = stored.get((name, seed))
-        current = (run is not None and run.get("settings_hash") == key and not (rerun_noisy and run.get("noisy"))
-                   and (name, seed) not in slow)
-        if current:
+        why = (None if run is None else "its settings changed" if run.get("settings_hash") != key else
+               "the machine was busy" if rerun_noisy and run.get("noisy") else
+               "slower than its speed rounds" if run["run_id"] in slow else "")
+        if why == "":
             continue
         mine = [r for (n, _), r in stored.items() if n == name and r.get("settings_hash") == key]
         if len(mine) >= MIN_UNREACHED_SEEDS and not any(r.get("curve") and _reached(r) for r in mine):
@@ -97,17 +158,26 @@ def run_race(track: str, task_name: str, names: list[str], seeds: int, out: Path
             return False
         settle(settle_s, progress=lambda m, i=i: _say(f"[{i}/{len(todo)}] {m}"))
         task = TASKS[task_name]
-        _say(f"[{i}/{len(todo)}] {track}: {name} seed {seed} on {task.env} (target {task.target:g}, budget "
-             f"{task.max_steps} steps / {task.max_wall_s:.0f} s of training)")
-        measured = Conditions(f"race ({track}, {task_name}): {name} seed {seed}")
-        run = _store(directory / f"{name}-s{seed}.json", launch_run(name, track, task_name, seed, log), key, measured)
+        _say(f"[{i}/{len(todo)}] {track}, {cpus} CPU(s): {name} seed {seed} on {task.env} (target {task.target:g}, "
+             f"budget {task.max_steps} steps / {task.max_wall_s:.0f} s of training)"
+             + (f"; again: {why}" if why else ""))
+        measured = Conditions(f"race ({track}, {task_name}, {cpus} CPUs): {name} seed {seed}")
+        new_id = _next_id(directory, name, seed)
+        fresh = launch_run(name, track, task_name, seed, log, cpus=cpus)
+        if run is not None:
+            fresh |= {"rerun_of": run["run_id"], "rerun_reason": why}
+        fresh = _store(directory / f"{new_id}.json", fresh, key, measured)
+        if run is not None:
+            _supersede(directory, run, new_id)
         launched += 1
-        stored[name, seed] = run
-        hit = _hit(run)
+        stored[name, seed] = fresh
+        hit = _hit(fresh)
         _say(f"[{i}/{len(todo)}] {name} seed {seed}: " + (
             f"target at {hit['env_steps']} steps, {hit['setup_s'] + hit['train_s']:.1f} s" if hit else
-            f"not reached in {run['env_steps']} steps, {run['train_s']:.0f} s") + f" (probe {run.get('probe_s')} s)"
-            + (" (noisy: the machine was busy; --rerun-noisy runs it again)" if run["noisy"] else ""))
+            f"not reached in {fresh['env_steps']} steps, {fresh['train_s']:.0f} s")
+            + f" (own cores {fresh.get('own_cores')} of {cpus})"
+            + (" (noisy: the machine was busy; --rerun-noisy runs it again)" if fresh["noisy"] else "")
+            + (" (OVER ITS CPU BUDGET: left out of the tables)" if fresh["over_budget"] else ""))
     return True
 
 
@@ -121,18 +191,18 @@ def _reached(run: dict) -> bool:
 
 
 def run_speed(track: str, task_name: str, names: list[str], rounds: int, out: Path, settle_s: float = SETTLE_S,
-              launch_run: Callable[..., dict] = launch) -> None:
+              launch_run: Callable[..., dict] = launch, cpus: int = 2) -> None:
     """Speed rounds: in each round every contestant trains for ``Task.speed_span`` env steps after learning starts
     (no evaluation), one after the other, the order rotated by one each round; each (round, contestant) is stored
     as soon as it ends and skipped when stored and current."""
-    directory = runs_dir(out, task_name, track) / "speed"
+    directory = runs_dir(out, task_name, track, cpus) / "speed"
     directory.mkdir(parents=True, exist_ok=True)
     log = out / "race.log"
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             path = directory / f"{name}-r{r}.json"
-            key = run_hash(name, track, task_name)
+            key = run_hash(name, track, task_name, cpus)
             if path.exists():
                 try:
                     if json.loads(path.read_text()).get("settings_hash") == key:
@@ -140,8 +210,8 @@ def run_speed(track: str, task_name: str, names: list[str], rounds: int, out: Pa
                 except (OSError, json.JSONDecodeError):
                     pass
             settle(settle_s, progress=lambda m, r=r: _say(f"speed round {r}: {m}"))
-            measured = Conditions(f"race speed ({track}, {task_name}): {name} round {r}")
-            run = launch_run(name, track, task_name, r, log, mode="speed")
+            measured = Conditions(f"race speed ({track}, {task_name}, {cpus} CPUs): {name} round {r}")
+            run = launch_run(name, track, task_name, r, log, mode="speed", cpus=cpus)
             run["round"] = r
             run = _store(path, run, key, measured)
             _say(f"speed round {r}: {name} {run['env_steps_per_s']:.0f} env steps/s")

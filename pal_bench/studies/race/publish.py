@@ -11,62 +11,94 @@ from pal_bench.bench.publishing import Publication, code, esc, md, missing, sour
 from pal_bench.stored_tables import read_csv, read_json
 from pal_bench.studies.race import results as race_results
 from pal_bench.studies.race.orchestrate import load_runs, runs_dir
+from pal_bench.studies.race.pin import CPU_BUDGETS
 from pal_bench.studies.race.probe import probe_spread
 from pal_bench.studies.race.task import TASKS, suffix
 
 
-def race_target_block(results: Path, track: str, task_name: str = "full") -> str:
-    """Steps and wall time to target per contestant of one track, with the probe spread of the runs compared."""
+def budget_words(cpus: int | None) -> str:
+    """How a block names a core budget."""
+    if cpus is None:
+        return "stored before the core budgets: not pinned, each contestant used the cores its own processes took"
+    return f"every contestant's process tree pinned to the same {cpus} CPU{'s' if cpus > 1 else ''}"
+
+
+def race_target_block(results: Path, track: str, task_name: str = "full", cpus: int | None = None) -> str:
+    """Steps and wall time to target per contestant of one track on one core budget, with the CPU each used, the
+    probe spread of the runs compared and how many runs were run again."""
     name = f"race{suffix(task_name)}.csv"
     path = results / name
+    command = (f"pal-bench race --track {track}" + (f" --cpus {cpus}" if cpus else "")
+               + (" --quick" if task_name == "quick" else ""))
     if not path.exists():
-        return missing(name, "pal-bench race" + (" --quick" if task_name == "quick" else ""))
-    df = read_csv(path)
-    df = df[df.track == track]
+        return missing(name, command)
+    every = read_csv(path)
+    df = race_results.track_runs(every, track, cpus)
     if df.empty:
-        return missing(name, f"pal-bench race --track {track}" + (" --quick" if task_name == "quick" else ""))
+        return missing(name, command)
     task = TASKS[task_name]
     t = race_results.target_table(df)
+    if "own_cores" in df and df.own_cores.notna().any():
+        cores = df.groupby("contestant").own_cores.agg(lambda v: f"{v.median():.2f} [{v.min():.2f}, {v.max():.2f}]")
+        t.insert(3, "CPU used (cores)", t.contestant.map(cores).fillna("-"))
     med, lo, hi = probe_spread(df.probe_s.dropna())
     ref = race_results.best_pal(df)
-    return (f"{track.capitalize()} track, {task.env} to a mean greedy return of {task.target:g} ({task.eval_episodes} "
-            f"episodes every {task.eval_interval:,} env steps; budget {task.max_steps:,} env steps or "
-            f"{task.max_wall_s / 60:.0f} minutes of training). Medians over seeds with the exact order-statistic "
-            f"interval of the median (95% or more; its true coverage in brackets where the seeds are too few); a "
-            f"run that never reached the target counts at its stop (`>=`: a lower bound). Wall to target: set-up "
-            f"plus training, evaluation excluded (every contestant's training stands still while it is evaluated); "
-            f"'with eval' adds the evaluations before the target. Ratios: the contestant's median over "
-            f"{code(ref)}'s (PAL's best {'matched ' if track == 'matched' else ''}contestant here), the range over "
-            f"every pairing of seeds, and a "
-            f"bootstrap 95% interval where both have at least 10 seeds. Speed probes of these runs: median "
-            f"{med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n" + md(t, "") + "\n\n" + source(results, name) + "\n")
+    draws = race_results.track_runs(every, track, cpus, every_draw=True)
+    again = draws[draws.superseded_by.notna() & (draws.superseded_by.astype(str) != "")] if "superseded_by" in draws \
+        else draws.iloc[:0]
+    over = race_results.over_budget_runs(every, track, cpus)
+    fig = race_results.figure_name(suffix(task_name), track, cpus)
+    figure_line = (f"![{track}, {cpus} CPU(s)](../results/figures/{fig})\n\n"
+                   if cpus is not None and (results / "figures" / fig).exists() else "")
+    rerun_note = (f" {len(again)} of {len(draws)} runs were run again (their first draws kept in `{name}`, marked "
+                  f"`superseded_by`); with every draw kept:\n\n" + md(race_results.target_table(draws), "") + "\n"
+                  if len(again) else " No run was run again.\n" if cpus is not None else "\n")
+    over_note = f" {len(over)} runs used more CPU than their budget and are left out.\n" if len(over) else ""
+    return figure_line + (f"{track.capitalize()} track, {budget_words(cpus)}; {task.env} to a mean greedy return of "
+            f"{task.target:g} ({task.eval_episodes} episodes every {task.eval_interval:,} env steps; budget "
+            f"{task.max_steps:,} env steps or {task.max_wall_s / 60:.0f} minutes of training). Medians over seeds "
+            f"with the exact order-statistic interval of the median (95% or more; its true coverage in brackets "
+            f"where the seeds are too few); a run that never reached the target counts at its stop (`>=`: a lower "
+            f"bound). Wall to target: set-up plus training, evaluation excluded (every contestant's training stands "
+            f"still while it is evaluated); 'with eval' adds the evaluations before the target. CPU used: the run's "
+            f"process tree's CPU seconds over its wall time (median and range over its runs). Ratios: the "
+            f"contestant's median over {code(ref)}'s (PAL's best {'matched ' if track == 'matched' else ''}"
+            f"contestant here), the range over every pairing of seeds, and a bootstrap 95% interval where both have "
+            f"at least 10 seeds. Speed probes of these runs: median {med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n"
+            + md(t, "") + "\n\n" + rerun_note + over_note + source(results, name) + "\n")
 
 
-def race_speed_block(results: Path, track: str = "matched", task_name: str = "full") -> str:
+def race_speed_block(results: Path, track: str = "matched", task_name: str = "full", cpus: int | None = None) -> str:
     name = f"race{suffix(task_name)}_speed.csv"
     path = results / name
+    command = f"pal-bench race --speed --track {track}" + (f" --cpus {cpus}" if cpus else "")
     if not path.exists():
-        return missing(name, "pal-bench race --speed")
+        return missing(name, command)
     sp = read_csv(path)
-    sp = sp[sp.track == track]
+    c = pd.to_numeric(sp.cpus, errors="coerce") if "cpus" in sp else pd.Series(float("nan"), index=sp.index)
+    sp = sp[(sp.track == track) & (c.isna() if cpus is None else c == cpus)]
     if sp.empty:
-        return missing(name, f"pal-bench race --speed --track {track}")
+        return missing(name, command)
     task = TASKS[task_name]
-    return (f"Env steps per second of training in one sitting, {track} track: each round runs every contestant for "
+    return (f"Env steps per second of training in one sitting, {track} track, {budget_words(cpus)}: each round "
+            f"runs every contestant for "
             f"{task.speed_span:,} env steps after learning starts ({task.learning_starts:,}), one after the other in "
             f"an order rotated by one each round; medians over the rounds with the range (with fewer than 10 rounds "
             f"the range, not an interval). Updates/s: the run's measured updates per env step times its env steps "
             f"per second.\n\n" + md(race_results.speed_table(sp), "") + "\n\n" + source(results, name) + "\n")
 
 
-def race_settings_block(results: Path, track: str = "matched", task_name: str = "full") -> str:
+def race_settings_block(results: Path, track: str = "matched", task_name: str = "full",
+                        cpus: int | None = None) -> str:
 
-    where = runs_dir(results, task_name, track)
+    where = runs_dir(results, task_name, track, cpus)
     runs = load_runs(where)
     if not runs:
-        return missing(f"{where.relative_to(results)}/", f"pal-bench race --track {track}")
-    return (f"What each {track} contestant built, read back from its framework's own objects when it was built "
-            f"(not from our configuration), and its measured updates per env step (median over its runs).\n\n"
+        return missing(f"{where.relative_to(results)}/", f"pal-bench race --track {track}"
+                       + (f" --cpus {cpus}" if cpus else ""))
+    return (f"What each {track} contestant built ({budget_words(cpus)}), read back from its framework's own objects "
+            f"when it was built (not from our configuration), and its measured updates per env step (median over its "
+            f"runs).\n\n"
             + md(race_results.settings_table(runs), "") + "\n")
 
 
@@ -101,36 +133,92 @@ def race_profile_block(results: Path) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+HEADLINE_CPUS = 2          # README's headline quotes the matched track on this many CPUs, once it has run
+
+
 def race_headline_block(results: Path) -> str:
-    """README's one sentence on the race: the matched track's best PAL contestant against each peer that raced."""
+    """README's one sentence on the race: the matched track's best PAL contestant against each peer, on
+    ``HEADLINE_CPUS`` CPUs (until that track has run: the runs stored before the core budgets, said so), each ratio
+    of median wall times with its bootstrap and order-statistic 95% intervals; "at least" only where a run that
+    stopped before the target could move a median."""
 
     path = results / "race.csv"
     if not path.exists():
         return missing("race.csv", "pal-bench race")
-    df = read_csv(path)
-    df = df[df.track == "matched"]
-    ref = race_results.best_pal(df)
-    if ref is None:
-        return missing("race.csv", "pal-bench race --only pal pal-processes")
+    every = read_csv(path)
+    for cpus in (HEADLINE_CPUS, None):
+        df = race_results.track_runs(every, "matched", cpus)
+        ref = race_results.best_pal(df)
+        if ref is not None and not df[~df.contestant.isin(race_results.PAL_MATCHED)].empty:
+            break
+    else:
+        return missing("race.csv", f"pal-bench race --cpus {HEADLINE_CPUS}")
     mine = df[df.contestant == ref]
+    mine_moved = race_results.censoring_moves_median(mine.wall_to_target_s, mine.reached)
     parts = []
     for name, g in df[~df.contestant.isin(race_results.PAL_MATCHED)].groupby("contestant"):
-        bound = "at least " if not g.reached.all() else ""
-        parts.append(f"{bound}{g.wall_to_target_s.median() / mine.wall_to_target_s.median():.1f}x sooner than "
-                     f"{esc(name)} ({int(g.reached.sum())} of {len(g)} seeds reached; median "
+        r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
+        moved = race_results.censoring_moves_median(g.wall_to_target_s, g.reached)
+        bound = "at least " if moved and not mine_moved else "at most " if mine_moved and not moved else \
+            "an unknown multiple near " if moved else ""
+        parts.append(f"{esc(name)} took {bound}{r['ratio']:.1f}x PAL's median wall time (95%: bootstrap "
+                     f"{r['boot_low']:.1f}-{r['boot_high']:.1f}, order statistics {r['order_low']:.1f}-"
+                     f"{r['order_high']:.1f}; {int(g.reached.sum())} of {len(g)} seeds reached, median "
                      f"{g.steps_to_target.median() / 1000:.0f}k steps, {g.wall_to_target_s.median():.0f} s)")
-    return (f"**The race** (matched track: every contestant trains the same Double DQN on the same data rhythm; "
-            f"LunarLander-v3 to 200): PAL's {code(ref)} reached the target in {int(mine.reached.sum())} of {len(mine)} "
-            f"seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k env steps and "
-            f"{mine.wall_to_target_s.median():.0f} s of set-up and training: " + "; ".join(parts)
-            + ". Ratios of medians; intervals, the speed table and the tuned track: [docs/race.md](docs/race.md).\n")
+    where = (f"matched track, {budget_words(cpus)}: every contestant trains the same Double DQN on the same data "
+             f"rhythm" if cpus is not None else
+             "matched track, stored before the core budgets: every contestant trains the same Double DQN on the same "
+             "data rhythm, but the cores were not equal: `pal-processes` runs an actor process beside its learner "
+             "while RLlib and tianshou ran in one process each; the pinned tracks replace it")
+    return (f"**The race** ({where}; LunarLander-v3 to 200): PAL's {code(ref)} reached the target in "
+            f"{int(mine.reached.sum())} of {len(mine)} seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k "
+            f"env steps and {mine.wall_to_target_s.median():.0f} s of set-up and training; " + "; ".join(parts)
+            + ". Ratios of medians; every table, the speed rounds and the tuned track: [docs/race.md](docs/race.md).\n")
+
+
+GOALS = {2: {"tianshou": 3.0, "rllib": 10.0}, 1: {"tianshou": 2.0, "rllib": 6.0}}   # the issue's, per core budget
+
+
+def race_goals_block(results: Path) -> str:
+    """The goals of the core tracks as measured: PAL's best matched contestant's median wall time to target against
+    each peer's, on each budget, with both 95% intervals; met or not by the median ratio."""
+    path = results / "race.csv"
+    if not path.exists():
+        return missing("race.csv", "pal-bench race --cpus 2")
+    every = read_csv(path)
+    rows = []
+    for cpus, goals in GOALS.items():
+        df = race_results.track_runs(every, "matched", cpus)
+        ref = race_results.best_pal(df)
+        for peer, goal in goals.items():
+            g = df[df.contestant == peer]
+            if ref is None or g.empty:
+                rows.append({"track": f"matched, {cpus} CPU{'s' if cpus > 1 else ''}", "goal": f">= {goal:g}x {peer}",
+                             "measured": "not run yet", "met": ""})
+                continue
+            mine = df[df.contestant == ref]
+            r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
+            moved = race_results.censoring_moves_median(g.wall_to_target_s, g.reached)
+            rows.append({"track": f"matched, {cpus} CPU{'s' if cpus > 1 else ''}", "goal": f">= {goal:g}x {peer}",
+                         "measured": f"{'>= ' if moved else ''}{r['ratio']:.2f}x ({code(ref)}, {len(mine)} seeds; "
+                                     f"{peer} {len(g)} seeds; bootstrap {r['boot_low']:.2f}-{r['boot_high']:.2f}, "
+                                     f"order statistics {r['order_low']:.2f}-{r['order_high']:.2f})",
+                         "met": "yes" if r["ratio"] >= goal else "no"})
+    return ("The goals of the core tracks (median wall time to target, set-up and training, of each peer over PAL's "
+            "best matched contestant on the same CPUs; met when the median ratio reaches the goal; the intervals "
+            "say how sure):\n\n" + md(pd.DataFrame(rows), "") + "\n\n" + source(results, "race.csv") + "\n")
 
 
 def race_blocks(results: Path, task_name: str = "full") -> str:
-    """Every race table of a task (what ``pal-bench race`` prints)."""
-    parts = [race_target_block(results, track, task_name) for track in ("matched", "tuned")]
+    """Every race table of a task (what ``pal-bench race`` prints): each track on each core budget that has runs."""
+    parts = []
+    for track in ("matched", "tuned"):
+        for cpus in (*CPU_BUDGETS, None):
+            block = race_target_block(results, track, task_name, cpus)
+            if not block.startswith("_Not measured yet"):
+                parts.append(block)
     if task_name == "full":
-        parts.append(race_speed_block(results))
+        parts += [race_speed_block(results, "matched", cpus=c) for c in CPU_BUDGETS]
     return "\n".join(parts)
 
 
@@ -145,14 +233,24 @@ def outputs(results: Path, figures: bool) -> list[Path]:
         path = results / f"race{suffix(task)}_curves.csv"
         if path.exists():
             curves = read_csv(path)
-            for track, c in curves.groupby("track"):
-                out.append(draw(c, track, TASKS[task], results / "figures" / f"race{suffix(task)}_{track}.png"))
+            cpus = curves.cpus.fillna(-1) if "cpus" in curves else pd.Series(-1, index=curves.index)
+            for (track, n), c in curves.groupby(["track", cpus]):
+                n = None if n == -1 else int(n)
+                out.append(draw(c, track, TASKS[task], results / "figures" /
+                                race_results.figure_name(suffix(task), track, n), n))
     return out
 
 
 PUBLICATION = Publication("race", {
-    "race-quick": lambda results: race_target_block(results, "matched", "quick"),
+    "race-quick": lambda results: race_target_block(results, "matched", "quick", HEADLINE_CPUS),
     "race-headline": race_headline_block,
+    "race-goals": race_goals_block,
+    "race-matched-1cpu": lambda results: race_target_block(results, "matched", cpus=1),
+    "race-matched-2cpu": lambda results: race_target_block(results, "matched", cpus=2),
+    "race-tuned-2cpu": lambda results: race_target_block(results, "tuned", cpus=2),
+    "race-speed-1cpu": lambda results: race_speed_block(results, "matched", cpus=1),
+    "race-speed-2cpu": lambda results: race_speed_block(results, "matched", cpus=2),
+    "race-settings-2cpu": lambda results: race_settings_block(results, "matched", cpus=2),
     "race-matched": lambda results: race_target_block(results, "matched"),
     "race-tuned": lambda results: race_target_block(results, "tuned"),
     "race-speed": race_speed_block,

@@ -21,10 +21,11 @@ from pal_bench.studies.race.task import TASKS
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
 MIN_SEEDS_FOR_BOOTSTRAP = 10
 
-RUN_COLUMNS = ["track", "contestant", "seed", "reached", "steps_to_target", "wall_to_target_s",
+RUN_COLUMNS = ["track", "cpus", "contestant", "seed", "run_id", "reached", "steps_to_target", "wall_to_target_s",
                "wall_with_eval_to_target_s", "train_to_target_s", "wall_s", "train_s", "eval_s", "setup_s",
-               "env_steps", "env_steps_per_s", "updates_per_env_step", "n_params", "torch_threads", "probe_s",
-               "best_return", "noisy", "commit", "settings_hash"]
+               "env_steps", "env_steps_per_s", "rate_after_start", "updates_per_env_step", "own_cores",
+               "over_budget", "n_params", "torch_threads", "probe_s", "best_return", "noisy", "superseded_by",
+               "rerun_of", "rerun_reason", "commit", "settings_hash"]
 
 
 def run_row(run: dict) -> dict:
@@ -37,33 +38,80 @@ def run_row(run: dict) -> dict:
         steps, train, evals = hit["env_steps"], hit["train_s"], hit["eval_s"]
     else:
         steps, train, evals = run["env_steps"], run["train_s"], run["eval_s"]
-    return {"track": run["track"], "contestant": run["contestant"], "seed": run["seed"], "reached": hit is not None,
+    own = run.get("own_cores")          # (runs stored before the core budgets: their detector counted some twice)
+    rate = run_rate(run)
+    return {"track": run["track"], "cpus": run.get("cpus"), "contestant": run["contestant"], "seed": run["seed"],
+            "run_id": run.get("run_id"), "reached": hit is not None,
             "steps_to_target": int(steps), "wall_to_target_s": round(run["setup_s"] + train, 2),
             "wall_with_eval_to_target_s": round(run["setup_s"] + train + evals, 2),
             "train_to_target_s": round(train, 2), "wall_s": run["wall_s"], "train_s": run["train_s"],
             "eval_s": run["eval_s"], "setup_s": run["setup_s"], "env_steps": run["env_steps"],
-            "env_steps_per_s": run["env_steps_per_s"], "updates_per_env_step": run["updates_per_env_step"],
+            "env_steps_per_s": run["env_steps_per_s"], "rate_after_start": None if rate is None else round(rate, 1),
+            "updates_per_env_step": run["updates_per_env_step"], "own_cores": own,
+            "over_budget": bool(run.get("over_budget")),
             "n_params": run["n_params"], "torch_threads": run["torch_threads"], "probe_s": run.get("probe_s"),
             "best_return": max(returns) if returns else None, "noisy": bool(run.get("noisy")),
-            "commit": run.get("commit"), "settings_hash": run.get("settings_hash")}
+            "superseded_by": run.get("superseded_by"), "rerun_of": run.get("rerun_of"),
+            "rerun_reason": run.get("rerun_reason"), "commit": run.get("commit"),
+            "settings_hash": run.get("settings_hash")}
+
+
+def run_rate(run: dict) -> float | None:
+    """The run's own env steps per training second after learning starts: from its first evaluation at or past
+    learning start to its last one (None with fewer than two such evaluations)."""
+    starts = (run.get("facts") or {}).get("learning_starts", TASKS[run["task"]].learning_starts)
+    pts = [e for e in run.get("curve", []) if e["env_steps"] >= starts]
+    if len(pts) < 2 or pts[-1]["train_s"] <= pts[0]["train_s"]:
+        return None
+    return (pts[-1]["env_steps"] - pts[0]["env_steps"]) / (pts[-1]["train_s"] - pts[0]["train_s"])
 
 
 def runs_frame(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([run_row(r) for r in runs], columns=RUN_COLUMNS)
 
 
+def track_runs(df: pd.DataFrame, track: str, cpus: int | None, every_draw: bool = False) -> pd.DataFrame:
+    """The rows of one track on a budget of ``cpus`` CPUs (None: the runs stored before the budgets), over budget
+    left out; by default the current runs only (``every_draw``: the superseded ones too, every draw kept)."""
+    c = df.cpus if "cpus" in df else pd.Series(float("nan"), index=df.index)
+    same = c.isna() if cpus is None else (pd.to_numeric(c, errors="coerce") == cpus)
+    out = df[(df.track == track) & same]
+    if "over_budget" in out:
+        out = out[~out.over_budget.fillna(False).astype(bool)]
+    if not every_draw and "superseded_by" in out:
+        out = out[out.superseded_by.isna() | (out.superseded_by.astype(str) == "")]
+    return out
+
+
 def curves_frame(runs: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([{"track": r["track"], "contestant": r["contestant"], "seed": r["seed"], **e}
-                         for r in runs for e in r["curve"]])
+    """Every evaluation of every current run (a run another superseded is left out), with its track and CPUs."""
+    return pd.DataFrame([{"track": r["track"], "cpus": r.get("cpus"), "contestant": r["contestant"], "seed": r["seed"],
+                          **e} for r in runs if not r.get("superseded_by") and not r.get("over_budget")
+                         for e in r["curve"]])
+
+
+def figure_name(task_sfx: str, track: str, cpus) -> str:
+    """``race[_quick]_<track>[_<N>cpu].png`` (no CPU part for the runs stored before the core budgets)."""
+    c = pd.to_numeric(pd.Series([cpus]), errors="coerce").iloc[0]
+    return f"race{task_sfx}_{track}" + ("" if pd.isna(c) else f"_{int(c)}cpu") + ".png"
+
+
+def over_budget_runs(df: pd.DataFrame, track: str, cpus: int | None) -> pd.DataFrame:
+    """The runs of one track and budget that used more CPU than the budget (left out of every table)."""
+    if "over_budget" not in df or cpus is None:
+        return df.iloc[:0]
+    c = pd.to_numeric(df.cpus, errors="coerce")
+    return df[(df.track == track) & (c == cpus) & df.over_budget.fillna(False).astype(bool)]
 
 
 def speed_frame(runs: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([{"track": r["track"], "round": r["round"], "contestant": r["contestant"],
+    return pd.DataFrame([{"track": r["track"], "cpus": r.get("cpus"), "round": r["round"],
+                          "contestant": r["contestant"],
                           "env_steps_per_s": round(r["env_steps_per_s"], 1),
                           "updates_per_s": round(r["updates_per_s"], 1),
                           "updates_per_env_step": r["updates_per_env_step"],
                           "noisy": bool(r.get("noisy")), "commit": r.get("commit")} for r in runs],
-                        columns=["track", "round", "contestant", "env_steps_per_s", "updates_per_s",
+                        columns=["track", "cpus", "round", "contestant", "env_steps_per_s", "updates_per_s",
                                  "updates_per_env_step", "noisy", "commit"])
 
 
@@ -209,3 +257,27 @@ def phase_table(runs: list[dict]) -> pd.DataFrame:
                      "phases (share of the worker's time)": ", ".join(
                          f"{PHASE_NAMES.get(p, p)} {s / total:.1%}" for p, s in shares if s / total >= 0.005)})
     return pd.DataFrame(rows)
+
+
+def censoring_moves_median(values: pd.Series, reached: pd.Series) -> bool:
+    """Whether a run stopped before the target (its value a lower bound) sits at or below the median's order
+    statistics, so that its true value could move the median: only then is a median a lower bound ("at least")."""
+    order = np.argsort(np.asarray(values, float), kind="stable")
+    n = len(order)
+    if n == 0:
+        return False
+    upper = n // 2                                   # 0-based rank of the upper of the middle values (or the middle)
+    censored = ~np.asarray(reached, bool)[order]
+    return bool(censored[:upper + 1].any())
+
+
+def ratio_intervals(peer: pd.Series, pal: pd.Series, level: float = 0.95) -> dict:
+    """The median ratio peer / PAL with two 95% intervals: a bootstrap one (both samples resampled) and a
+    distribution-free one from the medians' exact order-statistic intervals (each at ``sqrt(level)``, so that both
+    hold together with probability at least ``level``: [peer low / PAL high, peer high / PAL low])."""
+    point, blo, bhi = ratio_ci(peer, pal, level=level)
+    each = math.sqrt(level)
+    _, plo, phi, pc = median_order_ci(peer.astype(float), each)
+    _, qlo, qhi, qc = median_order_ci(pal.astype(float), each)
+    return {"ratio": point, "boot_low": blo, "boot_high": bhi, "order_low": plo / qhi, "order_high": phi / qlo,
+            "order_coverage": pc * qc}

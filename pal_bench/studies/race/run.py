@@ -7,6 +7,7 @@ imports of one contestant cannot slow another), with one torch/OpenMP thread per
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -16,8 +17,10 @@ from pathlib import Path
 
 from pal_bench.studies.race.clock import Clock
 from pal_bench.studies.race.contestants import make
+from pal_bench.studies.race.counters import RunCounters
+from pal_bench.studies.race.pin import cpu_set, pin_self, tree_cpus
 from pal_bench.studies.race.probe import speed_probe
-from pal_bench.studies.race.task import MATCHED, TASKS, Task, check_matched
+from pal_bench.studies.race.task import MATCHED, TASKS, Task, check_counted, check_matched
 
 
 def env_dims(env_id: str) -> tuple[int, int]:
@@ -32,38 +35,56 @@ def env_dims(env_id: str) -> tuple[int, int]:
         env.close()
 
 
-def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race", task: Task | None = None) -> dict:
+def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race", task: Task | None = None,
+            cpus: int | None = None) -> dict:
     """Probe (race mode), build, read back and check (matched track: before training, and the measured updates per
     env step after), train, close. Returns the run's record (times in seconds). ``task``: a variant of
-    ``TASKS[task_name]`` (the race profile's longer budget and unreachable target)."""
+    ``TASKS[task_name]`` (the race profile's longer budget and unreachable target). ``cpus``: the run's core budget
+    (the contestant's parallel features follow it; ``launch`` pinned this process to that many CPUs; None: the
+    CPUs this process may use), recorded with the CPUs the run's process tree could use at the end of training."""
     import torch
 
     task = task or TASKS[task_name]
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = cpus or len(allowed)
+    if len(allowed) > cpus:
+        raise RuntimeError(f"a run with a budget of {cpus} CPU(s) may use {len(allowed)} ({allowed}): start it "
+                           f"through launch(), which pins it")
     torch.set_num_threads(MATCHED.torch_threads)
     probe = speed_probe(task, seed) if mode == "race" else {}
     obs_dim, n_actions = env_dims(task.env)
     clock = Clock(task, seed, mode)
-    contestant = make(name, track, task, seed)
+    contestant = make(name, track, task, seed, cpus)
     contestant.mode = mode
+    counters = RunCounters()
     try:
         contestant.build()
         facts = contestant.facts()
         if track == "matched":
             check_matched(name, facts, obs_dim, n_actions)
+        contestant.attach(counters)
         clock.started()
         measured = contestant.train(clock)
+        used = tree_cpus()                      # every thread of the run's processes, before they are stopped
+        counters.detach()
     finally:
         contestant.close()
+    if len(used) > cpus:
+        raise RuntimeError(f"{name} ran outside its budget of {cpus} CPU(s): its processes could use {used}")
     train_s = measured.get("train_s", clock.train_s())
-    learning = max(1, measured["env_steps"] - facts.get("learning_starts", task.learning_starts))
+    starts = facts.get("learning_starts", task.learning_starts)
+    learning = max(1, measured["env_steps"] - starts)
     ups = measured["updates"] / learning
+    counted = counters.as_dict(measured["env_steps"], starts)
     if track == "matched":
         check_matched(name, facts | {"updates_per_step": ups}, obs_dim, n_actions, measured=True)
+        check_counted(name, counted, task, starts)
     run = {"contestant": name, "track": track, "task": task_name, "seed": seed, "mode": mode,
            "setup_s": round(clock.setup_s or 0.0, 3), "train_s": round(train_s, 3), "eval_s": round(clock.eval_s, 3),
            "env_steps": int(measured["env_steps"]), "updates": int(measured["updates"]),
            "updates_per_env_step": round(ups, 5), "n_params": facts.get("n_params"),
-           "torch_threads": facts.get("torch_threads"), "facts": facts, "curve": clock.curve} | probe
+           "torch_threads": facts.get("torch_threads"), "facts": facts, "curve": clock.curve,
+           "cpus": cpus, "cpu_set": allowed, "tree_cpus": used, "counters": counted} | probe
     run["wall_s"] = round(run["setup_s"] + run["train_s"] + run["eval_s"], 3)
     if clock.phase_seconds:
         run["phase_seconds"] = clock.phase_seconds
@@ -78,20 +99,23 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
     return run
 
 
-def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: str = "race") -> dict:
-    """Run one contestant in its own process (one torch/OpenMP thread); its evaluations stream to ``log``.
-    RuntimeError naming the log when it fails (a matched contestant that does not do the matched work included)."""
+def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: str = "race", cpus: int = 2) -> dict:
+    """Run one contestant in its own process (one torch/OpenMP thread), pinned with everything it starts to the
+    first ``cpus`` CPUs this process may use (``pin.cpu_set``); its evaluations stream to ``log``. RuntimeError
+    naming the log when it fails (a matched contestant that does not do the matched work included)."""
+    cpu_list = cpu_set(cpus)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [sys.executable, "-m", "pal_bench.studies.race", "--worker", name, "--track", track, "--task", task_name,
-           "--seed", str(seed), "--mode", mode, "--worker-out", str(out)]
+           "--seed", str(seed), "--mode", mode, "--cpus", str(cpus), "--worker-out", str(out)]
     threads = str(MATCHED.torch_threads)
     env = dict(os.environ, PYTHONWARNINGS="ignore", RAY_DEDUP_LOGS="0", OMP_NUM_THREADS=threads,
                MKL_NUM_THREADS=threads)
     with open(log, "a") as lf:
         lf.write(f"\n=== {name} ({track}, {task_name}) seed {seed} {mode}\n")
         lf.flush()
-        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=functools.partial(pin_self, cpu_list)).returncode
     try:
         if rc != 0:
             tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []

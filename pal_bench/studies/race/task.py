@@ -76,6 +76,10 @@ class Matched:
     updates_per_step: float = 0.25
     torch_threads: int = 1
 
+    def epsilon(self, env_step: int, decay_steps: int) -> float:
+        """Epsilon at ``env_step``: 1 -> ``eps_end`` linearly over ``decay_steps`` env steps, then ``eps_end``."""
+        return max(self.eps_end, 1.0 - (1.0 - self.eps_end) * env_step / decay_steps)
+
     def n_params(self, obs_dim: int, n_actions: int) -> int:
         """Parameters of the online Q-network: obs_dim -> hidden... -> n_actions, with biases (8-256-256-4:
         69,124)."""
@@ -108,6 +112,42 @@ def check_matched(name: str, facts: dict, obs_dim: int, n_actions: int, measured
                    f"{UPDATES_TOLERANCE:.0%}{', measured from its logs' if measured else ''})")
     if bad:
         raise SettingsMismatch(f"{name} does not do the matched work: " + "; ".join(bad))
+
+
+FIRST_UPDATE_SLACK = 64            # env steps: the first update may come this much after learning starts (an actor
+#                                    runs ahead by the rate rule's slack, RLlib samples a fragment at a time)
+TARGET_COPY_SLACK = 1              # target copies: within one of (optimizer steps / target period)
+EPS_TOLERANCE = 0.02               # epsilon seen may differ by this much from the matched schedule (RLlib reads its
+#                                    steps once per train() call: a staircase, 0.013 above the line on LunarLander)
+
+
+def check_counted(name: str, counted: dict, task: Task, learning_starts: int) -> None:
+    """Refuse a matched run whose run-time counts (``counters.RunCounters.as_dict``: from hooks on the framework's
+    optimizer, target network, loss input and exploration) differ from ``MATCHED``: updates per env step after
+    ``learning_starts`` (optimizer steps counted), the batch the loss saw, target copies per optimizer step, the env
+    step of the first update, and epsilon at every env step it was seen."""
+    m, bad = MATCHED, []
+    ups = counted.get("updates_per_env_step")
+    if ups is None or abs(ups - m.updates_per_step) > UPDATES_TOLERANCE * m.updates_per_step:
+        bad.append(f"counted updates per env step {ups!r} (matched: {m.updates_per_step}, within "
+                   f"{UPDATES_TOLERANCE:.0%})")
+    if counted.get("batch_size") != m.batch_size:
+        bad.append(f"the loss saw batches of {counted.get('batch_sizes')!r} rows (matched: {m.batch_size})")
+    steps, copies = counted.get("optimizer_steps") or 0, counted.get("target_copies")
+    if copies is None or abs(copies - steps / m.target_update) > TARGET_COPY_SLACK + 1e-9:
+        bad.append(f"{copies!r} target copies in {steps} optimizer steps (matched: one every {m.target_update})")
+    first = counted.get("first_update_env_step")
+    if steps and (first is None or not learning_starts <= first <= learning_starts + FIRST_UPDATE_SLACK):
+        bad.append(f"first update at env step {first!r} (matched: {learning_starts}, at most "
+                   f"{FIRST_UPDATE_SLACK} later)")
+    off = [(t, e) for t, e in counted.get("eps_seen", [])
+           if abs(e - m.epsilon(t, task.eps_decay_steps)) > EPS_TOLERANCE]
+    if off or not counted.get("eps_seen"):
+        t, e = off[0] if off else (None, None)
+        bad.append(f"epsilon {e!r} at env step {t!r} (matched: {m.epsilon(t, task.eps_decay_steps):.3f})" if off
+                   else "epsilon was never seen")
+    if bad:
+        raise SettingsMismatch(f"{name} did not do the matched work, as counted while it ran: " + "; ".join(bad))
 
 
 def settings_hash(*parts) -> str:

@@ -1,8 +1,9 @@
 """The race's contestants, one module per framework (``pal``, ``tianshou``, ``rllib``), each a ``Contestant``.
 
 A contestant is built (``build``: everything constructed, counted as set-up), read back (``facts``: what the
-framework actually built and configured, from its own objects, never from our config), trained under the race's
-``Clock`` (``train``: returns the env steps and updates counted by the framework itself), and closed. The matched
+framework actually built and configured, from its own objects, never from our config), given the run's counters
+(``attach``: hooks on its optimizer, target network, loss input and exploration, ``counters.py``), trained under the
+race's ``Clock`` (``train``: returns the env steps and updates counted by the framework itself), and closed. The matched
 track checks ``facts`` against ``task.MATCHED`` before training and the measured updates per env step after.
 """
 
@@ -16,15 +17,16 @@ from pal_bench.studies.race.task import Task
 
 class Contestant:
     """One framework's DQN in the race. ``name`` is the contestant's (``pal-processes``), ``track`` "matched" or
-    "tuned"."""
+    "tuned", ``cpus`` the run's core budget (1: everything on one CPU; 2 or more: the framework places its work
+    with its own parallel features, e.g. RLlib a remote env runner, tianshou a subprocess environment)."""
 
-    def __init__(self, name: str, track: str, task: Task, seed: int):
-        self.name, self.track, self.task, self.seed = name, track, task, seed
+    def __init__(self, name: str, track: str, task: Task, seed: int, cpus: int = 1):
+        self.name, self.track, self.task, self.seed, self.cpus = name, track, task, seed, cpus
 
     @classmethod
-    def settings(cls, name: str, track: str, task: Task) -> dict:
-        """The settings this contestant is configured with on ``track`` (JSON-able, no framework import): they go
-        into each stored run's settings hash, so a run whose settings changed is run again."""
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
+        """The settings this contestant is configured with on ``track`` with ``cpus`` CPUs (JSON-able, no framework
+        import): they go into each stored run's settings hash, so a run whose settings changed is run again."""
         raise NotImplementedError
 
     def build(self) -> None:
@@ -37,6 +39,11 @@ class Contestant:
         ``dueling``, ``gamma``, ``lr``, ``grad_clip`` (0: none), ``buffer_capacity``, ``alpha``, ``beta``,
         ``updates_per_step`` (as configured), ``loss`` (a short text), ``hidden`` (list), and anything else worth
         showing in the settings table."""
+        raise NotImplementedError
+
+    def attach(self, counters) -> None:
+        """Put ``counters`` (a ``counters.RunCounters``) on the objects the framework built: its online network's
+        optimizer, target network, loss input and env-step count; epsilon as its exploration has it."""
         raise NotImplementedError
 
     def train(self, clock: Clock) -> dict:
@@ -61,6 +68,9 @@ TRACK_CONTESTANTS = {
     "matched": ("pal", "pal-processes", "tianshou", "rllib", "rllib-pal"),
     "tuned": ("pal-processes", "pal-apex", "tianshou", "rllib"),
 }
+# who runs when ``--only`` names no one: the matched track's core budgets without ``rllib-pal`` (PAL's buffer
+# inside RLlib, a question of the plug-in study; ``--only rllib-pal`` runs it), to keep a track's sitting in hours
+DEFAULT_CONTESTANTS = {"matched": ("pal", "pal-processes", "tianshou", "rllib"), "tuned": TRACK_CONTESTANTS["tuned"]}
 CONTESTANTS = tuple(REGISTRY)
 
 
@@ -71,7 +81,7 @@ def contestant_class(name: str) -> type[Contestant]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make(name: str, track: str, task: Task, seed: int) -> Contestant:
+def make(name: str, track: str, task: Task, seed: int, cpus: int = 1) -> Contestant:
     if name not in TRACK_CONTESTANTS[track]:
         raise ValueError(f"{name} does not race in the {track} track (it has {', '.join(TRACK_CONTESTANTS[track])})")
-    return contestant_class(name)(name, track, task, seed)
+    return contestant_class(name)(name, track, task, seed, cpus)

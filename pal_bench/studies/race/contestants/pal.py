@@ -35,7 +35,7 @@ def apex_actors(task: Task) -> int:
 
 class PALContestant(Contestant):
     @classmethod
-    def settings(cls, name: str, track: str, task: Task) -> dict:
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
         m = MATCHED
         out = {"framework": "pal-bench", "backend": BACKENDS[name], "algo": "ddqn", "hidden": list(m.hidden),
                "lr": m.lr, "batch_size": m.batch_size, "gamma": m.gamma, "n_step": m.n_step,
@@ -55,9 +55,11 @@ class PALContestant(Contestant):
         learning start marks the span's start, and the run ends after the span)."""
         from pal_bench.train import make_config
 
-        s, task = self.settings(self.name, self.track, self.task), self.task
+        s, task = self.settings(self.name, self.track, self.task, self.cpus), self.task
         speed = mode == "speed"
-        steps = task.learning_starts + task.speed_span if speed else task.max_steps
+        # (speed mode too: the run's length sets epsilon's decay, eps_fraction x steps; a speed round is stopped
+        # after its span by ``train``)
+        steps = task.max_steps
         return make_config(s["algo"], task.env, preset=s.get("preset"), out_dir=self._out.name, name="run",
                            seed=self.seed, backend=s["backend"], actors=s["actors"], envs_per_actor=1,
                            learners=s["learners"], steps=steps, hidden=tuple(s["hidden"]), lr=s["lr"],
@@ -95,14 +97,29 @@ class PALContestant(Contestant):
                 "actors": cfg.actors, "learners": cfg.learners, "backend": cfg.backend,
                 "exploration": cfg.exploration, "learning_starts": cfg.learning_starts}
 
+    def attach(self, counters) -> None:
+        """The parameter server's optimizer, target network and online network (the sole sync learner computes its
+        loss on them), the trainer's env-step counter; epsilon from the trainer's own exploration schedule
+        (``RunCore.explore``, what every actor calls), read after the run at every 1,000 env steps it ran."""
+        ps, tr = self.tr.ps, self.tr
+        counters.env_steps = lambda: tr.rate.steps
+        counters.watch_optimizer(ps.optimizers["q"])
+        counters.watch_target(ps.targets["q"].parameters())
+        counters.watch_loss_rows(ps.nets["q"])
+        self._counters = counters
+
     def train(self, clock: Clock) -> dict:
         """Run the trainer (its own driver evaluates, paused, with the race's episodes and seeds); its evaluations
         become the clock's curve. A wall-clock budget stops it through its stop event."""
         import threading
 
-        def budget() -> None:               # the training budget: wall time less evaluations, checked every second
-            while not self.tr.stop.wait(1.0):
-                if clock.train_s() - self.tr.eval_seconds >= self.task.max_wall_s:
+        span_end = self.task.learning_starts + self.task.speed_span if clock.mode == "speed" else None
+        poll_s = 1.0 if span_end is None else 0.02
+
+        def budget() -> None:               # the training budget: wall time less evaluations (a speed round: its span)
+            while not self.tr.stop.wait(poll_s):
+                if clock.train_s() - self.tr.eval_seconds >= self.task.max_wall_s or (
+                        span_end is not None and self.tr.rate.steps >= span_end):
                     self.tr.stop.set()
                     return
 
@@ -125,6 +142,10 @@ class PALContestant(Contestant):
                           "end_steps": s["env_steps"], "end_s": train_s}
         clock.eval_s = s["eval_s"]
         self.train_s = train_s
+        counters = getattr(self, "_counters", None)
+        if counters is not None:
+            for t in range(0, int(s["env_steps"]) + 1, 1_000):
+                counters.epsilon(t, self.tr.explore(t))
         return {"env_steps": s["env_steps"], "updates": s["updates"], "train_s": train_s}
 
     def close(self) -> None:

@@ -85,7 +85,7 @@ import numpy as np
 
 from pal_bench.studies.race.clock import Clock
 from pal_bench.studies.race.contestants import Contestant
-from pal_bench.studies.race.task import MATCHED, Task
+from pal_bench.studies.race.task import EPS_TOLERANCE, MATCHED, Task
 
 BUFFERS = {"rllib": "PrioritizedEpisodeReplayBuffer",
            "rllib-pal": "pal_bench.integrations.rllib.PALPrioritizedEpisodeReplayBuffer"}
@@ -132,6 +132,23 @@ def _ray_version() -> str | None:
         return None
 
 
+def iteration_steps(task: Task) -> int:
+    """Env steps per ``algo.train()`` call: a multiple of 20 (whole fragments of 4 and of 5 env steps) that divides
+    the evaluation interval (evaluations fall on their steps), at most 1,000, and short enough that epsilon stays
+    within ``task.EPS_TOLERANCE`` of its schedule: RLlib's env runner reads its sampled-steps count, which its epsilon
+    schedule follows, only once per ``train()`` call, so epsilon is a staircase lagging up to one call's steps
+    (1,000 steps on LunarLander's 75,000-step decay: 0.013)."""
+    cap = min(1_000, int(EPS_TOLERANCE * task.eps_decay_steps / (1 - MATCHED.eps_end)))
+    fits = [n for n in range(20, cap + 1, 20) if task.eval_interval % n == 0]
+    return max(fits, default=20)
+
+
+def env_runners(track: str, cpus: int) -> int:
+    """RLlib's remote env runners: one with two or more CPUs on the matched track (sampling in a process of its
+    own), none otherwise (the local env runner in the learner's process; the tuned track keeps its example's)."""
+    return 1 if cpus >= 2 and track == "matched" else 0
+
+
 def _whole(x: float) -> int | float:
     """``x`` as an int when it is one (facts compare with ints), else as it is."""
     return int(round(x)) if abs(x - round(x)) < 1e-9 else x
@@ -140,12 +157,12 @@ def _whole(x: float) -> int | float:
 class RLlibContestant(Contestant):
     """RLlib's DQN on the new API stack (see the module docstring)."""
 
-    def __init__(self, name: str, track: str, task: Task, seed: int):
+    def __init__(self, name: str, track: str, task: Task, seed: int, cpus: int = 1):
         if name not in BUFFERS:
             raise ValueError(f"RLlibContestant runs {', '.join(BUFFERS)}, not {name!r}")
         if track not in TRACKS[name]:
             raise ValueError(f"{name} does not race in the {track} track")
-        super().__init__(name, track, task, seed)
+        super().__init__(name, track, task, seed, cpus)
         self.algo = None
         self._own_ray = False
         self._threads_before: int | None = None
@@ -153,16 +170,17 @@ class RLlibContestant(Contestant):
     # ------------------------------------------------------------------ settings
 
     @classmethod
-    def settings(cls, name: str, track: str, task: Task) -> dict:
-        """The declared settings (no ray import): the RLlib config values ``config()`` sets, by track."""
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
+        """The declared settings (no ray import): the RLlib config values ``config()`` sets, by track and core
+        budget (two or more CPUs on the matched track: one remote env runner, RLlib's own parallel sampling)."""
         if name not in BUFFERS:
             raise ValueError(f"RLlibContestant runs {', '.join(BUFFERS)}, not {name!r}")
         if track not in TRACKS[name]:
             raise ValueError(f"{name} does not race in the {track} track")
         common = {"framework": f"ray[rllib] {_ray_version()}", "api_stack": "new", "algorithm": "DQN",
-                  "num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0,
+                  "num_env_runners": env_runners(track, cpus), "num_envs_per_env_runner": 1, "num_learners": 0,
                   "torch_threads": TORCH_THREADS, "evaluation": "the race's (RLlib's evaluation off)",
-                  "min_sample_timesteps_per_iteration": min(1_000, task.eval_interval)}
+                  "min_sample_timesteps_per_iteration": iteration_steps(task)}
         if track == "matched":
             m = MATCHED
             fragment = round(1 / m.updates_per_step)           # env steps sampled per training_step: 4
@@ -177,7 +195,11 @@ class RLlibContestant(Contestant):
                 "target_network_update_freq": _whole(m.target_update / m.updates_per_step),  # env steps
                 "target_update": m.target_update,                                            # updates
                 "rollout_fragment_length": fragment,
-                "training_intensity": m.batch_size * m.updates_per_step,
+                # RLlib's native ratio counts the local env runner beside the remote ones (dqn.py
+                # calculate_rr_weights: batch / (fragment x envs x (runners + 1))), though only remote ones sample
+                # when there are any: with one remote runner the intensity is halved to keep 0.25
+                "training_intensity": m.batch_size * m.updates_per_step * max(1, env_runners(track, cpus))
+                / (env_runners(track, cpus) + 1),
                 "updates_per_step": m.updates_per_step,
                 "num_steps_sampled_before_learning_starts": task.learning_starts,
                 "epsilon": [[0, 1.0], [task.eps_decay_steps, m.eps_end]],
@@ -212,7 +234,7 @@ class RLlibContestant(Contestant):
         from ray.rllib.algorithms.dqn import DQNConfig
         from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-        s = self.settings(self.name, self.track, self.task)
+        s = self.settings(self.name, self.track, self.task, self.cpus)
         replay = {"type": s["buffer"], "capacity": s["buffer_capacity"], "alpha": s["alpha"], "beta": s["beta"]}
         if self.name == "rllib-pal":
             replay["seed"] = self.seed                          # PAL's sampling RNG (RLlib's buffer has none)
@@ -295,8 +317,8 @@ class RLlibContestant(Contestant):
                     "torch_threads": torch.get_num_threads()}
 
         f = self._learner(read)
-        runner = algo.env_runner
-        n_envs = runner.num_envs * max(1, cfg.num_env_runners)
+        # (with remote env runners the local one holds no environment: the configured count per runner)
+        n_envs = cfg.num_envs_per_env_runner * max(1, cfg.num_env_runners)
         fragment = cfg.get_rollout_fragment_length()
         store, train = calculate_rr_weights(cfg)
         ups = train / (store * fragment * n_envs)                  # updates per sampled env step, as configured
@@ -357,13 +379,53 @@ class RLlibContestant(Contestant):
 
         return self._learner(steps)
 
+    def attach(self, counters) -> None:
+        """The local learner's Adam, the module's target networks (``get_target_network_pairs``), the env-step count
+        RLlib passes to the learner after each update (``after_gradient_based_update``'s ``timesteps``), the
+        priorities the buffer receives per update (the loss's TD errors), and epsilon as the env runner's module
+        last used it (read after each ``algo.train()`` call, at the last env step it served)."""
+        from ray.rllib.core import DEFAULT_MODULE_ID
+        from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+        learner = self.algo.learner_group._learner
+        counters.watch_optimizer(learner.get_optimizer(DEFAULT_MODULE_ID))
+        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+        counters.watch_target([p for _, target in module.get_target_network_pairs() for p in target.parameters()])
+        after = learner.after_gradient_based_update
+
+        def after_update(*, timesteps):
+            counters.saw_env_steps(timesteps[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+            return after(timesteps=timesteps)
+
+        learner.after_gradient_based_update = after_update
+        buf = self.algo.local_replay_buffer
+        update = buf.update_priorities
+
+        def priorities(priorities, *args, **kwargs):
+            counters.priorities(len(priorities))
+            return update(priorities, *args, **kwargs)
+
+        buf.update_priorities = priorities
+        self._counters = counters
+
+    def epsilon_now(self) -> float:
+        """The epsilon the env runner's module used last (the remote runner's, when there is one)."""
+        if self.algo.config.num_env_runners:
+            (eps,) = self.algo.env_runner_group.foreach_env_runner(
+                lambda r: float(r.module.epsilon_schedule.get_current_value()), local_env_runner=False)
+            return eps
+        return float(self.algo.env_runner.module.epsilon_schedule.get_current_value())
+
     def train(self, clock: Clock) -> dict:
         if clock.t_train0 is None:                           # the race normally starts it between build and train
             clock.started()
         batch = int(self.algo.config.total_train_batch_size)
         self.last = {"env_steps": 0, "updates": 0}
+        counters = getattr(self, "_counters", None)
         while True:
             self.last = self.counters(self.algo.train(), batch)
+            if counters is not None:            # (the epsilon of the call's last env step)
+                counters.epsilon(self.last["env_steps"] - 1, self.epsilon_now())
             if clock.tick(self.last["env_steps"], self.act):
                 break
         return {"env_steps": self.last["env_steps"], "updates": self.last["updates"]}

@@ -44,9 +44,16 @@ TUNED = {"num_training_envs": 16, "collection_step_num_env_steps": 16, "update_p
 COLLECT_STEPS = 4                  # matched: env steps per collect (then 4 x 0.25 = 1 update)
 
 
+def vector_env(track: str, cpus: int) -> str:
+    """tianshou's environment placement: with two or more CPUs on the matched track its subprocess vector env (the
+    environment steps in a process of its own; tianshou's collector still waits for each step), else its in-process
+    ``DummyVectorEnv`` (the tuned track keeps its example's)."""
+    return "SubprocVectorEnv" if cpus >= 2 and track == "matched" else "DummyVectorEnv"
+
+
 def matched_eps(steps: int, task: Task) -> float:
     """Matched epsilon: 1 -> eps_end linearly over ``task.eps_decay_steps`` env steps, then eps_end."""
-    return max(MATCHED.eps_end, 1.0 - (1.0 - MATCHED.eps_end) * steps / task.eps_decay_steps)
+    return MATCHED.epsilon(steps, task.eps_decay_steps)
 
 
 def tuned_eps(t: int) -> float:
@@ -91,9 +98,10 @@ def weighted_huber_dqn() -> type:
 
 class TianshouContestant(Contestant):
     @classmethod
-    def settings(cls, name: str, track: str, task: Task) -> dict:
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
         common = {"framework": "tianshou", "version": VERSION, "torch_threads": MATCHED.torch_threads,
-                  "evaluation": "the race's (Clock: greedy, fixed seeds), training paused"}
+                  "evaluation": "the race's (Clock: greedy, fixed seeds), training paused",
+                  "vector_env": vector_env(track, cpus)}
         if track == "matched":
             m = MATCHED
             return common | {
@@ -133,17 +141,18 @@ class TianshouContestant(Contestant):
         from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
         from tianshou.algorithm.optim import AdamOptimizerFactory
         from tianshou.data import Collector, PrioritizedVectorReplayBuffer, VectorReplayBuffer
-        from tianshou.env import DummyVectorEnv
+        from tianshou.env import DummyVectorEnv, SubprocVectorEnv
         from tianshou.utils.net.common import Net
 
         torch.set_num_threads(MATCHED.torch_threads)
         np.random.seed(self.seed)                     # tianshou's exploration and replay sampling use numpy's global
         torch.manual_seed(self.seed)
-        s = self.settings(self.name, self.track, self.task)
+        s = self.settings(self.name, self.track, self.task, self.cpus)
         probe = gym.make(self.task.env)
         obs_dim, space = int(np.prod(probe.observation_space.shape)), probe.action_space
         probe.close()
-        self.envs = DummyVectorEnv([lambda: gym.make(self.task.env) for _ in range(s["n_envs"])])
+        make_envs = SubprocVectorEnv if s["vector_env"] == "SubprocVectorEnv" else DummyVectorEnv
+        self.envs = make_envs([functools.partial(gym.make, self.task.env) for _ in range(s["n_envs"])])
         self.envs.seed(self.seed)
         optim = AdamOptimizerFactory(lr=s["lr"])
         if self.track == "matched":
@@ -165,6 +174,7 @@ class TianshouContestant(Contestant):
         self.updates_per_step, self.learning_starts = s["updates_per_step"], s["learning_starts"]
         self.collector = Collector(self.algo, self.envs, self.buffer, exploration_noise=True)
         self.collector.reset()
+        self.env_steps = 0                             # the env steps tianshou's collector reported, in all
 
     def facts(self) -> dict:
         """Read back from tianshou's objects (the loop's rhythm, batch size and learning start from this module)."""
@@ -193,6 +203,7 @@ class TianshouContestant(Contestant):
                         else "squared TD error, batch mean"),
                "optimizer": type(opt._optim).__name__, "algorithm": type(algo).__name__,
                "buffer": type(buf).__name__, "collect_steps": self.collect_steps,
+               "vector_env": type(self.envs).__name__,
                "learning_starts": self.learning_starts, "eps_inference": self.policy.eps_inference,
                "version": tianshou.__version__}
         if net.use_dueling:
@@ -201,6 +212,29 @@ class TianshouContestant(Contestant):
         else:
             out["hidden"] = widths(net.model)[:-1]
         return out
+
+    def attach(self, counters) -> None:
+        """tianshou's optimizer (the torch one inside its ``Algorithm.Optimizer``), its lagged target network, the
+        batch its update step computes the loss on (``_update_with_batch``), the env steps its collector reported,
+        and epsilon as set on its policy before each collect."""
+        counters.env_steps = lambda: self.env_steps
+        counters.watch_optimizer(self.algo.optim._optim)
+        if self.algo.model_old is not None:
+            counters.watch_target(self.algo.model_old.parameters())
+        update = self.algo._update_with_batch
+
+        def counted_update(batch, *args, **kwargs):       # the batch the loss is computed on
+            counters.priorities(len(batch))
+            return update(batch, *args, **kwargs)
+
+        self.algo._update_with_batch = counted_update
+        set_eps = self.policy.set_eps_training
+
+        def recorded(eps: float) -> None:
+            set_eps(eps)
+            counters.epsilon(self.env_steps, self.policy.eps_training)
+
+        self.policy.set_eps_training = recorded
 
     def act(self, obs):
         """Greedy action for one observation (the race's evaluation)."""
@@ -216,7 +250,9 @@ class TianshouContestant(Contestant):
 
         self.policy.set_eps_training(eps)
         with policy_within_training_step(self.policy):
-            return self.collector.collect(n_step=n).n_collected_steps
+            got = self.collector.collect(n_step=n).n_collected_steps
+        self.env_steps += got
+        return got
 
     def learn(self, n: int) -> None:
         """``n`` gradient steps, each on a batch sampled from the buffer (priorities updated by tianshou)."""
@@ -244,6 +280,7 @@ class TianshouContestant(Contestant):
         """The example's rhythm: warm-up collect (outside a training step: eps_test), the trainer's collector reset,
         then per training step: eps from the trainer's env steps, collect 16, round(0.0625 x 16) = 1 update."""
         steps = self.collector.collect(n_step=self.learning_starts).n_collected_steps
+        self.env_steps += steps
         self.collector.reset(reset_buffer=False)
         t = updates = 0
         while not clock.tick(steps + t, self.act):
