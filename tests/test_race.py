@@ -199,8 +199,12 @@ def test_a_run_slower_than_its_speed_rounds_is_run_again_once_and_both_draws_are
     monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
     d = orchestrate.runs_dir(tmp_path, "smoke", "matched", 1)
     (d / "speed").mkdir(parents=True)
+    from pal_bench.conditions import cpu_model
+
+    here = {"machine": {"cpu": cpu_model()}}
     for r in range(3):
-        (d / "speed" / f"pal-r{r}.json").write_text(json.dumps({"contestant": "pal", "env_steps_per_s": 1000.0}))
+        (d / "speed" / f"pal-r{r}.json").write_text(json.dumps({"contestant": "pal", "env_steps_per_s": 1000.0,
+                                                                 "conditions": here}))
     rates = {0: 950.0, 1: 1020.0, 2: 600.0}
     launched = []
 
@@ -212,8 +216,10 @@ def test_a_run_slower_than_its_speed_rounds_is_run_again_once_and_both_draws_are
 
     orchestrate.run_race("matched", "smoke", ["pal"], 3, tmp_path, launch_run=launch, cpus=1)
     assert launched == [(0, 1), (1, 1), (2, 1)]
-    assert orchestrate.slow_runs(orchestrate.load_runs(d), orchestrate.load_runs(d / "speed", "*-r*.json")) == {
-        "pal-s2": pytest.approx(0.6)}
+    speed = orchestrate.load_runs(d / "speed", "*-r*.json")
+    assert orchestrate.slow_runs(orchestrate.load_runs(d), speed) == {"pal-s2": pytest.approx(0.6)}
+    elsewhere = [r | {"conditions": {"machine": {"cpu": "another CPU"}}} for r in speed]
+    assert orchestrate.slow_runs(orchestrate.load_runs(d), elsewhere) == {}     # rounds of another machine: no verdict
     orchestrate.run_race("matched", "smoke", ["pal"], 3, tmp_path, rerun_slow=True, launch_run=launch, cpus=1)
     assert launched[3:] == [(2, 1)]
     runs = {r["run_id"]: r for r in orchestrate.load_runs(d)}

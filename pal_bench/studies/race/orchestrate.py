@@ -98,24 +98,30 @@ def _next_id(directory: Path, name: str, seed: int) -> str:
     return f"{name}-s{seed}{f'-a{k}' if k else ''}"
 
 
+def _cpu(run: dict) -> str:
+    """The CPU model a run or speed round ran on (sessions may run on different machines)."""
+    return str(((run.get("conditions") or {}).get("machine") or {}).get("cpu", "?"))
+
+
 def slow_runs(runs: list[dict], speed: list[dict], below: float = SLOW_RUN) -> dict[str, float]:
     """``{run_id: its rate / its contestant's median speed round}`` for the current first runs slower than ``below``
-    that median (runs that are themselves a run made again are not judged again; a contestant with fewer than
-    ``MIN_SPEED_ROUNDS`` speed rounds is not judged)."""
+    that median, the speed rounds taken on the same CPU model as the run (runs that are themselves a run made again
+    are not judged again; a contestant with fewer than ``MIN_SPEED_ROUNDS`` speed rounds on that CPU is not
+    judged)."""
     import numpy as np
 
-    med = {}
-    for name in {r["contestant"] for r in speed}:
-        v = [r["env_steps_per_s"] for r in speed if r["contestant"] == name and r.get("env_steps_per_s")]
-        if len(v) >= MIN_SPEED_ROUNDS:
-            med[name] = float(np.median(v))
+    rounds: dict[tuple[str, str], list[float]] = {}
+    for r in speed:
+        if r.get("env_steps_per_s"):
+            rounds.setdefault((r["contestant"], _cpu(r)), []).append(float(r["env_steps_per_s"]))
+    med = {k: float(np.median(v)) for k, v in rounds.items() if len(v) >= MIN_SPEED_ROUNDS}
     out = {}
     for r in current_runs(runs):
-        rate = run_rate(r)
-        if r.get("rerun_of") or rate is None or r["contestant"] not in med:
+        rate, key = run_rate(r), (r["contestant"], _cpu(r))
+        if r.get("rerun_of") or rate is None or key not in med:
             continue
-        if rate < below * med[r["contestant"]]:
-            out[r["run_id"]] = rate / med[r["contestant"]]
+        if rate < below * med[key]:
+            out[r["run_id"]] = rate / med[key]
     return out
 
 
