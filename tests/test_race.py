@@ -399,3 +399,55 @@ def _parent(proc_dir) -> int:
         return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+# ---------------------------------------------------------------------------------------------- tuning
+
+def test_every_framework_gets_the_same_tuning_budget_from_its_own_example():
+    from pal_bench.studies.race.contestants import DEFAULT_CONTESTANTS, contestant_class
+    from pal_bench.studies.race.tuning import CONFIGS_PER_FRAMEWORK, SEARCH
+
+    assert set(SEARCH) == set(DEFAULT_CONTESTANTS["tuned"])
+    assert CONFIGS_PER_FRAMEWORK >= 6 and all(len(c) == CONFIGS_PER_FRAMEWORK for c in SEARCH.values())
+    for name, configs in SEARCH.items():
+        cls = contestant_class(name)
+        example = cls.settings(name, "tuned", TASKS["full"], 2, 0)
+        seen = {orchestrate.run_hash(name, "tuned", "full", 2, 0)}
+        for k in range(1, len(configs)):
+            s = cls.settings(name, "tuned", TASKS["full"], 2, k)
+            assert s != example, f"{name} configuration {k} changes nothing"
+            seen.add(orchestrate.run_hash(name, "tuned", "full", 2, k))
+        assert len(seen) == len(configs)
+
+
+def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best(tmp_path, monkeypatch):
+    """Fake runs: configuration 3 of tianshou and 1 of PAL reach the target soonest; RLlib's configuration 2 has
+    only one seed stored, so it does not compete, though faster."""
+    from pal_bench.studies.race.tuning import SEARCH, TUNING_SEEDS
+
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+    fastest = {"tianshou": 3, "pal-processes": 1}
+    launched = []
+
+    def launch(name, track, task_name, seed, log, mode="race", cpus=2, config=0):
+        launched.append((name, config, seed))
+        run = fake_run(name, seed, track=track) | {"config": config, "cpus": cpus}
+        if fastest.get(name) == config:
+            run["curve"] = [e | {"train_s": 1.0} for e in run["curve"]]
+        return run
+
+    names = ["pal-processes", "tianshou", "rllib"]
+    assert orchestrate.run_tuning("smoke", names, tmp_path, cpus=2, launch_run=launch)
+    assert sorted(launched) == sorted((n, c, s) for n in names for c in range(len(SEARCH[n]))
+                                      for s in range(TUNING_SEEDS))
+    d = orchestrate.runs_dir(tmp_path, "smoke", "tuned", 2) / "tuning"
+    (d / "rllib-c2-s1.json").unlink()
+    fast = json.loads((d / "rllib-c2-s0.json").read_text())
+    fast["curve"] = [e | {"train_s": 0.1} for e in fast["curve"]]
+    (d / "rllib-c2-s0.json").write_text(json.dumps(fast))
+    frame = results.tuning_frame(orchestrate.load_runs(d, "*-c*-s*.json"))
+    best = frame[frame.best].groupby("contestant").config.first().to_dict()
+    assert best == {"pal-processes": 1, "tianshou": 3, "rllib": 0}
+    launched.clear()
+    orchestrate.run_race("tuned", "smoke", names, 1, tmp_path, cpus=2, launch_run=launch)
+    assert sorted(launched) == [("pal-processes", 1, 0), ("rllib", 0, 0), ("tianshou", 3, 0)]

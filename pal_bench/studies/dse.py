@@ -153,10 +153,10 @@ def draw(table: pd.DataFrame, frontier: pd.DataFrame, best: Allocation, path, me
 
 
 def split_from_curves(updates_per_step: float, backend: str = "threads",
-                      results: Path = RESULTS) -> tuple[int, int]:
-    """The split ``solve`` picks for this machine (its usable cores, at least 2) from the backend's stored f_a/f_l
-    curves (``results/scaling.csv`` for threads, ``scaling_<backend>.csv`` otherwise) at ``updates_per_step``
-    updates per env step; (1, 1) when none are stored."""
+                      results: Path = RESULTS, cores: int | None = None) -> tuple[int, int]:
+    """The split ``solve`` picks for ``cores`` (default: this machine's usable cores; at least 2) from the backend's
+    stored f_a/f_l curves (``results/scaling.csv`` for threads, ``scaling_<backend>.csv`` otherwise) at
+    ``updates_per_step`` updates per env step; (1, 1) when none are stored."""
     curves = results / ("scaling.csv" if backend == "threads" else f"scaling_{backend}.csv")
     if not os.path.lexists(curves):
         return 1, 1
@@ -165,7 +165,7 @@ def split_from_curves(updates_per_step: float, backend: str = "threads",
         c = c[c.backend.fillna("threads") == backend]
     f = {k: dict(zip(g.threads, g.throughput)) for k, g in c.groupby("curve")}
     try:
-        best, _, _ = solve(f.get("f_a", {}), f.get("f_l", {}), updates_per_step, max(2, usable_cores()))
+        best, _, _ = solve(f.get("f_a", {}), f.get("f_l", {}), updates_per_step, max(2, cores or usable_cores()))
     except ValueError as e:
         raise UsageError(f"{curves}: {e}") from None
     return best.actors, best.learners

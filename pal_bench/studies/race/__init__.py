@@ -50,11 +50,12 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
     from pal_bench.studies.race import figure, results
     from pal_bench.studies.race.orchestrate import load_runs, runs_dir
 
-    runs, speed = [], []
+    runs, speed, tuning = [], [], []
     for track in TRACKS:
         for d in budget_dirs(runs_dir(out, task_name, track)):
             runs += load_runs(d)
             speed += load_runs(d / "speed", "*-r*.json")
+            tuning += load_runs(d / "tuning", "*-c*-s*.json")
     if not runs:
         raise FileNotFoundError(f"no stored race runs under {runs_dir(out, task_name, 'matched').parent}; run "
                                 f"`pal-bench race` first")
@@ -67,6 +68,9 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
     write_meta(out / f"race{sfx}.csv", combined_conditions([r["conditions"] for r in runs]))
     if speed:
         write_meta(out / f"race{sfx}_speed.csv", combined_conditions([r["conditions"] for r in speed]))
+    if tuning:
+        store(results.tuning_frame(tuning), out / f"race{sfx}_tuning.csv", float_format="%.3f")
+        write_meta(out / f"race{sfx}_tuning.csv", combined_conditions([r["conditions"] for r in tuning]))
     if not curves.empty:
         for (track, cpus), c in curves.groupby(["track", curves.cpus.fillna(-1)]):
             cpus = None if cpus == -1 else int(cpus)
@@ -119,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                          "framework using its own parallel features within them (default: 2, or the CPUs this "
                          "machine has if fewer); the race has a 1-CPU and a 2-CPU track")
     ap.add_argument("--only", nargs="+", choices=CONTESTANTS, help="run only these contestants of the track")
+    ap.add_argument("--tune", action="store_true",
+                    help="run the tuned track's tuning search instead: each framework's configurations "
+                         "(tuning.SEARCH, the same number for each, from its own example) on 2 seeds each")
     ap.add_argument("--speed", action="store_true",
                     help=f"run the interleaved speed rounds instead ({SPEED_ROUNDS} by default, --rounds)")
     ap.add_argument("--rounds", type=positive_int, default=SPEED_ROUNDS, help="speed rounds (with --speed)")
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     add_force_flag(ap)
     ap.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=rng_seed, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--config", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("race", "speed"), default="race", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         from pal_bench.studies.race.run import run_one
 
-        run = run_one(args.worker, args.track, task_name, args.seed, args.mode, cpus=args.cpus)
+        run = run_one(args.worker, args.track, task_name, args.seed, args.mode, cpus=args.cpus, config=args.config)
         atomic_write_text(args.worker_out, json.dumps(run))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -161,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pal_bench.studies.race import orchestrate
 
-    if args.speed:
+    if args.tune:
+        if args.track != "tuned":
+            ap.error("--tune searches the tuned track's configurations: add --track tuned")
+        if not orchestrate.run_tuning(task_name, names, args.out, cpus, args.seeds, args.max_minutes):
+            return 0
+    elif args.speed:
         orchestrate.run_speed(args.track, task_name, names, args.rounds, args.out, cpus=cpus)
     else:
         seeds = args.seeds or (QUICK_SEEDS if task_name == "quick" else DEFAULT_SEEDS[args.track])

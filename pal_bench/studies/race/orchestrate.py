@@ -13,6 +13,7 @@ figures are rebuilt from these files (``results.py``).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,12 +40,14 @@ def runs_dir(out: Path, task_name: str, track: str, cpus: int | None = None) -> 
     return base if cpus is None else base / f"cpus{cpus}"
 
 
-def run_hash(name: str, track: str, task_name: str, cpus: int | None = None) -> str:
-    """The settings a stored run must still have: the task, the contestant's settings on the track and its CPUs."""
+def run_hash(name: str, track: str, task_name: str, cpus: int | None = None, config: int = 0) -> str:
+    """The settings a stored run must still have: the task, the contestant's settings on the track, its CPUs and
+    (tuned track) its configuration."""
     task = TASKS[task_name]
     if cpus is None:
         return settings_hash(task, track, name, contestant_class(name).settings(name, track, task))
-    return settings_hash(task, track, name, contestant_class(name).settings(name, track, task, cpus), {"cpus": cpus})
+    return settings_hash(task, track, name, contestant_class(name).settings(name, track, task, cpus, config),
+                         {"cpus": cpus, "config": config})
 
 
 def load_runs(directory: Path, pattern: str = "*-s*.json") -> list[dict]:
@@ -90,12 +93,17 @@ def _supersede(directory: Path, old: dict, new_id: str) -> None:
     old["superseded_by"] = new_id
 
 
-def _next_id(directory: Path, name: str, seed: int) -> str:
-    """The file name (without .json) of the next run of (``name``, ``seed``): ``name-s<seed>``, then ``-a1``..."""
+def _stem(name: str, seed: int, config: int | None) -> str:
+    """A run's file stem: ``name-s<seed>`` (a race run) or ``name-c<config>-s<seed>`` (a tuning run)."""
+    return f"{name}-s{seed}" if config is None else f"{name}-c{config}-s{seed}"
+
+
+def _next_id(directory: Path, stem: str) -> str:
+    """The file name (without .json) of the next run of ``stem``: ``stem``, then ``stem-a1``, ``stem-a2``..."""
     k = 0
-    while (directory / f"{name}-s{seed}{f'-a{k}' if k else ''}.json").exists():
+    while os.path.lexists(directory / f"{stem}{f'-a{k}' if k else ''}.json"):
         k += 1
-    return f"{name}-s{seed}{f'-a{k}' if k else ''}"
+    return f"{stem}{f'-a{k}' if k else ''}"
 
 
 def _cpu(run: dict) -> str:
@@ -129,56 +137,99 @@ def run_race(track: str, task_name: str, names: list[str], seeds: int, out: Path
              rerun_noisy: bool = False, rerun_slow: bool = False, settle_s: float = SETTLE_S,
              launch_run: Callable[..., dict] = launch, cpus: int = 2) -> bool:
     """Run every (contestant, seed < ``seeds``) of ``track`` on ``cpus`` CPUs not stored and current; each seed's
-    contestants in an order rotated by the seed. A contestant that reached the target in none of its first
-    ``MIN_UNREACHED_SEEDS`` seeds runs no more (its runs are lower bounds). ``max_minutes``: start no run after that
-    many minutes (at least one runs). ``rerun_noisy`` / ``rerun_slow``: run again the stored runs during which the
-    machine was busy, or whose own env steps/s after learning start is below ``SLOW_RUN`` of its contestant's median
-    speed round (``slow_runs``: one pass; a run made again is not judged again). A run made again is stored beside
-    the one it replaces, which keeps its outcome and names it in ``superseded_by``. True when every run is stored."""
+    contestants in an order rotated by the seed; on the tuned track each contestant at its best configuration of
+    the stored tuning search (``tuning.best_configs``; its published example, configuration 0, before a search is
+    stored). A contestant that reached the target in none of its first ``MIN_UNREACHED_SEEDS`` seeds runs no more
+    (its runs are lower bounds). ``max_minutes``: start no run after that many minutes (at least one runs).
+    ``rerun_noisy`` / ``rerun_slow``: run again the stored runs during which the machine was busy, or whose own env
+    steps/s after learning start is below ``SLOW_RUN`` of its contestant's median speed round (``slow_runs``: one
+    pass; a run made again is not judged again). A run made again is stored beside the one it replaces, which keeps
+    its outcome and names it in ``superseded_by``. True when every run is stored."""
     directory = runs_dir(out, task_name, track, cpus)
-    directory.mkdir(parents=True, exist_ok=True)
-    log = out / "race.log"
-    stored = {(r["contestant"], r["seed"]): r for r in current_runs(load_runs(directory))}
+    configs = {}
+    if track == "tuned":
+        from pal_bench.studies.race.results import tuning_frame
+        from pal_bench.studies.race.tuning import best_configs
+
+        configs = best_configs(tuning_frame(load_runs(directory / "tuning", "*-c*-s*.json")))
+    jobs = [(seed, name, configs.get(name, 0) if track == "tuned" else 0, None) for seed in range(seeds)
+            for name in names[seed % len(names):] + names[:seed % len(names)]]
     slow = {}
     if rerun_slow:
         speed = load_runs(directory / "speed", "*-r*.json")
-        slow = slow_runs(list(stored.values()), speed)
+        slow = slow_runs(current_runs(load_runs(directory)), speed)
         for run_id, f in sorted(slow.items()):
             _say(f"{run_id}: {f:.2f}x its contestant's median speed round after learning start: run again")
+    return _campaign(directory, "*-s*.json", jobs, track, task_name, out, cpus, max_minutes, rerun_noisy, slow,
+                     settle_s, launch_run, stop_unreached=True)
+
+
+def run_tuning(task_name: str, names: list[str], out: Path, cpus: int = 2, seeds: int | None = None,
+               max_minutes: float | None = None, settle_s: float = SETTLE_S,
+               launch_run: Callable[..., dict] = launch) -> bool:
+    """The tuned track's search: every configuration of ``tuning.SEARCH`` of each contestant on ``seeds`` (default
+    ``TUNING_SEEDS``) seeds, interleaved (seed by seed, configuration by configuration, the contestants' order
+    rotated), stored under ``<tuned>/cpus<N>/tuning/<contestant>-c<k>-s<seed>.json``. True when all are stored."""
+    from pal_bench.studies.race.tuning import SEARCH, TUNING_SEEDS
+
+    missing = [n for n in names if n not in SEARCH]
+    if missing:
+        raise ValueError(f"no tuning configurations for {', '.join(missing)} (only {', '.join(SEARCH)})")
+    seeds = seeds or TUNING_SEEDS
+    width = max(len(SEARCH[n]) for n in names)
+    jobs = []
+    for seed in range(seeds):
+        for config in range(width):
+            k = (seed * width + config) % len(names)
+            jobs += [(seed, name, config, config) for name in names[k:] + names[:k] if config < len(SEARCH[name])]
+    directory = runs_dir(out, task_name, "tuned", cpus) / "tuning"
+    return _campaign(directory, "*-c*-s*.json", jobs, "tuned", task_name, out, cpus, max_minutes, False, {},
+                     settle_s, launch_run, stop_unreached=False)
+
+
+def _campaign(directory: Path, pattern: str, jobs: list[tuple[int, str, int, int | None]], track: str,
+              task_name: str, out: Path, cpus: int, max_minutes: float | None, rerun_noisy: bool,
+              slow: dict, settle_s: float, launch_run: Callable[..., dict], stop_unreached: bool) -> bool:
+    """Run the ``jobs`` (seed, contestant, configuration, configuration in the file name or None) not stored and
+    current in ``directory``, each stored as soon as it ends; a run made again supersedes the stored one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = out / "race.log"
+    stored = {(r["contestant"], r["seed"], r.get("config", 0)): r for r in current_runs(load_runs(directory, pattern))}
     t_start, launched = time.monotonic(), 0
-    todo = [(seed, name) for seed in range(seeds) for name in names[seed % len(names):] + names[:seed % len(names)]]
-    for i, (seed, name) in enumerate(todo, 1):
-        key = run_hash(name, track, task_name, cpus)
-        run = stored.get((name, seed))
+    task = TASKS[task_name]
+    for i, (seed, name, config, in_name) in enumerate(jobs, 1):
+        key = run_hash(name, track, task_name, cpus, config)
+        run = stored.get((name, seed, config))
         why = (None if run is None else "its settings changed" if run.get("settings_hash") != key else
                "the machine was busy" if rerun_noisy and run.get("noisy") else
                "slower than its speed rounds" if run["run_id"] in slow else "")
         if why == "":
             continue
-        mine = [r for (n, _), r in stored.items() if n == name and r.get("settings_hash") == key]
-        if len(mine) >= MIN_UNREACHED_SEEDS and not any(r.get("curve") and _reached(r) for r in mine):
+        mine = [r for (n, _, c), r in stored.items() if n == name and c == config and r.get("settings_hash") == key]
+        if stop_unreached and len(mine) >= MIN_UNREACHED_SEEDS and not any(
+                r.get("curve") and _reached(r) for r in mine):
             continue
         if launched and max_minutes is not None and time.monotonic() - t_start > 60 * max_minutes:
             _say(f"pal-bench race: stopped after {max_minutes:g} minutes; stored runs are in {directory}; run the same "
                  f"command again to go on")
             return False
-        settle(settle_s, progress=lambda m, i=i: _say(f"[{i}/{len(todo)}] {m}"))
-        task = TASKS[task_name]
-        _say(f"[{i}/{len(todo)}] {track}, {cpus} CPU(s): {name} seed {seed} on {task.env} (target {task.target:g}, "
+        settle(settle_s, progress=lambda m, i=i: _say(f"[{i}/{len(jobs)}] {m}"))
+        what = f"{name}" + (f" configuration {config}" if in_name is not None or config else "")
+        _say(f"[{i}/{len(jobs)}] {track}, {cpus} CPU(s): {what} seed {seed} on {task.env} (target {task.target:g}, "
              f"budget {task.max_steps} steps / {task.max_wall_s:.0f} s of training)"
              + (f"; again: {why}" if why else ""))
-        measured = Conditions(f"race ({track}, {task_name}, {cpus} CPUs): {name} seed {seed}")
-        new_id = _next_id(directory, name, seed)
-        fresh = launch_run(name, track, task_name, seed, log, cpus=cpus)
+        measured = Conditions(f"race ({track}, {task_name}, {cpus} CPUs): {what} seed {seed}")
+        new_id = _next_id(directory, _stem(name, seed, in_name))
+        fresh = launch_run(name, track, task_name, seed, log, cpus=cpus, config=config)
         if run is not None:
             fresh |= {"rerun_of": run["run_id"], "rerun_reason": why}
         fresh = _store(directory / f"{new_id}.json", fresh, key, measured)
         if run is not None:
             _supersede(directory, run, new_id)
         launched += 1
-        stored[name, seed] = fresh
+        stored[name, seed, config] = fresh
         hit = _hit(fresh)
-        _say(f"[{i}/{len(todo)}] {name} seed {seed}: " + (
+        _say(f"[{i}/{len(jobs)}] {what} seed {seed}: " + (
             f"target at {hit['env_steps']} steps, {hit['setup_s'] + hit['train_s']:.1f} s" if hit else
             f"not reached in {fresh['env_steps']} steps, {fresh['train_s']:.0f} s")
             + f" (own cores {fresh.get('own_cores')} of {cpus})"

@@ -176,6 +176,30 @@ def race_headline_block(results: Path) -> str:
             + ". Ratios of medians; every table, the speed rounds and the tuned track: [docs/race.md](docs/race.md).\n")
 
 
+def race_tuning_block(results: Path, task_name: str = "full") -> str:
+    """The tuning search of the tuned track: per framework and configuration, the seeds, how many reached and the
+    median wall time to target; the best configuration of each framework marked."""
+    from pal_bench.studies.race.tuning import CONFIGS_PER_FRAMEWORK, TUNING_SEEDS
+
+    name = f"race{suffix(task_name)}_tuning.csv"
+    if not (results / name).exists():
+        return missing(name, "pal-bench race --track tuned --tune")
+    df = read_csv(results / name)
+    df = df[df.superseded_by.isna() & ~df.over_budget.fillna(False).astype(bool)]
+    rows = []
+    for (contestant, config), g in df.groupby(["contestant", "config"]):
+        censored = not g.reached.all()
+        rows.append({"framework's contestant": contestant, "configuration": f"{config}: {g.config_name.iloc[0]}",
+                     "seeds": len(g), "reached": f"{int(g.reached.sum())}/{len(g)}",
+                     "median env steps to target": f"{'>= ' if censored else ''}{g.steps_to_target.median():,.0f}",
+                     "median wall to target, s": f"{'>= ' if censored else ''}{g.wall_to_target_s.median():,.1f}",
+                     "best": "yes" if g.best.any() else ""})
+    return (f"The tuning search: each framework gets {CONFIGS_PER_FRAMEWORK} configurations, starting from its own "
+            f"published example (configuration 0), each on {TUNING_SEEDS} seeds, interleaved; its best (smallest "
+            f"median wall time to target, a run that never reached counted at its stop) is what the tuned track "
+            f"runs on its full seeds.\n\n" + md(pd.DataFrame(rows), "") + "\n\n" + source(results, name) + "\n")
+
+
 GOALS = {2: {"tianshou": 3.0, "rllib": 10.0}, 1: {"tianshou": 2.0, "rllib": 6.0}}   # the issue's, per core budget
 
 
@@ -245,6 +269,7 @@ PUBLICATION = Publication("race", {
     "race-quick": lambda results: race_target_block(results, "matched", "quick", HEADLINE_CPUS),
     "race-headline": race_headline_block,
     "race-goals": race_goals_block,
+    "race-tuning": race_tuning_block,
     "race-matched-1cpu": lambda results: race_target_block(results, "matched", cpus=1),
     "race-matched-2cpu": lambda results: race_target_block(results, "matched", cpus=2),
     "race-tuned-2cpu": lambda results: race_target_block(results, "tuned", cpus=2),

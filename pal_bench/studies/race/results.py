@@ -96,6 +96,19 @@ def figure_name(task_sfx: str, track: str, cpus) -> str:
     return f"race{task_sfx}_{track}" + ("" if pd.isna(c) else f"_{int(c)}cpu") + ".png"
 
 
+def tuning_frame(runs: list[dict]) -> pd.DataFrame:
+    """``race_tuning.csv``: one row per tuning run (its configuration's number and name, and the race.csv columns),
+    with ``best`` marking every run of each contestant's best configuration (``tuning.best_configs``)."""
+    from pal_bench.studies.race.tuning import best_configs, config_name
+
+    df = pd.DataFrame([{"config": int(r.get("config", 0)),
+                        "config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r)}
+                       for r in runs], columns=["config", "config_name", *RUN_COLUMNS])
+    best = best_configs(df)
+    df.insert(2, "best", [best.get(n) == c for n, c in zip(df.contestant, df.config)])
+    return df
+
+
 def over_budget_runs(df: pd.DataFrame, track: str, cpus: int | None) -> pd.DataFrame:
     """The runs of one track and budget that used more CPU than the budget (left out of every table)."""
     if "over_budget" not in df or cpus is None:

@@ -36,12 +36,13 @@ def env_dims(env_id: str) -> tuple[int, int]:
 
 
 def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race", task: Task | None = None,
-            cpus: int | None = None) -> dict:
+            cpus: int | None = None, config: int = 0) -> dict:
     """Probe (race mode), build, read back and check (matched track: before training, and the measured updates per
     env step after), train, close. Returns the run's record (times in seconds). ``task``: a variant of
     ``TASKS[task_name]`` (the race profile's longer budget and unreachable target). ``cpus``: the run's core budget
     (the contestant's parallel features follow it; ``launch`` pinned this process to that many CPUs; None: the
-    CPUs this process may use), recorded with the CPUs the run's process tree could use at the end of training."""
+    CPUs this process may use), recorded with the CPUs the run's process tree could use at the end of training.
+    ``config``: the tuned track's configuration (``tuning.SEARCH``; 0: the contestant's published example)."""
     import torch
 
     task = task or TASKS[task_name]
@@ -54,7 +55,7 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
     probe = speed_probe(task, seed) if mode == "race" else {}
     obs_dim, n_actions = env_dims(task.env)
     clock = Clock(task, seed, mode)
-    contestant = make(name, track, task, seed, cpus)
+    contestant = make(name, track, task, seed, cpus, config)
     contestant.mode = mode
     counters = RunCounters()
     try:
@@ -79,7 +80,7 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
     if track == "matched":
         check_matched(name, facts | {"updates_per_step": ups}, obs_dim, n_actions, measured=True)
         check_counted(name, counted, task, starts)
-    run = {"contestant": name, "track": track, "task": task_name, "seed": seed, "mode": mode,
+    run = {"contestant": name, "track": track, "task": task_name, "seed": seed, "mode": mode, "config": config,
            "setup_s": round(clock.setup_s or 0.0, 3), "train_s": round(train_s, 3), "eval_s": round(clock.eval_s, 3),
            "env_steps": int(measured["env_steps"]), "updates": int(measured["updates"]),
            "updates_per_env_step": round(ups, 5), "n_params": facts.get("n_params"),
@@ -99,7 +100,8 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
     return run
 
 
-def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: str = "race", cpus: int = 2) -> dict:
+def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: str = "race", cpus: int = 2,
+           config: int = 0) -> dict:
     """Run one contestant in its own process (one torch/OpenMP thread), pinned with everything it starts to the
     first ``cpus`` CPUs this process may use (``pin.cpu_set``); its evaluations stream to ``log``. RuntimeError
     naming the log when it fails (a matched contestant that does not do the matched work included)."""
@@ -107,7 +109,7 @@ def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: st
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     cmd = [sys.executable, "-m", "pal_bench.studies.race", "--worker", name, "--track", track, "--task", task_name,
-           "--seed", str(seed), "--mode", mode, "--cpus", str(cpus), "--worker-out", str(out)]
+           "--seed", str(seed), "--mode", mode, "--cpus", str(cpus), "--config", str(config), "--worker-out", str(out)]
     threads = str(MATCHED.torch_threads)
     env = dict(os.environ, PYTHONWARNINGS="ignore", RAY_DEDUP_LOGS="0", OMP_NUM_THREADS=threads,
                MKL_NUM_THREADS=threads)

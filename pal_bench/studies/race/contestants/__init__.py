@@ -20,13 +20,16 @@ class Contestant:
     "tuned", ``cpus`` the run's core budget (1: everything on one CPU; 2 or more: the framework places its work
     with its own parallel features, e.g. RLlib a remote env runner, tianshou a subprocess environment)."""
 
-    def __init__(self, name: str, track: str, task: Task, seed: int, cpus: int = 1):
+    def __init__(self, name: str, track: str, task: Task, seed: int, cpus: int = 1, config: int = 0):
         self.name, self.track, self.task, self.seed, self.cpus = name, track, task, seed, cpus
+        self.tuning = config             # (the tuned track's configuration number)
 
     @classmethod
-    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1, config: int = 0) -> dict:
         """The settings this contestant is configured with on ``track`` with ``cpus`` CPUs (JSON-able, no framework
-        import): they go into each stored run's settings hash, so a run whose settings changed is run again."""
+        import): they go into each stored run's settings hash, so a run whose settings changed is run again.
+        ``config``: on the tuned track, the configuration of the tuning search (``tuning.SEARCH``; 0: its
+        published example)."""
         raise NotImplementedError
 
     def build(self) -> None:
@@ -70,7 +73,10 @@ TRACK_CONTESTANTS = {
 }
 # who runs when ``--only`` names no one: the matched track's core budgets without ``rllib-pal`` (PAL's buffer
 # inside RLlib, a question of the plug-in study; ``--only rllib-pal`` runs it), to keep a track's sitting in hours
-DEFAULT_CONTESTANTS = {"matched": ("pal", "pal-processes", "tianshou", "rllib"), "tuned": TRACK_CONTESTANTS["tuned"]}
+# the tuned track: one contestant per framework, each at its best configuration of the tuning search (PAL's Ape-X
+# preset is one of PAL's configurations there; ``--only pal-apex`` runs it on its own)
+DEFAULT_CONTESTANTS = {"matched": ("pal", "pal-processes", "tianshou", "rllib"),
+                       "tuned": ("pal-processes", "tianshou", "rllib")}
 CONTESTANTS = tuple(REGISTRY)
 
 
@@ -81,7 +87,9 @@ def contestant_class(name: str) -> type[Contestant]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make(name: str, track: str, task: Task, seed: int, cpus: int = 1) -> Contestant:
+def make(name: str, track: str, task: Task, seed: int, cpus: int = 1, config: int = 0) -> Contestant:
     if name not in TRACK_CONTESTANTS[track]:
         raise ValueError(f"{name} does not race in the {track} track (it has {', '.join(TRACK_CONTESTANTS[track])})")
-    return contestant_class(name)(name, track, task, seed, cpus)
+    if config and track != "tuned":
+        raise ValueError(f"tuning configurations are for the tuned track, not {track}")
+    return contestant_class(name)(name, track, task, seed, cpus, config)

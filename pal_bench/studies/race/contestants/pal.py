@@ -25,17 +25,20 @@ from pal_bench.studies.race.task import MATCHED, Task
 BACKENDS = {"pal": "threads", "pal-processes": "processes", "pal-apex": "processes"}
 
 
-def apex_actors(task: Task) -> int:
-    """The actors of ``pal-apex``: the core-split solver's choice for the process backend on this machine (from
-    ``results/scaling_processes.csv``; 1 without stored curves)."""
+def apex_actors(task: Task, cpus: int) -> int:
+    """The actors of ``pal-apex``: the core-split solver's choice for the process backend on the run's ``cpus``
+    (from ``results/scaling_processes.csv``; 1 without stored curves)."""
     from pal_bench.studies.dse import split_from_curves
 
-    return split_from_curves(MATCHED.updates_per_step, "processes")[0]
+    return split_from_curves(MATCHED.updates_per_step, "processes", cores=cpus)[0]
 
 
 class PALContestant(Contestant):
     @classmethod
-    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1, config: int = 0) -> dict:
+        from pal_bench.studies.race.tuning import overrides
+
+        tune = overrides(name, config) if track == "tuned" else {}
         m = MATCHED
         out = {"framework": "pal-bench", "backend": BACKENDS[name], "algo": "ddqn", "hidden": list(m.hidden),
                "lr": m.lr, "batch_size": m.batch_size, "gamma": m.gamma, "n_step": m.n_step,
@@ -44,18 +47,18 @@ class PALContestant(Contestant):
                "eps_decay_steps": task.eps_decay_steps, "updates_per_step": m.updates_per_step,
                "learning_starts": task.learning_starts, "actors": 1, "envs_per_actor": 1, "learners": 1,
                "deterministic": False, "eval_pauses_training": True}
-        if name == "pal-apex":
+        if name == "pal-apex" or tune.get("preset") == "apex":
             from pal_bench.train.config import PRESETS
 
-            out |= {"preset": "apex", "preset_fields": PRESETS["apex"], "actors": apex_actors(task)}
-        return out
+            out |= {"preset": "apex", "preset_fields": PRESETS["apex"], "actors": apex_actors(task, cpus)}
+        return out | {k: v for k, v in tune.items() if k != "preset"}
 
     def config(self, mode: str = "race"):
         """The trainer's config for this run (``mode`` "speed": no target, an evaluation of one episode at
         learning start marks the span's start, and the run ends after the span)."""
         from pal_bench.train import make_config
 
-        s, task = self.settings(self.name, self.track, self.task, self.cpus), self.task
+        s, task = self.settings(self.name, self.track, self.task, self.cpus, self.tuning), self.task
         speed = mode == "speed"
         # (speed mode too: the run's length sets epsilon's decay, eps_fraction x steps; a speed round is stopped
         # after its span by ``train``)

@@ -45,6 +45,12 @@ clip 10, Adam lr 5e-4, batch 128, gamma 0.99, 3-step returns, buffer 200,000 wit
 0.4, hard target copy every 250 updates, epsilon 1 -> 0.05 over ``task.eps_decay_steps`` env steps (from env
 step 0), learning from ``task.learning_starts`` env steps, one environment, 0.25 updates per env step.
 
+**What RLlib's buffer does not match**: its ``PrioritizedEpisodeReplayBuffer`` draws again any step whose n-step
+window would pass its episode's end, so it never trains on an episode's last ``n_step - 1`` transitions (PAL and
+tianshou train on them with the shorter window left); on a fixed batch of the same windows its loss equals PAL's.
+With two CPUs (``cpus``) the matched contestant samples in one remote env runner and halves its training intensity
+(RLlib's update ratio counts the local runner beside the remote one, though only the remote one samples).
+
 **Tuned track** (``rllib`` only): RLlib's own DQN example for the one single-agent, fully observed
 vector-observation task among its DQN examples (the others: Atari pixels, multi-agent CartPole, TicTacToe, stateless
 CartPole with an LSTM), ``rllib/examples/algorithms/dqn/cartpole_dqn.py`` (ray-project/ray, the version stored at commit
@@ -157,12 +163,12 @@ def _whole(x: float) -> int | float:
 class RLlibContestant(Contestant):
     """RLlib's DQN on the new API stack (see the module docstring)."""
 
-    def __init__(self, name: str, track: str, task: Task, seed: int, cpus: int = 1):
+    def __init__(self, name: str, track: str, task: Task, seed: int, cpus: int = 1, config: int = 0):
         if name not in BUFFERS:
             raise ValueError(f"RLlibContestant runs {', '.join(BUFFERS)}, not {name!r}")
         if track not in TRACKS[name]:
             raise ValueError(f"{name} does not race in the {track} track")
-        super().__init__(name, track, task, seed, cpus)
+        super().__init__(name, track, task, seed, cpus, config)
         self.algo = None
         self._own_ray = False
         self._threads_before: int | None = None
@@ -170,7 +176,7 @@ class RLlibContestant(Contestant):
     # ------------------------------------------------------------------ settings
 
     @classmethod
-    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1, config: int = 0) -> dict:
         """The declared settings (no ray import): the RLlib config values ``config()`` sets, by track and core
         budget (two or more CPUs on the matched track: one remote env runner, RLlib's own parallel sampling)."""
         if name not in BUFFERS:
@@ -204,7 +210,12 @@ class RLlibContestant(Contestant):
                 "num_steps_sampled_before_learning_starts": task.learning_starts,
                 "epsilon": [[0, 1.0], [task.eps_decay_steps, m.eps_end]],
             }
-        e, d = EXAMPLE, RLLIB_DEFAULTS
+        from pal_bench.studies.race.tuning import overrides
+
+        tune = overrides(name, config)
+        e, d = EXAMPLE | {k: tune[k] for k in ("lr", "batch_size") if k in tune}, RLLIB_DEFAULTS
+        intensity = (e["batch_size"] * tune["updates_per_step"] if "updates_per_step" in tune
+                     else d["training_intensity"])
         return common | {
             "example": f"{e['repo']}:{e['file']}@{e['commit']} (before the move: {e['before_move']}; "
                        f"ray {e['ray_release']})",
@@ -217,11 +228,13 @@ class RLlibContestant(Contestant):
             "head_fcnet_bias_initializer": e["head_fcnet_bias_initializer"],
             "td_error_loss_fn": d["td_error_loss_fn"], "grad_clip": d["grad_clip"], "grad_clip_by": d["grad_clip_by"],
             "optimizer": "Adam", "lr": e["lr"], "train_batch_size_per_learner": e["batch_size"], "gamma": d["gamma"],
-            "n_step": list(e["n_step"]), "tau": d["tau"], "target_network_update_freq": d["target_network_update_freq"],
-            "rollout_fragment_length": d["rollout_fragment_length"], "training_intensity": d["training_intensity"],
-            "updates_per_step": 1 / e["n_step"][1],
+            "n_step": list(e["n_step"]), "tau": d["tau"],
+            "target_network_update_freq": tune.get("target_network_update_freq", d["target_network_update_freq"]),
+            "rollout_fragment_length": d["rollout_fragment_length"], "training_intensity": intensity,
+            "updates_per_step": tune.get("updates_per_step", 1 / e["n_step"][1]),
             "num_steps_sampled_before_learning_starts": d["learning_starts"],
-            "epsilon": [[0, 1.0], [cls.tuned_eps_decay(task), e["eps_end"]]],
+            "epsilon": [[0, 1.0], [tune.get("eps_decay_steps", cls.tuned_eps_decay(task)), e["eps_end"]]],
+            "tuning": config,
         }
 
     @staticmethod
@@ -234,7 +247,7 @@ class RLlibContestant(Contestant):
         from ray.rllib.algorithms.dqn import DQNConfig
         from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-        s = self.settings(self.name, self.track, self.task, self.cpus)
+        s = self.settings(self.name, self.track, self.task, self.cpus, self.tuning)
         replay = {"type": s["buffer"], "capacity": s["buffer_capacity"], "alpha": s["alpha"], "beta": s["beta"]}
         if self.name == "rllib-pal":
             replay["seed"] = self.seed                          # PAL's sampling RNG (RLlib's buffer has none)
@@ -339,6 +352,7 @@ class RLlibContestant(Contestant):
             "beta": float(cfg.replay_buffer_config["beta"]),
             "updates_per_step": ups, "rollout_fragment_length": fragment,
             "training_intensity": cfg.training_intensity, "rr_weights": [store, train],
+            "num_env_runners": int(cfg.num_env_runners),
             "learning_starts": int(cfg.num_steps_sampled_before_learning_starts),
             "epsilon": f["epsilon"], "eps_end": float(f["epsilon"][-1][1]),
             "eps_decay_steps": int(f["epsilon"][-1][0]),

@@ -56,9 +56,11 @@ def matched_eps(steps: int, task: Task) -> float:
     return MATCHED.epsilon(steps, task.eps_decay_steps)
 
 
-def tuned_eps(t: int) -> float:
-    """The example's ``train_fn``: eps = max(eps_train * (1 - 5e-6)^t, eps_test), t = the trainer's env steps."""
-    return max(TUNED["eps_train"] * (1 - TUNED["eps_decay"]) ** t, TUNED["eps_test"])
+def tuned_eps(t: int, s: dict | None = None) -> float:
+    """The example's ``train_fn``: eps = max(eps_train * (1 - 5e-6)^t, eps_test), t = the trainer's env steps
+    (``s``: a tuned configuration's settings; default the example's)."""
+    s = s or {"eps_train": TUNED["eps_train"], "eps_decay": TUNED["eps_decay"], "eps_test": TUNED["eps_test"]}
+    return max(s["eps_train"] * (1 - s["eps_decay"]) ** t, s["eps_test"])
 
 
 @functools.cache
@@ -98,7 +100,7 @@ def weighted_huber_dqn() -> type:
 
 class TianshouContestant(Contestant):
     @classmethod
-    def settings(cls, name: str, track: str, task: Task, cpus: int = 1) -> dict:
+    def settings(cls, name: str, track: str, task: Task, cpus: int = 1, config: int = 0) -> dict:
         common = {"framework": "tianshou", "version": VERSION, "torch_threads": MATCHED.torch_threads,
                   "evaluation": "the race's (Clock: greedy, fixed seeds), training paused",
                   "vector_env": vector_env(track, cpus)}
@@ -115,7 +117,10 @@ class TianshouContestant(Contestant):
                 "collect_steps": COLLECT_STEPS, "updates_per_step": m.updates_per_step,
                 "learning_starts": task.learning_starts}
         if track == "tuned":
-            t = TUNED
+            from pal_bench.studies.race.tuning import overrides
+
+            t = TUNED | overrides(name, config)
+            prioritized = bool(t.get("prioritized"))
             return common | {
                 "example": f"{EXAMPLE['repo']} {EXAMPLE['file']} @ {EXAMPLE['tag']} ({EXAMPLE['commit']})",
                 "algorithm": "DQN (its defaults: is_double=True, huber_loss_delta=None)",
@@ -123,10 +128,14 @@ class TianshouContestant(Contestant):
                 "dueling_q_hidden": t["dueling_q_hidden_sizes"], "dueling_v_hidden": t["dueling_v_hidden_sizes"],
                 "activation": "relu", "loss": "squared TD error, batch mean", "grad_clip": 0, "optimizer": "Adam",
                 "lr": t["lr"], "batch_size": t["batch_size"], "gamma": t["gamma"], "n_step": t["n_step"],
-                "buffer": "VectorReplayBuffer", "buffer_capacity": t["buffer_size"], "alpha": None, "beta": None,
+                "buffer": "PrioritizedVectorReplayBuffer" if prioritized else "VectorReplayBuffer",
+                "buffer_capacity": t["buffer_size"], "alpha": MATCHED.alpha if prioritized else None,
+                "beta": MATCHED.beta if prioritized else None, "eps_train": t["eps_train"],
+                "eps_decay": t["eps_decay"], "eps_test": t["eps_test"],
                 "target_update": t["target_update_freq"], "n_envs": t["num_training_envs"],
                 "collect_steps": t["collection_step_num_env_steps"], "updates_per_step": t["update_per_step"],
                 "learning_starts": t["batch_size"] * t["num_training_envs"], "warmup_eps": t["eps_test"],
+                "tuning": config,
                 "eps": f"max({t['eps_train']} * (1 - {t['eps_decay']})^t, {t['eps_test']}), t: steps after warm-up",
                 "not_taken": "its test collector (10 envs, eps_test), stop_fn, test_in_training and 10 x 80k-step "
                              "epochs: the race's evaluation, target and budget instead; env LunarLander-v3 "
@@ -147,7 +156,8 @@ class TianshouContestant(Contestant):
         torch.set_num_threads(MATCHED.torch_threads)
         np.random.seed(self.seed)                     # tianshou's exploration and replay sampling use numpy's global
         torch.manual_seed(self.seed)
-        s = self.settings(self.name, self.track, self.task, self.cpus)
+        s = self.settings(self.name, self.track, self.task, self.cpus, self.tuning)
+        self.s = s
         probe = gym.make(self.task.env)
         obs_dim, space = int(np.prod(probe.observation_space.shape)), probe.action_space
         probe.close()
@@ -165,11 +175,15 @@ class TianshouContestant(Contestant):
         else:
             net = Net(state_shape=obs_dim, action_shape=int(space.n), hidden_sizes=s["hidden"],
                       dueling_param=({"hidden_sizes": s["dueling_q_hidden"]}, {"hidden_sizes": s["dueling_v_hidden"]}))
-            self.policy = DiscreteQLearningPolicy(model=net, action_space=space, eps_training=TUNED["eps_train"],
-                                                  eps_inference=TUNED["eps_test"])
+            self.policy = DiscreteQLearningPolicy(model=net, action_space=space, eps_training=s["eps_train"],
+                                                  eps_inference=s["eps_test"])
             self.algo = DQN(policy=self.policy, optim=optim, gamma=s["gamma"], n_step_return_horizon=s["n_step"],
                             target_update_freq=s["target_update"])
-            self.buffer = VectorReplayBuffer(s["buffer_capacity"], len(self.envs))
+            if s["alpha"] is not None:
+                self.buffer = PrioritizedVectorReplayBuffer(s["buffer_capacity"], len(self.envs), alpha=s["alpha"],
+                                                            beta=s["beta"])
+            else:
+                self.buffer = VectorReplayBuffer(s["buffer_capacity"], len(self.envs))
         self.batch_size, self.collect_steps = s["batch_size"], s["collect_steps"]
         self.updates_per_step, self.learning_starts = s["updates_per_step"], s["learning_starts"]
         self.collector = Collector(self.algo, self.envs, self.buffer, exploration_noise=True)
@@ -284,7 +298,7 @@ class TianshouContestant(Contestant):
         self.collector.reset(reset_buffer=False)
         t = updates = 0
         while not clock.tick(steps + t, self.act):
-            n = self.collect(self.collect_steps, tuned_eps(t))
+            n = self.collect(self.collect_steps, tuned_eps(t, self.s))
             t += n
             k = round(self.updates_per_step * n)
             self.learn(k)
