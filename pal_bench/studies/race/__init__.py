@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from pal_bench.argtypes import positive_float, positive_int, rng_seed
+from pal_bench.argtypes import UsageError, positive_float, positive_int, rng_seed
 from pal_bench.atomic import atomic_write_text
 from pal_bench.conditions import add_force_flag, refuse_if_busy, usable_cores
 from pal_bench.paths import RESULTS
@@ -145,12 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("race", "speed"), default="race", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.tune and args.track != "tuned":
+        ap.error("argument --tune: it searches the tuned track's configurations: add --track tuned")
     task_name = args.task or ("quick" if args.quick else "full")
     names = [n for n in (TRACK_CONTESTANTS[args.track] if args.only else DEFAULT_CONTESTANTS[args.track])
              if not args.only or n in args.only]
     if args.only and not names:
         ap.error(f"--only {' '.join(args.only)}: none of them races in the {args.track} track "
                  f"({', '.join(TRACK_CONTESTANTS[args.track])})")
+    from pal_bench.studies.race.pin import cpu_set
+
+    cpus = args.cpus or min(2, usable_cores())
+    try:
+        cpu_set(cpus)                                # refused now when this machine has fewer
+    except UsageError as e:
+        ap.error(f"argument --cpus: {e}")
     if args.worker:
         from pal_bench.studies.race.run import run_one
 
@@ -160,18 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rebuild:
         return rebuild(args.out, task_name)
-    from pal_bench.studies.race.pin import cpu_set
-
-    cpus = args.cpus or min(2, usable_cores())
-    cpu_set(cpus)                                    # UsageError now when this machine has fewer
     stop_on_termination()
     if refuse_if_busy("pal-bench race", args.force):
         return 2
     from pal_bench.studies.race import orchestrate
 
     if args.tune:
-        if args.track != "tuned":
-            ap.error("--tune searches the tuned track's configurations: add --track tuned")
         if not orchestrate.run_tuning(task_name, names, args.out, cpus, args.seeds, args.max_minutes):
             return 0
     elif args.speed:
