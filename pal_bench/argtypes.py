@@ -14,6 +14,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
+def printable(name: str) -> str:
+    """``name`` safe to print: every non-printable character (control and escape sequences, undecodable bytes)
+    and the backslash written as a Python escape (``\\x1b``, ``\\udcff``, ``\\\\``)."""
+    return "".join(c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii") for c in name)
+
+
 class UsageError(Exception):
     """A user error found by a command itself (a missing file, a bad column): ``pal-bench`` prints it as one
     line and exits with status 2."""

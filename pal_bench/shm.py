@@ -19,13 +19,8 @@ import os
 import sys
 
 from pal_bench import _segment
+from pal_bench.argtypes import printable
 from pal_bench.train import shared_weights
-
-
-def printable(name: str) -> str:
-    """``name`` safe to print: every non-printable character (control and escape sequences, undecodable bytes)
-    and the backslash written as a Python escape (``\\x1b``, ``\\udcff``, ``\\\\``)."""
-    return "".join(c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii") for c in name)
 
 
 def segments(directory: str = _segment.SHM_DIR) -> list[dict]:

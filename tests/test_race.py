@@ -203,8 +203,9 @@ def test_a_run_slower_than_its_speed_rounds_is_run_again_once_and_both_draws_are
 
     here = {"machine": {"cpu": cpu_model()}}
     for r in range(3):
-        (d / "speed" / f"pal-r{r}.json").write_text(json.dumps({"contestant": "pal", "env_steps_per_s": 1000.0,
-                                                                 "conditions": here}))
+        (d / "speed" / f"pal-r{r}.json").write_text(json.dumps({
+            "contestant": "pal", "track": "matched", "round": r, "env_steps_per_s": 1000.0, "updates_per_s": 250.0,
+            "updates_per_env_step": 0.25, "conditions": here}))
     rates = {0: 950.0, 1: 1020.0, 2: 600.0}
     launched = []
 
@@ -292,8 +293,9 @@ def test_target_table_marks_lower_bounds_and_uses_the_bootstrap_only_with_ten_se
 
 # ---------------------------------------------------------------------------------------------- storage
 
-def fake_run(name, seed, probe=10.0, reached=True, track="matched", task="smoke"):
-    return {"contestant": name, "track": track, "task": task, "seed": seed, "mode": "race", "setup_s": 1.0,
+def fake_run(name, seed, probe=10.0, reached=True, track="matched", task="smoke", cpus=2):
+    return {"contestant": name, "track": track, "task": task, "seed": seed, "mode": "race", "cpus": cpus,
+            "setup_s": 1.0,
             "train_s": 5.0, "eval_s": 0.5, "wall_s": 6.5, "env_steps": 1000, "updates": 125,
             "updates_per_env_step": 0.25, "n_params": 1, "torch_threads": 1, "facts": {"n_params": 1},
             "env_steps_per_s": 200.0, "probe_s": probe,
@@ -306,7 +308,7 @@ def fake_runs(tmp_path, probes: dict) -> dict:
     d.mkdir(parents=True)
     out = {}
     for (name, seed), p in probes.items():
-        run = fake_run(name, seed, p) | {"settings_hash": orchestrate.run_hash(name, "matched", "smoke", 1),
+        run = fake_run(name, seed, p, cpus=1) | {"settings_hash": orchestrate.run_hash(name, "matched", "smoke", 1),
                                          "noisy": False, "conditions": {}}
         (d / f"{name}-s{seed}.json").write_text(json.dumps(run))
         out[name, seed] = run
@@ -451,3 +453,140 @@ def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best
     launched.clear()
     orchestrate.run_race("tuned", "smoke", names, 1, tmp_path, cpus=2, launch_run=launch)
     assert sorted(launched) == [("pal-processes", 1, 0), ("rllib", 0, 0), ("tianshou", 3, 0)]
+
+
+# ---------------------------------------------------------------------------------------------- hostile run files
+
+def stored_run(d, stem, **change):
+    run = fake_run(stem.split("-s")[0], int(stem.split("-s")[1].split("-")[0]), cpus=2) | {
+        "settings_hash": "x", "noisy": False, "conditions": {}} | change
+    (d / f"{stem}.json").write_text(json.dumps(run))
+    return run
+
+
+def test_run_files_that_are_not_runs_are_skipped_with_one_line_and_the_rest_rebuilt(tmp_path, capsys):
+    """A FIFO, a link, a JSON list, a run without its curve, NaN steps and another contestant's run under a PAL
+    name are each skipped with one line; the good runs make the CSV; nothing hangs."""
+    import os
+
+    from pal_bench.studies.race import rebuild
+
+    d = orchestrate.runs_dir(tmp_path, "smoke", "matched", 2)
+    d.mkdir(parents=True)
+    stored_run(d, "pal-s0")
+    stored_run(d, "pal-s1")
+    os.mkfifo(d / "pal-s2.json")
+    (d / "pal-s3.json").symlink_to("/dev/zero")
+    (d / "pal-s4.json").write_text("[1, 2]")
+    stored_run(d, "pal-s5", curve=None)
+    (d / "pal-s6.json").write_text(json.dumps(fake_run("pal", 6) | {"env_steps": float("nan")}))
+    stored_run(d, "pal-s7", contestant="tianshou")
+    stored_run(d, "pal-s8", cpus=1)
+    assert rebuild(tmp_path, "smoke", quiet=True) == 0
+    err = capsys.readouterr().err
+    for k in range(2, 9):
+        assert err.count(f"pal-s{k}.json") == 1, err
+    df = pd.read_csv(tmp_path / "race_smoke.csv")
+    assert sorted(df.run_id) == ["pal-s0", "pal-s1"]
+
+
+def test_a_rerun_interrupted_before_it_marked_the_old_run_still_replaces_it(tmp_path):
+    """The new run names the old in ``rerun_of``: that is what supersedes (the old file's ``superseded_by`` is only
+    written after); a ``superseded_by`` naming no run supersedes nothing."""
+    d = orchestrate.runs_dir(tmp_path, "smoke", "matched", 2)
+    d.mkdir(parents=True)
+    stored_run(d, "pal-s0")
+    stored_run(d, "pal-s0-a1", rerun_of="pal-s0", rerun_reason="the machine was busy")
+    stored_run(d, "pal-s1", superseded_by="pal-s1-a9")
+    runs = orchestrate.load_runs(d, cpus=2)
+    assert sorted(r["run_id"] for r in orchestrate.current_runs(runs)) == ["pal-s0-a1", "pal-s1"]
+    df = results.runs_frame(runs).set_index("run_id")
+    assert df.loc["pal-s0", "superseded_by"] == "pal-s0-a1" and pd.isna(df.loc["pal-s1", "superseded_by"])
+
+
+def test_a_second_race_on_the_same_runs_is_refused_at_once(tmp_path):
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.race.runfiles import race_lock
+
+    d = orchestrate.runs_dir(tmp_path, "smoke", "matched", 2)
+    with race_lock(d):
+        with pytest.raises(UsageError, match="another pal-bench race"):
+            orchestrate.run_race("matched", "smoke", ["pal"], 1, tmp_path, launch_run=lambda *a, **k: 1 / 0)
+    with race_lock(d):                                        # released with its holder
+        pass
+
+
+def test_only_plain_budget_directories_are_read(tmp_path, capsys):
+    from pal_bench.studies.race.runfiles import budget_dirs
+
+    track = tmp_path / "matched"
+    for name in ("cpus1", "cpus2", "cpus0", "cpus007", "cpusx", "cpus\u00b2", "other"):
+        (track / name).mkdir(parents=True)
+    (track / "cpus3").symlink_to(track / "cpus1")
+    got = budget_dirs(track)
+    assert [(p.name, n) for p, n in got] == [("matched", None), ("cpus1", 1), ("cpus2", 2)]
+    err = capsys.readouterr().err
+    assert all(n in err for n in ("cpus0", "cpus007", "cpusx", "cpus3", "cpus\u00b2")) and "other" not in err
+
+
+def test_goals_are_not_met_on_a_ratio_that_pal_s_censored_runs_make_an_upper_bound(tmp_path):
+    from pal_bench.studies.race.publish import race_goals_block, race_headline_block
+
+    rows = []
+    for s in range(10):
+        rows.append(results.run_row(fake_run("pal-processes", s, reached=False) | {"cpus": 2}))
+        rows.append(results.run_row(fake_run("tianshou", s) | {"cpus": 2, "setup_s": 30.0}))
+    pd.DataFrame(rows, columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv", index=False)
+    goals = race_goals_block(tmp_path)
+    line = next(x for x in goals.splitlines() if "tianshou" in x and "2 CPUs" in x)
+    assert "at most" in line and "unknown (censored)" in line and "| yes" not in line
+    head = race_headline_block(tmp_path)
+    assert "0 of 10 seeds" in head and "counted at their stop" in head and "at most" in head
+
+
+def test_a_terminated_race_closes_its_pinned_run_and_leaves_no_shared_memory(tmp_path):
+    """SIGTERM to the race while a pinned ``pal-processes`` run holds its shared buffer: the run's process group
+    gets SIGTERM, the worker closes its trainer (the segments unlinked), nothing of it stays running and the run's
+    result file is removed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    def segments() -> set[str]:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("pal_")}
+
+    before = segments()
+    script = tmp_path / "race.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\nfrom pal_bench.studies.race import stop_on_termination\n"
+        "from pal_bench.studies.race.run import launch\nstop_on_termination()\n"
+        f"launch('pal-processes', 'matched', 'smoke', 0, Path({str(tmp_path / 'race.log')!r}), cpus=1)\n")
+    p = subprocess.Popen([sys.executable, str(script)], start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (segments() - before) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert segments() - before, "the run never made its shared buffer"
+    workers = [pid for pid in _descendants(p.pid)]
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(60) != 0
+    deadline = time.monotonic() + 20
+    while (segments() - before or any(Path(f"/proc/{k}").exists() for k in workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not segments() - before, f"left in /dev/shm: {segments() - before}"
+    assert not [k for k in workers if Path(f"/proc/{k}").exists()], "a process of the run outlived the race"
+    assert not list(Path(tempfile_dir()).glob("pal-race-run-*.json"))
+
+
+def _descendants(root: int) -> list[int]:
+    from pal_bench.conditions import descendants
+
+    return list(descendants(root))
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()

@@ -58,8 +58,8 @@ def test_epsilon_is_kept_once_per_thousand_env_steps():
 
 def counted(**change) -> dict:
     """The counts of a run that did the matched work on the smoke task (2,000 env steps, learning from 500)."""
-    base = {"optimizer_steps": 375, "target_copies": 1, "first_update_env_step": 504, "batch_size": 128,
-            "batch_sizes": {"128": 375}, "updates_per_env_step": 0.25,
+    base = {"env_steps": 2_000, "optimizer_steps": 375, "target_copies": 1, "first_update_env_step": 504,
+            "batch_size": 128, "batch_sizes": {"128": 375}, "updates_per_env_step": 0.25,
             "eps_seen": [[t, MATCHED.epsilon(t, SMOKE.eps_decay_steps)] for t in (0, 1_000, 2_000)]}
     return base | change
 
@@ -70,12 +70,23 @@ def counted(**change) -> dict:
     ({"target_copies": 6}, "target copies"),
     ({"first_update_env_step": 1_000}, "first update"),
     ({"eps_seen": [[0, 1.0], [1_000, 0.5]]}, "epsilon 0.5 at env step 1000"),
-    ({"eps_seen": []}, "never seen"),
+    ({"eps_seen": []}, "seen only up to env step None"),
+    ({"batch_sizes": {"128": 200, "32": 175}}, "every one"),
+    ({"updates_per_env_step": float("nan")}, "updates per env step nan"),
+    ({"eps_seen": [[0, 1.0], [1_000, float("nan")]]}, "epsilon nan"),
 ])
 def test_a_run_whose_counted_settings_differ_is_refused(change, what):
     check_counted("fake", counted(), SMOKE, 500)
     with pytest.raises(SettingsMismatch, match=what):
         check_counted("fake", counted(**change), SMOKE, 500)
+
+
+def test_epsilon_seen_only_at_the_start_of_a_long_decay_is_refused():
+    full = TASKS["full"]
+    long_run = counted(env_steps=100_000, eps_seen=[[0, 1.0]], optimizer_steps=22_500, target_copies=90,
+                       batch_sizes={"128": 22_500}, first_update_env_step=full.learning_starts)
+    with pytest.raises(SettingsMismatch, match="seen only up to env step 0"):
+        check_counted("fake", long_run, full, full.learning_starts)
 
 
 def test_a_budget_larger_than_the_machine_is_a_usage_error_and_over_budget_is_own_cores_above_it():

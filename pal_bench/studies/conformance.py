@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from pal_bench import conditions
-from pal_bench.argtypes import Range, UsageError, number, rng_seed
+from pal_bench.argtypes import Range, UsageError, number, printable, rng_seed
 from pal_bench.bench.adapters.registry import PROTOCOL_CLASSES, available
 from pal_bench.bench.conformance import PROPERTIES, STATUSES
 from pal_bench.bench.publishing import Markup, Publication, esc, md, missing, source, store
@@ -98,12 +98,7 @@ def _child(args: list[str], timeout_s: float, on_message) -> tuple[int | None, s
         log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
         last = log.read().decode(errors="replace").strip().splitlines()
         log.close()
-    return rc, _printable(last[-1][:300]) if last else ""
-
-
-def _printable(text: str) -> str:
-    """``text`` with control characters (a buffer's error message may hold any) shown as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return rc, printable(last[-1][:300]) if last else ""
 
 
 def _died(rc: int | None, timeout_s: float, last: str) -> str:
@@ -141,7 +136,7 @@ def check_one(name: str, seed: int, timeout_s: float, say) -> None:
 
     def report(prop: str, status: str, detail: str) -> None:
         if prop not in got:
-            got[prop] = {"property": prop, "status": status, "detail": _printable(detail)[:MAX_DETAIL]}
+            got[prop] = {"property": prop, "status": status, "detail": printable(detail)[:MAX_DETAIL]}
             say(got[prop])
 
     start_at: str | None = None
@@ -197,7 +192,7 @@ def check_buffers(names: list[str], seed: int = 0, timeout_s: float = TIMEOUT_S,
 
 
 def _line(name: str, prop: str, status: str, detail: str) -> str:
-    return f"{_printable(name)}  {prop:<13} {status:<5} {detail}"
+    return f"{printable(name)}  {prop:<13} {status:<5} {detail}"
 
 
 # ------------------------------------------------------------------ the table in docs/latency.md
@@ -269,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = df[df.status == "FAIL"]
     for name in names:
         bad_props = failed[failed.impl == name].property.tolist()
-        print(f"{_printable(name)}: " + (f"FAILS {', '.join(bad_props)}" if bad_props else "conforms"), file=sys.stderr)
+        print(f"{printable(name)}: " + (f"FAILS {', '.join(bad_props)}" if bad_props else "conforms"), file=sys.stderr)
     return 1 if len(failed) else 0
 
 

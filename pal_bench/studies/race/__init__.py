@@ -43,34 +43,36 @@ SPEED_ROUNDS = 5
 
 
 def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
-    """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv`` and the figures from the stored run files;
-    print the tables."""
+    """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv``, ``_tuning.csv`` and the figures from the stored
+    run files (every table computed before any file is written); print the tables."""
     from pal_bench.bench.publishing import store
     from pal_bench.conditions import write_meta
     from pal_bench.studies.race import figure, results
     from pal_bench.studies.race.orchestrate import load_runs, runs_dir
+    from pal_bench.studies.race.runfiles import budget_dirs
 
     runs, speed, tuning = [], [], []
     for track in TRACKS:
-        for d in budget_dirs(runs_dir(out, task_name, track)):
-            runs += load_runs(d)
+        for d, cpus in budget_dirs(runs_dir(out, task_name, track)):
+            runs += load_runs(d, cpus=cpus)
             speed += load_runs(d / "speed", "*-r*.json")
-            tuning += load_runs(d / "tuning", "*-c*-s*.json")
+            tuning += load_runs(d / "tuning", "*-c*-s*.json", cpus=cpus)
     if not runs:
         raise FileNotFoundError(f"no stored race runs under {runs_dir(out, task_name, 'matched').parent}; run "
                                 f"`pal-bench race` first")
     sfx = suffix(task_name)
-    df = results.runs_frame(runs)
-    store(df, out / f"race{sfx}.csv", float_format="%.3f")
-    curves = results.curves_frame(runs)
-    store(curves, out / f"race{sfx}_curves.csv", float_format="%.3f")
-    store(results.speed_frame(speed), out / f"race{sfx}_speed.csv", float_format="%.2f")
-    write_meta(out / f"race{sfx}.csv", combined_conditions([r["conditions"] for r in runs]))
-    if speed:
-        write_meta(out / f"race{sfx}_speed.csv", combined_conditions([r["conditions"] for r in speed]))
+    tables = {f"race{sfx}.csv": (results.runs_frame(runs), runs, "%.3f"),
+              f"race{sfx}_curves.csv": (results.curves_frame(runs), None, "%.3f"),
+              f"race{sfx}_speed.csv": (results.speed_frame(speed), speed, "%.2f")}
     if tuning:
-        store(results.tuning_frame(tuning), out / f"race{sfx}_tuning.csv", float_format="%.3f")
-        write_meta(out / f"race{sfx}_tuning.csv", combined_conditions([r["conditions"] for r in tuning]))
+        tables[f"race{sfx}_tuning.csv"] = (results.tuning_frame(tuning), tuning, "%.3f")
+    metas = {name: combined_conditions([r.get("conditions") or {} for r in made]) for name, (_, made, _) in
+             tables.items() if made}
+    for name, (frame, _, fmt) in tables.items():
+        store(frame, out / name, float_format=fmt)
+    for name, meta in metas.items():
+        write_meta(out / name, meta)
+    curves = tables[f"race{sfx}_curves.csv"][0]
     if not curves.empty:
         for (track, cpus), c in curves.groupby(["track", curves.cpus.fillna(-1)]):
             cpus = None if cpus == -1 else int(cpus)
@@ -85,24 +87,23 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
     return 0
 
 
-def budget_dirs(track_dir: Path) -> list[Path]:
-    """A track's run directories: the runs stored before the core budgets (the track's own directory), then one
-    ``cpus<N>`` directory per budget, in order of N."""
-    subs = [d for d in track_dir.glob("cpus*") if d.is_dir() and d.name[4:].isdigit()]
-    return [track_dir, *sorted(subs, key=lambda d: int(d.name[4:]))]
-
-
 def combined_conditions(parts: list[dict]) -> dict:
     """The conditions of a race stored in pieces: first start, last finish, the highest loads, noisy if any run
-    was, every commit that ran one."""
-    meta = dict(parts[0])
-    meta["what"] = meta["what"].split(":")[0]
-    meta["started"] = min(p["started"] for p in parts)
-    meta["finished"] = max(p["finished"] or "" for p in parts) or None
+    was, every commit that ran one (a run file's conditions are read as data: what is missing or not of its type is
+    left out)."""
+    def texts(key: str) -> list[str]:
+        return [p[key] for p in parts if isinstance(p.get(key), str)]
+
+    def numbers(key: str) -> list[float]:
+        return [p[key] for p in parts if isinstance(p.get(key), (int, float)) and not isinstance(p.get(key), bool)]
+
+    meta = dict(parts[0]) if parts else {}
+    meta["what"] = (texts("what") or ["race"])[0].split(":")[0]
+    meta["started"] = min(texts("started"), default=None)
+    meta["finished"] = max(texts("finished"), default=None)
     for k in ("load_before", "load_after"):
-        vals = [p[k] for p in parts if p.get(k) is not None]
-        meta[k] = max(vals) if vals else None
-    meta["noisy"] = any(p.get("noisy") for p in parts)
+        meta[k] = max(numbers(k), default=None)
+    meta["noisy"] = any(p.get("noisy") is True for p in parts)
     meta["commit"] = ", ".join(sorted({str(p.get("commit")) for p in parts}))
     meta["runs"] = len(parts)
     return meta
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         from pal_bench.studies.race.run import run_one
 
+        stop_on_termination()                        # SIGTERM from the race: close the contestant, then exit
+
         run = run_one(args.worker, args.track, task_name, args.seed, args.mode, cpus=args.cpus, config=args.config)
         atomic_write_text(args.worker_out, json.dumps(run))
         return 0
@@ -172,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_termination()
     if refuse_if_busy("pal-bench race", args.force):
         return 2
+    try:
+        return _run(args, task_name, names, cpus)
+    except KeyboardInterrupt as e:
+        print(f"\npal-bench race: interrupted ({e or 'Ctrl-C'}); the runs stored so far are kept: run the same "
+              f"command again to go on", file=sys.stderr)
+        return 130
+
+
+def _run(args, task_name: str, names: list[str], cpus: int) -> int:
     from pal_bench.studies.race import orchestrate
 
     if args.tune:

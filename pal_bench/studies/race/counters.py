@@ -14,7 +14,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-EPS_SEEN_EVERY = 1_000      # epsilon is recorded at most once per this many env steps
+from pal_bench.studies.race.task import EPS_SEEN_EVERY  # epsilon is recorded at most once per this many env steps
 
 
 class RunCounters:
@@ -121,7 +121,8 @@ class RunCounters:
         most priority updates had."""
         learning = max(1, env_steps - learning_starts)
         batch = self.batch_sizes.most_common(1)[0][0] if self.batch_sizes else None
-        return {"optimizer_steps": self.optimizer_steps, "target_copies": self.target_copies,
+        return {"env_steps": int(env_steps), "optimizer_steps": self.optimizer_steps,
+                "target_copies": self.target_copies,
                 "first_update_env_step": self.first_update_env_step, "batch_size": batch,
                 "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
                 "updates_per_env_step": round(self.optimizer_steps / learning, 5),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pal_bench.atomic import atomic_write_text
 from pal_bench.conditions import Conditions, settle
+from pal_bench.studies.race import runfiles
 from pal_bench.studies.race.contestants import contestant_class
 from pal_bench.studies.race.pin import over_budget
 from pal_bench.studies.race.results import run_rate
@@ -50,24 +51,17 @@ def run_hash(name: str, track: str, task_name: str, cpus: int | None = None, con
                          {"cpus": cpus, "config": config})
 
 
-def load_runs(directory: Path, pattern: str = "*-s*.json") -> list[dict]:
-    """Every run stored in ``directory`` matching ``pattern`` (unreadable files skipped, with a line), each with
-    its ``run_id`` (the file's name without ``.json``)."""
-    runs = []
-    for path in sorted(directory.glob(pattern)):
-        try:
-            run = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"pal-bench race: skipping {path} ({e})", file=sys.stderr)
-            continue
-        if isinstance(run, dict):
-            runs.append(run | {"run_id": path.stem})
-    return runs
+def load_runs(directory: Path, pattern: str = "*-s*.json", cpus: int | None = None) -> list[dict]:
+    """Every usable run stored in ``directory`` matching ``pattern`` (in a ``speed`` directory: speed rounds), each
+    with its
+    ``run_id``; files that are not one skipped with a line (``runfiles.load``)."""
+    check = runfiles.speed_problem if directory.name == "speed" else runfiles.run_problem
+    return runfiles.load(directory, pattern, check, cpus)
 
 
 def current_runs(runs: list[dict]) -> list[dict]:
-    """The runs no other run superseded."""
-    return [r for r in runs if not r.get("superseded_by")]
+    """The runs no other stored run replaced (named in its ``rerun_of``)."""
+    return runfiles.current(runs)
 
 
 def _say(msg: str) -> None:
@@ -192,9 +186,17 @@ def _campaign(directory: Path, pattern: str, jobs: list[tuple[int, str, int, int
               slow: dict, settle_s: float, launch_run: Callable[..., dict], stop_unreached: bool) -> bool:
     """Run the ``jobs`` (seed, contestant, configuration, configuration in the file name or None) not stored and
     current in ``directory``, each stored as soon as it ends; a run made again supersedes the stored one."""
-    directory.mkdir(parents=True, exist_ok=True)
+    with runfiles.race_lock(directory):
+        return _run_jobs(directory, pattern, jobs, track, task_name, out, cpus, max_minutes, rerun_noisy, slow,
+                         settle_s, launch_run, stop_unreached)
+
+
+def _run_jobs(directory: Path, pattern: str, jobs: list, track: str, task_name: str, out: Path, cpus: int,
+              max_minutes: float | None, rerun_noisy: bool, slow: dict, settle_s: float,
+              launch_run: Callable[..., dict], stop_unreached: bool) -> bool:
     log = out / "race.log"
-    stored = {(r["contestant"], r["seed"], r.get("config", 0)): r for r in current_runs(load_runs(directory, pattern))}
+    stored = {(r["contestant"], r["seed"], r.get("config", 0)): r
+              for r in current_runs(load_runs(directory, pattern, cpus))}
     t_start, launched = time.monotonic(), 0
     task = TASKS[task_name]
     for i, (seed, name, config, in_name) in enumerate(jobs, 1):
@@ -253,19 +255,21 @@ def run_speed(track: str, task_name: str, names: list[str], rounds: int, out: Pa
     (no evaluation), one after the other, the order rotated by one each round; each (round, contestant) is stored
     as soon as it ends and skipped when stored and current."""
     directory = runs_dir(out, task_name, track, cpus) / "speed"
-    directory.mkdir(parents=True, exist_ok=True)
+    with runfiles.race_lock(directory):
+        _speed_rounds(directory, track, task_name, names, rounds, out, settle_s, launch_run, cpus)
+
+
+def _speed_rounds(directory: Path, track: str, task_name: str, names: list[str], rounds: int, out: Path,
+                  settle_s: float, launch_run: Callable[..., dict], cpus: int) -> None:
     log = out / "race.log"
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             path = directory / f"{name}-r{r}.json"
             key = run_hash(name, track, task_name, cpus)
-            if path.exists():
-                try:
-                    if json.loads(path.read_text()).get("settings_hash") == key:
-                        continue
-                except (OSError, json.JSONDecodeError):
-                    pass
+            done = [x for x in load_runs(directory, f"{name}-r{r}.json") if x.get("settings_hash") == key]
+            if done:
+                continue
             settle(settle_s, progress=lambda m, r=r: _say(f"speed round {r}: {m}"))
             measured = Conditions(f"race speed ({track}, {task_name}, {cpus} CPUs): {name} round {r}")
             run = launch_run(name, track, task_name, r, log, mode="speed", cpus=cpus)

@@ -53,6 +53,29 @@ def tree_cpus(root: int | None = None) -> list[int]:
     return sorted(seen)
 
 
+class TreeWatch:
+    """The CPUs the process tree could use, sampled every ``period_s`` while the run trains (a worker process that
+    ends early, such as an actor, is seen while it lives) and once more at ``stop()``: their union."""
+
+    def __init__(self, period_s: float = 2.0):
+        import threading
+
+        self.seen: set[int] = set(tree_cpus())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(period_s,), daemon=True, name="race-cpus")
+        self._thread.start()
+
+    def _watch(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            self.seen |= set(tree_cpus())
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        self.seen |= set(tree_cpus())
+        return sorted(self.seen)
+
+
 def over_budget(own_cores: float | None, cpus: int | None) -> bool:
     """Whether a run used more CPU than its budget (``own_cores`` above ``cpus`` + ``OWN_CORES_SLACK``)."""
     return own_cores is not None and cpus is not None and own_cores > cpus + OWN_CORES_SLACK

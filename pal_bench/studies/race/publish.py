@@ -158,21 +158,22 @@ def race_headline_block(results: Path) -> str:
     parts = []
     for name, g in df[~df.contestant.isin(race_results.PAL_MATCHED)].groupby("contestant"):
         r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
-        moved = race_results.censoring_moves_median(g.wall_to_target_s, g.reached)
-        bound = "at least " if moved and not mine_moved else "at most " if mine_moved and not moved else \
-            "an unknown multiple near " if moved else ""
-        parts.append(f"{esc(name)} took {bound}{r['ratio']:.1f}x PAL's median wall time (95%: bootstrap "
-                     f"{r['boot_low']:.1f}-{r['boot_high']:.1f}, order statistics {r['order_low']:.1f}-"
-                     f"{r['order_high']:.1f}; {int(g.reached.sum())} of {len(g)} seeds reached, median "
+        bound = race_results.bound_word(race_results.censoring_moves_median(g.wall_to_target_s, g.reached),
+                                        mine_moved)
+        ratio = (f"{bound}{r['ratio']:.1f}x" if bound is not None else
+                 f"an unknown multiple (both censored; {r['ratio']:.1f}x at the stops) of")
+        parts.append(f"{esc(name)} took {ratio} PAL's median wall time (95%: {race_results.interval_text(r)}; "
+                     f"{int(g.reached.sum())} of {len(g)} seeds reached, median "
                      f"{g.steps_to_target.median() / 1000:.0f}k steps, {g.wall_to_target_s.median():.0f} s)")
     where = (f"matched track, {budget_words(cpus)}: every contestant trains the same Double DQN on the same data "
              f"rhythm" if cpus is not None else
              "matched track, stored before the core budgets: every contestant trains the same Double DQN on the same "
              "data rhythm, but the cores were not equal: `pal-processes` runs an actor process beside its learner "
              "while RLlib and tianshou ran in one process each; the pinned tracks replace it")
+    stop = " (runs that did not reach it counted at their stop)" if not mine.reached.all() else ""
     return (f"**The race** ({where}; LunarLander-v3 to 200): PAL's {code(ref)} reached the target in "
             f"{int(mine.reached.sum())} of {len(mine)} seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k "
-            f"env steps and {mine.wall_to_target_s.median():.0f} s of set-up and training; " + "; ".join(parts)
+            f"env steps and {mine.wall_to_target_s.median():.0f} s of set-up and training{stop}; " + "; ".join(parts)
             + ". Ratios of medians; every table, the speed rounds and the tuned track: [docs/race.md](docs/race.md).\n")
 
 
@@ -222,12 +223,14 @@ def race_goals_block(results: Path) -> str:
                 continue
             mine = df[df.contestant == ref]
             r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
-            moved = race_results.censoring_moves_median(g.wall_to_target_s, g.reached)
+            bound = race_results.bound_word(race_results.censoring_moves_median(g.wall_to_target_s, g.reached),
+                                            race_results.censoring_moves_median(mine.wall_to_target_s, mine.reached))
+            # met when the median ratio reaches the goal and censoring cannot make it smaller (PAL's median exact)
+            met = "yes" if r["ratio"] >= goal and bound in ("", "at least ") else \
+                "no" if r["ratio"] < goal and bound in ("", "at most ") else "unknown (censored)"
             rows.append({"track": f"matched, {cpus} CPU{'s' if cpus > 1 else ''}", "goal": f">= {goal:g}x {peer}",
-                         "measured": f"{'>= ' if moved else ''}{r['ratio']:.2f}x ({code(ref)}, {len(mine)} seeds; "
-                                     f"{peer} {len(g)} seeds; bootstrap {r['boot_low']:.2f}-{r['boot_high']:.2f}, "
-                                     f"order statistics {r['order_low']:.2f}-{r['order_high']:.2f})",
-                         "met": "yes" if r["ratio"] >= goal else "no"})
+                         "measured": f"{bound or ''}{r['ratio']:.2f}x ({code(ref)}, {len(mine)} seeds; {peer} "
+                                     f"{len(g)} seeds; {race_results.interval_text(r)})", "met": met})
     return ("The goals of the core tracks (median wall time to target, set-up and training, of each peer over PAL's "
             "best matched contestant on the same CPUs; met when the median ratio reaches the goal; the intervals "
             "say how sure):\n\n" + md(pd.DataFrame(rows), "") + "\n\n" + source(results, "race.csv") + "\n")

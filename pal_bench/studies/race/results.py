@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from pal_bench.bench.stats import median_order_ci, pairing_range, ratio_ci
+from pal_bench.studies.race.pin import over_budget
+from pal_bench.studies.race.runfiles import superseded
 from pal_bench.studies.race.task import TASKS
 
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
@@ -48,8 +50,8 @@ def run_row(run: dict) -> dict:
             "eval_s": run["eval_s"], "setup_s": run["setup_s"], "env_steps": run["env_steps"],
             "env_steps_per_s": run["env_steps_per_s"], "rate_after_start": None if rate is None else round(rate, 1),
             "updates_per_env_step": run["updates_per_env_step"], "own_cores": own,
-            "over_budget": bool(run.get("over_budget")),
-            "n_params": run["n_params"], "torch_threads": run["torch_threads"], "probe_s": run.get("probe_s"),
+            "over_budget": over_budget(own, run.get("cpus")),
+            "n_params": run.get("n_params"), "torch_threads": run.get("torch_threads"), "probe_s": run.get("probe_s"),
             "best_return": max(returns) if returns else None, "noisy": bool(run.get("noisy")),
             "superseded_by": run.get("superseded_by"), "rerun_of": run.get("rerun_of"),
             "rerun_reason": run.get("rerun_reason"), "commit": run.get("commit"),
@@ -67,7 +69,11 @@ def run_rate(run: dict) -> float | None:
 
 
 def runs_frame(runs: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([run_row(r) for r in runs], columns=RUN_COLUMNS)
+    """``race.csv``: every run, ``superseded_by`` from the runs themselves (the run that names it in ``rerun_of``),
+    ``over_budget`` from its CPU time and budget (not from what the file says)."""
+    gone = superseded([r for r in runs if r.get("run_id")])
+    return pd.DataFrame([run_row(r) | {"superseded_by": gone.get(r.get("run_id"))} for r in runs],
+                        columns=RUN_COLUMNS)
 
 
 def track_runs(df: pd.DataFrame, track: str, cpus: int | None, every_draw: bool = False) -> pd.DataFrame:
@@ -85,9 +91,10 @@ def track_runs(df: pd.DataFrame, track: str, cpus: int | None, every_draw: bool 
 
 def curves_frame(runs: list[dict]) -> pd.DataFrame:
     """Every evaluation of every current run (a run another superseded is left out), with its track and CPUs."""
+    gone = superseded([r for r in runs if r.get("run_id")])
     return pd.DataFrame([{"track": r["track"], "cpus": r.get("cpus"), "contestant": r["contestant"], "seed": r["seed"],
-                          **e} for r in runs if not r.get("superseded_by") and not r.get("over_budget")
-                         for e in r["curve"]])
+                          **e} for r in runs if r.get("run_id") not in gone
+                         and not over_budget(r.get("own_cores"), r.get("cpus")) for e in r["curve"]])
 
 
 def figure_name(task_sfx: str, track: str, cpus) -> str:
@@ -101,8 +108,10 @@ def tuning_frame(runs: list[dict]) -> pd.DataFrame:
     with ``best`` marking every run of each contestant's best configuration (``tuning.best_configs``)."""
     from pal_bench.studies.race.tuning import best_configs, config_name
 
+    gone = superseded([r for r in runs if r.get("run_id")])
     df = pd.DataFrame([{"config": int(r.get("config", 0)),
-                        "config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r)}
+                        "config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r),
+                        "superseded_by": gone.get(r.get("run_id"))}
                        for r in runs], columns=["config", "config_name", *RUN_COLUMNS])
     best = best_configs(df)
     df.insert(2, "best", [best.get(n) == c for n, c in zip(df.contestant, df.config)])
@@ -284,6 +293,23 @@ def censoring_moves_median(values: pd.Series, reached: pd.Series) -> bool:
     return bool(censored[:upper + 1].any())
 
 
+def bound_word(peer_moved: bool, pal_moved: bool) -> str:
+    """What censoring makes of a ratio of medians peer / PAL: "at least " (the peer's median is a lower bound),
+    "at most " (PAL's is), "" (neither), or None where both are (the ratio is unknown)."""
+    return {(True, False): "at least ", (False, True): "at most ", (False, False): ""}.get((peer_moved, pal_moved))
+
+
+def interval_text(r: dict) -> str:
+    """The two 95% intervals of ``ratio_intervals`` as words: where too few seeds make the order-statistic one cover
+    less, its true coverage; where the bootstrap cannot be made (fewer than two seeds a side), said so."""
+    boot = ("bootstrap n/a (fewer than 2 seeds)" if not np.isfinite(r["boot_low"]) else
+            f"bootstrap {r['boot_low']:.1f}-{r['boot_high']:.1f}")
+    order = f"order statistics {r['order_low']:.1f}-{r['order_high']:.1f}"
+    if r["order_coverage"] < 0.95:
+        order += f" (covers {r['order_coverage']:.0%}: too few seeds for 95%)"
+    return f"{boot}, {order}"
+
+
 def ratio_intervals(peer: pd.Series, pal: pd.Series, level: float = 0.95) -> dict:
     """The median ratio peer / PAL with two 95% intervals: a bootstrap one (both samples resampled) and a
     distribution-free one from the medians' exact order-statistic intervals (each at ``sqrt(level)``, so that both
@@ -292,5 +318,7 @@ def ratio_intervals(peer: pd.Series, pal: pd.Series, level: float = 0.95) -> dic
     each = math.sqrt(level)
     _, plo, phi, pc = median_order_ci(peer.astype(float), each)
     _, qlo, qhi, qc = median_order_ci(pal.astype(float), each)
-    return {"ratio": point, "boot_low": blo, "boot_high": bhi, "order_low": plo / qhi, "order_high": phi / qlo,
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = np.float64(plo) / np.float64(qhi), np.float64(phi) / np.float64(qlo)
+    return {"ratio": point, "boot_low": blo, "boot_high": bhi, "order_low": float(lo), "order_high": float(hi),
             "order_coverage": pc * qc}

@@ -18,7 +18,7 @@ from pathlib import Path
 from pal_bench.studies.race.clock import Clock
 from pal_bench.studies.race.contestants import make
 from pal_bench.studies.race.counters import RunCounters
-from pal_bench.studies.race.pin import cpu_set, pin_self, tree_cpus
+from pal_bench.studies.race.pin import TreeWatch, cpu_set, pin_self
 from pal_bench.studies.race.probe import speed_probe
 from pal_bench.studies.race.task import MATCHED, TASKS, Task, check_counted, check_matched
 
@@ -64,9 +64,12 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
         if track == "matched":
             check_matched(name, facts, obs_dim, n_actions)
         contestant.attach(counters)
+        watch = TreeWatch()                     # every thread of the run's processes while it trains
         clock.started()
-        measured = contestant.train(clock)
-        used = tree_cpus()                      # every thread of the run's processes, before they are stopped
+        try:
+            measured = contestant.train(clock)
+        finally:
+            used = watch.stop()
         counters.detach()
     finally:
         contestant.close()
@@ -100,29 +103,61 @@ def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race"
     return run
 
 
+STOP_GRACE_S = 30.0        # a stopped run's processes get this long to close (shared memory, Ray) before SIGKILL
+
+
 def launch(name: str, track: str, task_name: str, seed: int, log: Path, mode: str = "race", cpus: int = 2,
            config: int = 0) -> dict:
-    """Run one contestant in its own process (one torch/OpenMP thread), pinned with everything it starts to the
-    first ``cpus`` CPUs this process may use (``pin.cpu_set``); its evaluations stream to ``log``. RuntimeError
-    naming the log when it fails (a matched contestant that does not do the matched work included)."""
+    """Run one contestant in its own process (one torch/OpenMP thread) and process group, pinned with everything it
+    starts to the first ``cpus`` CPUs this process may use (``pin.cpu_set``); its evaluations stream to ``log``.
+    Interrupted (Ctrl-C, or SIGTERM through ``stop_on_termination``), the run's process group gets SIGTERM (the
+    worker closes its contestant: shared memory, Ray) and SIGKILL after ``STOP_GRACE_S``. RuntimeError naming the
+    log when it fails (a matched contestant that does not do the matched work included)."""
     cpu_list = cpu_set(cpus)
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = Path(f.name)
-    cmd = [sys.executable, "-m", "pal_bench.studies.race", "--worker", name, "--track", track, "--task", task_name,
-           "--seed", str(seed), "--mode", mode, "--cpus", str(cpus), "--config", str(config), "--worker-out", str(out)]
-    threads = str(MATCHED.torch_threads)
-    env = dict(os.environ, PYTHONWARNINGS="ignore", RAY_DEDUP_LOGS="0", OMP_NUM_THREADS=threads,
-               MKL_NUM_THREADS=threads)
-    with open(log, "a") as lf:
-        lf.write(f"\n=== {name} ({track}, {task_name}) seed {seed} {mode}\n")
-        lf.flush()
-        rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env,
-                            preexec_fn=functools.partial(pin_self, cpu_list)).returncode
+    fd, name_out = tempfile.mkstemp(suffix=".json", prefix="pal-race-run-")
+    os.close(fd)
+    out = Path(name_out)
     try:
+        cmd = [sys.executable, "-m", "pal_bench.studies.race", "--worker", name, "--track", track, "--task",
+               task_name, "--seed", str(seed), "--mode", mode, "--cpus", str(cpus), "--config", str(config),
+               "--worker-out", str(out)]
+        threads = str(MATCHED.torch_threads)
+        env = dict(os.environ, PYTHONWARNINGS="ignore", RAY_DEDUP_LOGS="0", OMP_NUM_THREADS=threads,
+                   MKL_NUM_THREADS=threads)
+        with open(log, "a") as lf:
+            lf.write(f"\n=== {name} ({track}, {task_name}) seed {seed} {mode}\n")
+            lf.flush()
+            proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=functools.partial(pin_self, cpu_list))
+            try:
+                rc = proc.wait()
+            except BaseException:
+                _stop_group(proc)
+                raise
         if rc != 0:
-            tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
             raise RuntimeError(f"{name} ({track}) seed {seed} failed with exit code {rc}: "
                                f"{tail[0] if tail else ''} (see {log})")
         return json.loads(out.read_text())
     finally:
         out.unlink(missing_ok=True)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group, SIGKILL to what is left after ``STOP_GRACE_S``."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:                                   # the worker ended: anything still in its group goes too
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return

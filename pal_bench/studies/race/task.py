@@ -117,6 +117,7 @@ def check_matched(name: str, facts: dict, obs_dim: int, n_actions: int, measured
 FIRST_UPDATE_SLACK = 64            # env steps: the first update may come this much after learning starts (an actor
 #                                    runs ahead by the rate rule's slack, RLlib samples a fragment at a time)
 TARGET_COPY_SLACK = 1              # target copies: within one of (optimizer steps / target period)
+EPS_SEEN_EVERY = 1_000             # (counters.EPS_SEEN_EVERY: epsilon is recorded once per this many env steps)
 EPS_TOLERANCE = 0.02               # epsilon seen may differ by this much from the matched schedule (RLlib reads its
 #                                    steps once per train() call: a staircase, 0.013 above the line on LunarLander)
 
@@ -126,13 +127,17 @@ def check_counted(name: str, counted: dict, task: Task, learning_starts: int) ->
     optimizer, target network, loss input and exploration) differ from ``MATCHED``: updates per env step after
     ``learning_starts`` (optimizer steps counted), the batch the loss saw, target copies per optimizer step, the env
     step of the first update, and epsilon at every env step it was seen."""
+    import math
+
     m, bad = MATCHED, []
     ups = counted.get("updates_per_env_step")
-    if ups is None or abs(ups - m.updates_per_step) > UPDATES_TOLERANCE * m.updates_per_step:
+    if not isinstance(ups, (int, float)) or not math.isfinite(ups) or \
+            abs(ups - m.updates_per_step) > UPDATES_TOLERANCE * m.updates_per_step:
         bad.append(f"counted updates per env step {ups!r} (matched: {m.updates_per_step}, within "
                    f"{UPDATES_TOLERANCE:.0%})")
-    if counted.get("batch_size") != m.batch_size:
-        bad.append(f"the loss saw batches of {counted.get('batch_sizes')!r} rows (matched: {m.batch_size})")
+    sizes = counted.get("batch_sizes") or {}
+    if counted.get("batch_size") != m.batch_size or set(sizes) != {str(m.batch_size)}:
+        bad.append(f"the loss saw batches of {sizes!r} rows (matched: {m.batch_size}, every one)")
     steps, copies = counted.get("optimizer_steps") or 0, counted.get("target_copies")
     if copies is None or abs(copies - steps / m.target_update) > TARGET_COPY_SLACK + 1e-9:
         bad.append(f"{copies!r} target copies in {steps} optimizer steps (matched: one every {m.target_update})")
@@ -140,12 +145,17 @@ def check_counted(name: str, counted: dict, task: Task, learning_starts: int) ->
     if steps and (first is None or not learning_starts <= first <= learning_starts + FIRST_UPDATE_SLACK):
         bad.append(f"first update at env step {first!r} (matched: {learning_starts}, at most "
                    f"{FIRST_UPDATE_SLACK} later)")
-    off = [(t, e) for t, e in counted.get("eps_seen", [])
-           if abs(e - m.epsilon(t, task.eps_decay_steps)) > EPS_TOLERANCE]
-    if off or not counted.get("eps_seen"):
-        t, e = off[0] if off else (None, None)
-        bad.append(f"epsilon {e!r} at env step {t!r} (matched: {m.epsilon(t, task.eps_decay_steps):.3f})" if off
-                   else "epsilon was never seen")
+    seen = counted.get("eps_seen") or []
+    off = [(t, e) for t, e in seen if not (isinstance(e, (int, float)) and math.isfinite(e))
+           or abs(e - m.epsilon(t, task.eps_decay_steps)) > EPS_TOLERANCE]
+    # epsilon must have been seen along the whole decay the run went through (one look per 1,000 env steps)
+    reach = min(task.eps_decay_steps, counted.get("env_steps") or 0) - 2 * EPS_SEEN_EVERY
+    if off:
+        t, e = off[0]
+        bad.append(f"epsilon {e!r} at env step {t!r} (matched: {m.epsilon(t, task.eps_decay_steps):.3f})")
+    elif not seen or max(t for t, _ in seen) < reach:
+        bad.append(f"epsilon was seen only up to env step {max((t for t, _ in seen), default=None)!r} (the run went "
+                   f"through its decay to {reach + 2 * EPS_SEEN_EVERY})")
     if bad:
         raise SettingsMismatch(f"{name} did not do the matched work, as counted while it ran: " + "; ".join(bad))
 
