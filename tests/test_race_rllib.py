@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("ray.rllib")
 pytest.importorskip("gymnasium")
 
+from fixed_batch import ACTIONS, EPISODES, OBS, episodes  # noqa: E402
+
 from pal_bench.studies.race.clock import Clock  # noqa: E402
 from pal_bench.studies.race.contestants import make  # noqa: E402
 from pal_bench.studies.race.contestants.rllib import RLlibContestant  # noqa: E402
@@ -79,6 +81,13 @@ def test_settings_do_not_import_ray():
     assert "cartpole_dqn.py" in s["example"] and s["epsilon"][1] == [25_000, 0.02]
 
 
+def assert_acting_holds_the_learners_weights(c) -> None:
+    """The race evaluates the (local) env runner's module: it holds the learner's latest weights."""
+    acting = c.algo.get_module().state_dict()
+    learning = c._learner(lambda lr: {k: v.clone() for k, v in lr.module["default_policy"].state_dict().items()})
+    assert acting.keys() <= learning.keys() and all((acting[k] == learning[k]).all() for k in acting)
+
+
 @pytest.mark.parametrize("name,track", [("rllib-pal", "matched"), ("rllib", "tuned")])
 def test_smoke_run_logs_the_configured_updates_per_env_step(ray_session, name, track):
     """CartPole, 2,000 env steps on one CPU's settings (the local env runner): RLlib's logged updates / env steps
@@ -95,10 +104,7 @@ def test_smoke_run_logs_the_configured_updates_per_env_step(ray_session, name, t
         out = c.train(clock)
         adam_steps = c.optimizer_steps()
         target_updates = c.last["target_updates"]
-        # the race evaluates the env runner's module: it holds the learner's latest weights
-        acting = c.algo.get_module().state_dict()
-        learning = c._learner(lambda lr: {k: v.clone() for k, v in lr.module["default_policy"].state_dict().items()})
-        assert acting.keys() <= learning.keys() and all((acting[k] == learning[k]).all() for k in acting)
+        assert_acting_holds_the_learners_weights(c)
     finally:
         c.close()
     assert out["env_steps"] == task.max_steps
@@ -118,23 +124,10 @@ def test_smoke_run_logs_the_configured_updates_per_env_step(ray_session, name, t
 
 # ---------------------------------------------------------------- the matched loss against PAL's, on a fixed batch
 
-OBS, ACTIONS = LUNAR
-EPISODES = ((7, "terminated"), (9, "truncated"))   # two episodes ending differently: 16 transitions
 # PAL's mlp (Linear 0, ReLU, Linear 2, ReLU, Linear 4) -> RLlib's matched module: the encoder's one hidden layer
 # (8-256, ReLU) and the Q head's ("af") hidden and output layers (256-256, ReLU, 256-4)
 PAL_TO_RLLIB = {"0": "encoder.net.mlp.0", "2": "af.net.mlp.0", "4": "af.net.mlp.2"}
 
-
-def episodes(rng):
-    """[(obs, act, rew, next_obs, terminated, truncated)] per episode, random but fixed (as in
-    tests/test_race_tianshou.py)."""
-    out = []
-    for length, end in EPISODES:
-        obs = rng.normal(size=(length + 1, OBS)).astype(np.float32)
-        out.append([(obs[t], int(rng.integers(ACTIONS)), float(rng.normal()), obs[t + 1],
-                     t == length - 1 and end == "terminated", t == length - 1 and end == "truncated")
-                    for t in range(length)])
-    return out
 
 
 def rllib_episode(obs, act, rew, next_obs, terminated, truncated, weight, n_step, spaces):
@@ -321,10 +314,7 @@ def test_two_cpu_matched_run_uses_a_remote_env_runner_and_counts_hold(ray_sessio
             lambda r: (os.getpid(), r.env is not None, r.num_env_steps_sampled_lifetime), local_env_runner=False)
         assert c.algo.env_runner_group.local_env_runner.env is None
         target_updates = c.last["target_updates"]
-        # the race evaluates the local runner's module: it holds the learner's latest weights
-        acting = c.algo.get_module().state_dict()
-        learning = c._learner(lambda lr: {k: v.clone() for k, v in lr.module["default_policy"].state_dict().items()})
-        assert acting.keys() <= learning.keys() and all((acting[k] == learning[k]).all() for k in acting)
+        assert_acting_holds_the_learners_weights(c)
     finally:
         c.close()
     counted = counters.as_dict(out["env_steps"], facts["learning_starts"])

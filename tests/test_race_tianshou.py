@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("tianshou")
 torch = pytest.importorskip("torch")
 import gymnasium as gym  # noqa: E402
+from fixed_batch import ACTIONS, OBS, episodes  # noqa: E402
 from tianshou.algorithm import DQN  # noqa: E402
 from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy  # noqa: E402
 from tianshou.algorithm.optim import AdamOptimizerFactory  # noqa: E402
@@ -22,20 +23,6 @@ from pal_bench.studies.race.task import MATCHED, TASKS, Matched, SettingsMismatc
 from pal_bench.train.algos import dqn as pal_dqn  # noqa: E402
 from pal_bench.train.config import TrainConfig  # noqa: E402
 from pal_bench.train.workers import NStep  # noqa: E402
-
-OBS, ACTIONS = 8, 4
-EPISODES = ((7, "terminated"), (9, "truncated"))   # two episodes ending differently: 16 transitions
-
-
-def episodes(rng):
-    """[(obs, act, rew, next_obs, terminated, truncated)] per episode, random but fixed."""
-    out = []
-    for length, end in EPISODES:
-        obs = rng.normal(size=(length + 1, OBS)).astype(np.float32)
-        out.append([(obs[t], int(rng.integers(ACTIONS)), float(rng.normal()), obs[t + 1],
-                     t == length - 1 and end == "terminated", t == length - 1 and end == "truncated")
-                    for t in range(length)])
-    return out
 
 
 def tianshou_algo(cls, state: dict, target_state: dict, **kw):
