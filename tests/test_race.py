@@ -590,3 +590,21 @@ def tempfile_dir() -> str:
     import tempfile
 
     return tempfile.gettempdir()
+
+
+def test_the_headline_moves_to_the_pinned_track_once_every_contestant_has_ten_seeds(tmp_path):
+    from pal_bench.studies.race.publish import HEADLINE_SEEDS, race_headline_block
+
+    def rows(cpus, seeds, scale=1.0):
+        return [results.run_row(fake_run(name, s) | {"cpus": cpus, "setup_s": (1.0 if name == "pal-processes"
+                                                                              else 4.0) * scale})
+                for name in ("pal-processes", "tianshou") for s in range(seeds)]
+
+    legacy = rows(None, 10)
+    pd.DataFrame(legacy + rows(2, 3, scale=2.0), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
+    head = race_headline_block(tmp_path)
+    assert "stored before the core budgets" in head and "being run: 6 runs so far" in head
+    pd.DataFrame(legacy + rows(2, HEADLINE_SEEDS, scale=2.0), columns=results.RUN_COLUMNS).to_csv(
+        tmp_path / "race.csv")
+    head = race_headline_block(tmp_path)
+    assert "pinned to the same 2 CPUs" in head and "being run" not in head
