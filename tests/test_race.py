@@ -289,6 +289,13 @@ def test_target_table_marks_lower_bounds_and_uses_the_bootstrap_only_with_ten_se
     assert t.loc["tianshou", "wall / pal's"].startswith("3.00x (pairings 0.30-30.00) [")   # 10 seeds each: bootstrap
     assert t.loc["rllib", "wall / pal's"].startswith(">= 4.91x") and "[" not in t.loc["rllib", "wall / pal's"]
     assert "(94% range of 5)" in t.loc["rllib", "env steps to target"]
+    # runs that stopped before the target above the median leave it exact: no ">="
+    top = runs("dqn", 10)
+    for r in top[-3:]:
+        r["reached"] = False
+    t = results.target_table(pd.DataFrame(runs("pal", 10) + top)).set_index("contestant")
+    assert t.loc["dqn", "reached"] == "7/10" and t.loc["dqn", "wall to target, s (eval excluded)"].startswith("55.0 ")
+    assert t.loc["dqn", "wall / pal's"].startswith("1.00x")
 
 
 # ---------------------------------------------------------------------------------------------- storage
@@ -593,18 +600,36 @@ def tempfile_dir() -> str:
 
 
 def test_the_headline_moves_to_the_pinned_track_once_every_contestant_has_ten_seeds(tmp_path):
+    from pal_bench.studies.race.contestants import DEFAULT_CONTESTANTS
     from pal_bench.studies.race.publish import HEADLINE_SEEDS, race_headline_block
 
-    def rows(cpus, seeds, scale=1.0):
+    def rows(cpus, seeds, scale=1.0, names=DEFAULT_CONTESTANTS["matched"]):
         return [results.run_row(fake_run(name, s) | {"cpus": cpus, "setup_s": (1.0 if name == "pal-processes"
                                                                               else 4.0) * scale})
-                for name in ("pal-processes", "tianshou") for s in range(seeds)]
+                for name in names for s in range(seeds)]
 
     legacy = rows(None, 10)
     pd.DataFrame(legacy + rows(2, 3, scale=2.0), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
     head = race_headline_block(tmp_path)
-    assert "stored before the core budgets" in head and "being run: 6 runs so far" in head
+    assert "stored before the core budgets" in head and "being run: 12 runs so far" in head
+    # a default contestant with no pinned run at all holds the headline back
+    pd.DataFrame(legacy + rows(2, HEADLINE_SEEDS, scale=2.0, names=("pal-processes", "tianshou")),
+                 columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
+    assert "being run: 20 runs so far" in race_headline_block(tmp_path)
     pd.DataFrame(legacy + rows(2, HEADLINE_SEEDS, scale=2.0), columns=results.RUN_COLUMNS).to_csv(
         tmp_path / "race.csv")
     head = race_headline_block(tmp_path)
     assert "pinned to the same 2 CPUs" in head and "being run" not in head
+
+
+def test_a_block_says_when_its_own_runs_ran_from_their_conditions():
+    runs = [{"conditions": {"started": "2026-12-06T16:45:18+00:00", "finished": "2026-12-06T16:47:17+00:00",
+                            "load_before": 0.9}, "commit": "aaa"},
+            {"conditions": {"started": "2026-12-06T21:01:00+00:00", "finished": "2026-12-06T21:20:30+00:00",
+                            "load_before": 1.0}, "commit": "bbb"},
+            {"conditions": {"started": 5, "load_before": True}, "commit": "bbb"}]     # a malformed one says nothing
+    df = pd.DataFrame([{"commit": r["commit"], **results._when(r["conditions"])} for r in runs])
+    assert results._when(runs[2]["conditions"]) == {"started": None, "finished": None, "load_before": None}
+    assert results.sitting(df) == ("Runs: 3, 2026-12-06 16:45 to 2026-12-06 21:20 UTC; commit aaa, bbb; "
+                                   "load before each run 0.90-1.00.")
+    assert results.sitting(df.drop(columns=["started"])) == ""

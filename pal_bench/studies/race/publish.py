@@ -10,6 +10,7 @@ import pandas as pd
 from pal_bench.bench.publishing import Publication, code, esc, md, missing, source
 from pal_bench.stored_tables import read_csv, read_json
 from pal_bench.studies.race import results as race_results
+from pal_bench.studies.race.contestants import DEFAULT_CONTESTANTS
 from pal_bench.studies.race.orchestrate import load_runs, runs_dir
 from pal_bench.studies.race.pin import CPU_BUDGETS
 from pal_bench.studies.race.probe import probe_spread
@@ -58,14 +59,16 @@ def race_target_block(results: Path, track: str, task_name: str = "full", cpus: 
             f"{task.target:g} ({task.eval_episodes} episodes every {task.eval_interval:,} env steps; budget "
             f"{task.max_steps:,} env steps or {task.max_wall_s / 60:.0f} minutes of training). Medians over seeds "
             f"with the exact order-statistic interval of the median (95% or more; its true coverage in brackets "
-            f"where the seeds are too few); a run that never reached the target counts at its stop (`>=`: a lower "
-            f"bound). Wall to target: set-up plus training, evaluation excluded (every contestant's training stands "
+            f"where the seeds are too few); a run that never reached the target counts at its stop "
+            f"(`>=`: the median is then a lower bound, marked only where such a run could move it). Wall to target: "
+            f"set-up plus training, evaluation excluded (every contestant's training stands "
             f"still while it is evaluated); 'with eval' adds the evaluations before the target. CPU used: the run's "
             f"process tree's CPU seconds over its wall time (median and range over its runs). Ratios: the "
             f"contestant's median over {code(ref)}'s (PAL's best {'matched ' if track == 'matched' else ''}"
             f"contestant here), the range over every pairing of seeds, and a bootstrap 95% interval where both have "
             f"at least 10 seeds. Speed probes of these runs: median {med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n"
-            + md(t, "") + "\n\n" + rerun_note + over_note + source(results, name) + "\n")
+            + md(t, "") + "\n\n" + rerun_note + over_note
+            + (f"{line}\n\n" if (line := race_results.sitting(draws)) else "") + source(results, name) + "\n")
 
 
 def race_speed_block(results: Path, track: str = "matched", task_name: str = "full", cpus: int | None = None) -> str:
@@ -149,8 +152,10 @@ def race_headline_block(results: Path) -> str:
     every = read_csv(path)
     pinned = race_results.track_runs(every, "matched", HEADLINE_CPUS)
     seeds = pinned.groupby("contestant").size()
-    complete = not pinned.empty and int(seeds.min()) >= HEADLINE_SEEDS
-    for cpus in ((HEADLINE_CPUS,) if complete else ()) + (None,):
+    # every contestant the race runs by default on that track, not only those with a pinned run so far
+    complete = all(int(seeds.get(c, 0)) >= HEADLINE_SEEDS for c in DEFAULT_CONTESTANTS["matched"])
+    # the pinned track once complete; else the runs from before the budgets; else the pinned track as far as it is
+    for cpus in ((HEADLINE_CPUS,) if complete else ()) + (None,) + (() if complete else (HEADLINE_CPUS,)):
         df = race_results.track_runs(every, "matched", cpus)
         ref = race_results.best_pal(df)
         if ref is not None and not df[~df.contestant.isin(race_results.PAL_MATCHED)].empty:
@@ -159,7 +164,8 @@ def race_headline_block(results: Path) -> str:
         return missing("race.csv", f"pal-bench race --cpus {HEADLINE_CPUS}")
     under_way = ("" if complete or pinned.empty else
                  f" The pinned {HEADLINE_CPUS}-CPU track is being run: {len(pinned)} runs so far, at most "
-                 f"{int(seeds.max())} seeds of a contestant ({HEADLINE_SEEDS} each make the headline).")
+                 f"{int(seeds.max())} seeds of a contestant ({HEADLINE_SEEDS} of each of "
+                 f"{', '.join(DEFAULT_CONTESTANTS['matched'])} make the headline).")
     mine = df[df.contestant == ref]
     mine_moved = race_results.censoring_moves_median(mine.wall_to_target_s, mine.reached)
     parts = []

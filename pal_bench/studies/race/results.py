@@ -27,7 +27,7 @@ RUN_COLUMNS = ["track", "cpus", "contestant", "seed", "run_id", "reached", "step
                "wall_with_eval_to_target_s", "train_to_target_s", "wall_s", "train_s", "eval_s", "setup_s",
                "env_steps", "env_steps_per_s", "rate_after_start", "updates_per_env_step", "own_cores",
                "over_budget", "n_params", "torch_threads", "probe_s", "best_return", "noisy", "superseded_by",
-               "rerun_of", "rerun_reason", "commit", "settings_hash"]
+               "rerun_of", "rerun_reason", "commit", "settings_hash", "started", "finished", "load_before"]
 
 
 def run_row(run: dict) -> dict:
@@ -55,7 +55,33 @@ def run_row(run: dict) -> dict:
             "best_return": max(returns) if returns else None, "noisy": bool(run.get("noisy")),
             "superseded_by": run.get("superseded_by"), "rerun_of": run.get("rerun_of"),
             "rerun_reason": run.get("rerun_reason"), "commit": run.get("commit"),
-            "settings_hash": run.get("settings_hash")}
+            "settings_hash": run.get("settings_hash"), **_when(run.get("conditions"))}
+
+
+def _when(conditions) -> dict:
+    """The run's own start and finish (UTC, ISO 8601) and the load average before it, from its conditions."""
+    c = conditions if isinstance(conditions, dict) else {}
+    load = c.get("load_before")
+    return {"started": c.get("started") if isinstance(c.get("started"), str) else None,
+            "finished": c.get("finished") if isinstance(c.get("finished"), str) else None,
+            "load_before": load if isinstance(load, (int, float)) and not isinstance(load, bool) else None}
+
+
+def sitting(df: pd.DataFrame) -> str:
+    """One line on when the rows ``df`` ran: first start to last finish (UTC), the commits, the load average
+    before the runs; '' when the rows do not say (runs stored before race.csv carried their times)."""
+    if "started" not in df or df.started.isna().all():
+        return ""
+    start = pd.to_datetime(df.started, utc=True, errors="coerce").dropna()
+    end = pd.to_datetime(df.get("finished", df.started), utc=True, errors="coerce").dropna()
+    if start.empty:
+        return ""
+    fmt = "%Y-%m-%d %H:%M"
+    span = f"{start.min().strftime(fmt)} to {(end.max() if len(end) else start.max()).strftime(fmt)} UTC"
+    commits = sorted({str(c) for c in df.commit.dropna()}) if "commit" in df else []
+    load = pd.to_numeric(df.get("load_before"), errors="coerce").dropna() if "load_before" in df else []
+    return (f"Runs: {len(df)}, {span}" + (f"; commit {', '.join(commits)}" if commits else "")
+            + (f"; load before each run {load.min():.2f}-{load.max():.2f}" if len(load) else "") + ".")
 
 
 def run_rate(run: dict) -> float | None:
@@ -183,16 +209,18 @@ def target_table(df: pd.DataFrame) -> pd.DataFrame:
     ref_runs = df[df.contestant == ref] if ref else df.iloc[:0]
     rows = []
     for name, g in df.groupby("contestant", sort=False):
-        censored = not g.reached.all()
+        # a median is a lower bound only where a run that stopped before the target could move it
+        steps_moved = censoring_moves_median(g.steps_to_target, g.reached)
+        wall_moved = censoring_moves_median(g.wall_to_target_s, g.reached)
         row = {"contestant": name, "seeds": len(g), "reached": f"{int(g.reached.sum())}/{len(g)}",
-               "env steps to target": median_cell(g.steps_to_target, censored),
-               "wall to target, s (eval excluded)": median_cell(g.wall_to_target_s, censored, 1),
+               "env steps to target": median_cell(g.steps_to_target, steps_moved),
+               "wall to target, s (eval excluded)": median_cell(g.wall_to_target_s, wall_moved, 1),
                "with eval, s": _num(float(g.wall_with_eval_to_target_s.median()), 1)}
         if ref and name != ref:
-            ref_censored = not ref_runs.reached.all()
-            row[f"steps / {ref}'s"] = ratio_cell(g.steps_to_target, ref_runs.steps_to_target, censored, ref_censored)
-            row[f"wall / {ref}'s"] = ratio_cell(g.wall_to_target_s, ref_runs.wall_to_target_s, censored,
-                                                ref_censored)
+            row[f"steps / {ref}'s"] = ratio_cell(g.steps_to_target, ref_runs.steps_to_target, steps_moved,
+                                                 censoring_moves_median(ref_runs.steps_to_target, ref_runs.reached))
+            row[f"wall / {ref}'s"] = ratio_cell(g.wall_to_target_s, ref_runs.wall_to_target_s, wall_moved,
+                                                censoring_moves_median(ref_runs.wall_to_target_s, ref_runs.reached))
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
 
