@@ -1,0 +1,179 @@
+"""What a wake-up costs when two threads of one process share the GIL (issue 50's probe of the model's miss on
+oversubscribed and async splits; docs/simulation.md).
+
+A *busy* thread runs the trainer's own learner update in a loop (a batch sampled from the shared buffer, the DQN
+losses and their gradients, one optimizer step of the parameter server). A second thread of the same process
+either wakes from a 2 ms timer (as the driver's pump and a polling waiter do) or is woken by an event the busy
+thread sets after each update (as a gradient wakes the async parameter server), and records how late it runs
+Python after its wake-up was due (µs). Each condition runs for ``seconds`` with the other cores idle, and again
+with one spinning process on every other core (every core busy). Also the busy thread's updates/s in each: what
+the other thread's wake-ups cost the thread that was running.
+
+``python -m pal_bench.studies.simulate.gil_wake [--seconds S] [--out DIR] [--force]`` writes
+``DIR/simulation_gil_wake.csv`` (one row per condition) with its ``.meta.json``; it measures only on a quiet
+machine (``--force``: anyway, marked noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing as mp
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from pal_bench.argtypes import Range, number
+from pal_bench.paths import RESULTS
+
+FILE = "simulation_gil_wake.csv"
+TIMER_S = 0.002            # the waking thread's sleep (the driver's pump period, processes/shared.POLL_S)
+CONDITIONS = (             # (name, the busy thread runs, every other core spun, how the second thread wakes)
+    ("learner alone", True, False, None),
+    ("learner alone", True, True, None),
+    ("timer, no learner", False, False, "timer"),
+    ("timer beside the learner", True, False, "timer"),
+    ("timer beside the learner", True, True, "timer"),
+    ("event from the learner", True, False, "event"),
+    ("event from the learner", True, True, "event"),
+)
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        for _ in range(10_000):
+            pass
+
+
+def learner_update():
+    """One learner update of the trainer's own code (DQN, CartPole-v1, one torch thread), as a callable."""
+    import torch
+
+    from pal_bench.studies.scaling.measure import transitions
+    from pal_bench.train import make_config
+    from pal_bench.train.core import RunCore
+    from pal_bench.train.losses import gradients, param_groups
+    from pal_bench.train.param_server import ParameterServer
+    from pal_bench.train.replay_spec import make_buffer
+
+    torch.set_num_threads(1)
+    cfg = make_config("dqn", "CartPole-v1")
+    core = RunCore(cfg)
+    buf = make_buffer(dataclasses.replace(cfg, buffer_capacity=100_000), core.fields())
+    buf.add_batch(**transitions(core, 5_000))
+    nets, targets = core.networks(), core.networks()
+    ps = ParameterServer(core.algo, nets, targets, dataclasses.replace(cfg, aggregation="sync"), 1)
+    groups = param_groups(core.algo, nets)
+
+    def update() -> None:
+        batch = core.to_tensors(buf.sample(cfg.batch_size))
+        ps.apply(gradients(core.algo.losses(nets, targets, batch, cfg, 1)[0], groups))
+    return update
+
+
+def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: str | None) -> dict:
+    """One condition's figures: the second thread's wake-ups and their lateness (µs: mean, median, p90, p99), the
+    busy thread's updates/s. Every thread and process it starts is stopped before it returns, error or not."""
+    ctx = mp.get_context("spawn")
+    stop, spin_stop, woken = threading.Event(), ctx.Event(), threading.Event()
+    others = max(0, len(os.sched_getaffinity(0)) - 1) if spin_others else 0
+    spinners = [ctx.Process(target=_spin, args=(spin_stop,), daemon=True) for _ in range(others)]
+    updates, set_at, late, errors = [0], [0.0], [], []
+
+    def learner() -> None:
+        try:
+            while not stop.is_set():
+                update()
+                updates[0] += 1
+                if wake == "event":
+                    set_at[0] = time.perf_counter()
+                    woken.set()
+        except BaseException as e:          # reaches the caller
+            errors.append(e)
+            stop.set()
+
+    def waker() -> None:
+        while wake is not None and not stop.is_set():
+            if wake == "timer":
+                t0 = time.perf_counter()
+                time.sleep(TIMER_S)
+                late.append((time.perf_counter() - t0 - TIMER_S) * 1e6)
+            elif woken.wait(0.1):
+                t = time.perf_counter()
+                woken.clear()
+                late.append((t - set_at[0]) * 1e6)
+
+    threads = [threading.Thread(target=waker, daemon=True)] + ([threading.Thread(target=learner, daemon=True)]
+                                                               if busy else [])
+    try:
+        for p in spinners:
+            p.start()
+        if spinners:
+            time.sleep(0.5)                 # the spinners running before the clock starts
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+    finally:
+        stop.set()
+        for t in threads:
+            if t.is_alive():
+                t.join()
+        spin_stop.set()
+        for p in spinners:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    late.sort()
+
+    def q(f: float) -> float:
+        return late[min(len(late) - 1, int(f * len(late)))] if late else float("nan")
+
+    return {"wakes": len(late), "late_mean_us": statistics.fmean(late) if late else float("nan"),
+            "late_median_us": q(0.5), "late_p90_us": q(0.9), "late_p99_us": q(0.99),
+            "learner_updates_per_s": updates[0] / wall if busy else float("nan")}
+
+
+def measure(seconds: float = 4.0, progress=print) -> pd.DataFrame:
+    """Every condition of ``CONDITIONS`` once, ``seconds`` each: one row per condition."""
+    update = learner_update()
+    rows = []
+    for k, (name, busy, spin_others, wake) in enumerate(CONDITIONS, 1):
+        where = "every core busy" if spin_others else "other cores idle"
+        progress(f"[gil wake {k}/{len(CONDITIONS)}] {name}, {where} ...")
+        rows.append({"condition": name, "cores": where, "wake": wake or "",
+                     **one_condition(update, seconds, busy, spin_others, wake)})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pal_bench.conditions import Conditions, refuse_if_busy
+    from pal_bench.studies.simulate.stored import write_csv
+
+    ap = argparse.ArgumentParser(prog="python -m pal_bench.studies.simulate.gil_wake", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=number(Range(0.1, 600), float), default=4.0,
+                    help="seconds per condition (default 4)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for simulation_gil_wake.csv")
+    ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
+    args = ap.parse_args(argv)
+    if refuse_if_busy("gil wake probe", args.force):
+        return 1
+    with Conditions("GIL wake-up probe (simulation, issue 50)") as c:
+        df = measure(args.seconds)
+    path = write_csv(df, args.out / FILE, c)
+    print(df.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
