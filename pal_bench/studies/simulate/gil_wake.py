@@ -9,8 +9,8 @@ Python after its wake-up was due (µs). Each condition runs for ``seconds`` with
 with one spinning process on every other core (every core busy). Also the busy thread's updates/s in each: what
 the other thread's wake-ups cost the thread that was running.
 
-``python -m pal_bench.studies.simulate.gil_wake [--seconds S] [--out DIR] [--force]`` writes
-``DIR/simulation_gil_wake.csv`` (one row per condition) with its ``.meta.json``; it measures only on a quiet
+``python -m pal_bench.studies.simulate.gil_wake [--seconds S] [--rounds N] [--out DIR] [--force]`` writes
+``DIR/simulation_gil_wake.csv`` (one row per condition and round) with its ``.meta.json``; it measures only on a quiet
 machine (``--force``: anyway, marked noisy).
 """
 
@@ -142,15 +142,17 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
             "learner_updates_per_s": updates[0] / wall if busy else float("nan")}
 
 
-def measure(seconds: float = 4.0, progress=print) -> pd.DataFrame:
-    """Every condition of ``CONDITIONS`` once, ``seconds`` each: one row per condition."""
+def measure(seconds: float = 4.0, rounds: int = 3, progress=print) -> pd.DataFrame:
+    """Every condition of ``CONDITIONS``, ``seconds`` each, in ``rounds`` rounds: one row per condition and
+    round."""
     update = learner_update()
     rows = []
-    for k, (name, busy, spin_others, wake) in enumerate(CONDITIONS, 1):
-        where = "every core busy" if spin_others else "other cores idle"
-        progress(f"[gil wake {k}/{len(CONDITIONS)}] {name}, {where} ...")
-        rows.append({"condition": name, "cores": where, "wake": wake or "",
-                     **one_condition(update, seconds, busy, spin_others, wake)})
+    for r in range(rounds):
+        for k, (name, busy, spin_others, wake) in enumerate(CONDITIONS, 1):
+            where = "every core busy" if spin_others else "other cores idle"
+            progress(f"[gil wake round {r + 1}/{rounds}, {k}/{len(CONDITIONS)}] {name}, {where} ...")
+            rows.append({"round": r, "condition": name, "cores": where, "wake": wake or "",
+                         **one_condition(update, seconds, busy, spin_others, wake)})
     return pd.DataFrame(rows)
 
 
@@ -162,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=number(Range(0.1, 600), float), default=4.0,
                     help="seconds per condition (default 4)")
+    ap.add_argument("--rounds", type=number(Range(1, 100)), default=3, help="rounds of every condition (default 3)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for simulation_gil_wake.csv")
     ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
     args = ap.parse_args(argv)
     if refuse_if_busy("gil wake probe", args.force):
         return 1
     with Conditions("GIL wake-up probe (simulation, issue 50)") as c:
-        df = measure(args.seconds)
+        df = measure(args.seconds, args.rounds)
     path = write_csv(df, args.out / FILE, c)
     print(df.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
     print(f"wrote {path}")
