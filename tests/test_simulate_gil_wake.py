@@ -25,6 +25,9 @@ def test_each_condition_times_the_wakes_and_the_learners_rate():
     assert event["wakes"] > 10 and event["late_mean_us"] >= 0
     alone = gil_wake.one_condition(update, 0.2, busy=True, spin_others=False, wake=None)
     assert alone["wakes"] == 0 and math.isnan(alone["late_mean_us"]) and alone["learner_updates_per_s"] > 0
+    two = gil_wake.one_condition(update, 0.2, busy=True, spin_others=False, wake="learner")
+    assert two["wakes"] == 0 and two["learner_updates_per_s"] > 0 and two["second_learner_updates_per_s"] > 0
+    assert math.isnan(timer["second_learner_updates_per_s"])
     assert threading.active_count() == 1 and not mp.active_children()
 
 

@@ -5,9 +5,10 @@ A *busy* thread runs the trainer's own learner update in a loop (a batch sampled
 losses and their gradients, one optimizer step of the parameter server). A second thread of the same process
 either wakes from a 2 ms timer (as the driver's pump and a polling waiter do) or is woken by an event the busy
 thread sets after each update (as a gradient wakes the async parameter server), and records how late it runs
-Python after its wake-up was due (µs). Each condition runs for ``seconds`` with the other cores idle, and again
-with one spinning process on every other core (every core busy). Also the busy thread's updates/s in each: what
-the other thread's wake-ups cost the thread that was running.
+Python after its wake-up was due (µs); or it is a second learner thread running the same update, never waiting
+(as two learner threads of the thread backend, or of the driver, do). Each condition runs for ``seconds`` with
+the other cores idle, and the wake-ups again with one spinning process on every other core (every core busy).
+Also the busy thread's updates/s in each: what the other thread costs the thread that was running.
 
 ``python -m pal_bench.studies.simulate.gil_wake [--seconds S] [--rounds N] [--out DIR] [--force]`` writes
 ``DIR/simulation_gil_wake.csv`` (one row per condition and round) with its ``.meta.json``; it measures only on a quiet
@@ -40,6 +41,7 @@ CONDITIONS = (             # (name, the busy thread runs, every other core spun,
     ("timer beside the learner", True, True, "timer"),
     ("event from the learner", True, False, "event"),
     ("event from the learner", True, True, "event"),
+    ("a second learner beside the learner", True, False, "learner"),
 )
 
 
@@ -82,7 +84,7 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
     stop, spin_stop, woken = threading.Event(), ctx.Event(), threading.Event()
     others = max(0, len(os.sched_getaffinity(0)) - 1) if spin_others else 0
     spinners = [ctx.Process(target=_spin, args=(spin_stop,), daemon=True) for _ in range(others)]
-    updates, set_at, late, errors = [0], [0.0], [], []
+    updates, second, set_at, late, errors = [0], [0], [0.0], [], []
 
     def learner() -> None:
         try:
@@ -98,7 +100,14 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
 
     def waker() -> None:
         while wake is not None and not stop.is_set():
-            if wake == "timer":
+            if wake == "learner":               # not a waker: a second learner thread, never waiting
+                try:
+                    update()
+                except BaseException as e:
+                    errors.append(e)
+                    stop.set()
+                second[0] += 1
+            elif wake == "timer":
                 t0 = time.perf_counter()
                 time.sleep(TIMER_S)
                 late.append((time.perf_counter() - t0 - TIMER_S) * 1e6)
@@ -139,7 +148,8 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
 
     return {"wakes": len(late), "late_mean_us": statistics.fmean(late) if late else float("nan"),
             "late_median_us": q(0.5), "late_p90_us": q(0.9), "late_p99_us": q(0.99),
-            "learner_updates_per_s": updates[0] / wall if busy else float("nan")}
+            "learner_updates_per_s": updates[0] / wall if busy else float("nan"),
+            "second_learner_updates_per_s": second[0] / wall if wake == "learner" else float("nan")}
 
 
 def measure(seconds: float = 4.0, rounds: int = 3, progress=print) -> pd.DataFrame:
