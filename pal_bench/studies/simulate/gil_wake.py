@@ -77,8 +77,10 @@ def learner_update():
     return update
 
 
-def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: str | None) -> dict:
-    """One condition's figures: the second thread's wake-ups and their lateness (µs: mean, median, p90, p99), the
+def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: str | None,
+                  second_update=None) -> dict:
+    """One condition's figures (``second_update``: the second learner's own update, with its own objects; by
+    default ``update``): the second thread's wake-ups and their lateness (µs: mean, median, p90, p99), the
     busy thread's updates/s. Every thread and process it starts is stopped before it returns, error or not."""
     ctx = mp.get_context("spawn")
     stop, spin_stop, woken = threading.Event(), ctx.Event(), threading.Event()
@@ -102,7 +104,7 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
         while wake is not None and not stop.is_set():
             if wake == "learner":               # not a waker: a second learner thread, never waiting
                 try:
-                    update()
+                    (second_update or update)()
                 except BaseException as e:
                     errors.append(e)
                     stop.set()
@@ -155,14 +157,14 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
 def measure(seconds: float = 4.0, rounds: int = 3, progress=print) -> pd.DataFrame:
     """Every condition of ``CONDITIONS``, ``seconds`` each, in ``rounds`` rounds: one row per condition and
     round."""
-    update = learner_update()
+    update, second = learner_update(), learner_update()
     rows = []
     for r in range(rounds):
         for k, (name, busy, spin_others, wake) in enumerate(CONDITIONS, 1):
             where = "every core busy" if spin_others else "other cores idle"
             progress(f"[gil wake round {r + 1}/{rounds}, {k}/{len(CONDITIONS)}] {name}, {where} ...")
             rows.append({"round": r, "condition": name, "cores": where, "wake": wake or "",
-                         **one_condition(update, seconds, busy, spin_others, wake)})
+                         **one_condition(update, seconds, busy, spin_others, wake, second)})
     return pd.DataFrame(rows)
 
 
