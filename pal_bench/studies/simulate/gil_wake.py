@@ -22,11 +22,10 @@ import dataclasses
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
-
-import pandas as pd
 
 from pal_bench.argtypes import Range, number
 from pal_bench.paths import RESULTS
@@ -45,8 +44,17 @@ CONDITIONS = (             # (name, the busy thread runs, every other core spun,
 )
 
 
-def _spin(stop) -> None:
-    while not stop.is_set():
+def _spin(stop, ready, parent: int) -> None:
+    """(a spawned process) Keep one core busy until ``stop`` is set or the parent is gone (killed too: the kernel
+    kills this process with its parent)."""
+    import signal
+
+    from pal_bench.train.backends.processes.shared import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C reaches the parent, which stops this one
+    die_with_parent()
+    ready.release()
+    while not stop.is_set() and os.getppid() == parent:
         for _ in range(10_000):
             pass
 
@@ -79,35 +87,42 @@ def learner_update():
 
 def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: str | None,
                   second_update=None) -> dict:
-    """One condition's figures (``second_update``: the second learner's own update, with its own objects; by
-    default ``update``): the second thread's wake-ups and their lateness (µs: mean, median, p90, p99), the
-    busy thread's updates/s. Every thread and process it starts is stopped before it returns, error or not."""
+    """One condition's figures: the second thread's wake-ups and their lateness (µs: mean; median, p90, p99 as the
+    upper-rank order statistics), the busy thread's updates/s (and with ``wake`` "learner" the second learner's,
+    whose ``second_update`` must have its own objects). The clock covers the measurement only, not the start or
+    the stop. Every thread and process it starts is stopped before it returns, error or Ctrl-C; an error in either
+    thread is raised here."""
+    from pal_bench.conditions import usable_cores
+
+    if wake == "learner" and second_update is None:
+        raise ValueError("a second learner needs its own update (second_update), not the first one's objects")
     ctx = mp.get_context("spawn")
-    stop, spin_stop, woken = threading.Event(), ctx.Event(), threading.Event()
-    others = max(0, len(os.sched_getaffinity(0)) - 1) if spin_others else 0
-    spinners = [ctx.Process(target=_spin, args=(spin_stop,), daemon=True) for _ in range(others)]
+    stop, spin_stop, woken, ready = threading.Event(), ctx.Event(), threading.Event(), ctx.Semaphore(0)
+    others = max(0, usable_cores() - 1) if spin_others else 0
+    spinners = [ctx.Process(target=_spin, args=(spin_stop, ready, os.getpid()), daemon=True) for _ in range(others)]
     updates, second, set_at, late, errors = [0], [0], [0.0], [], []
 
+    def guarded(body):
+        def run() -> None:
+            try:
+                body()
+            except BaseException as e:      # reaches the caller
+                errors.append(e)
+                stop.set()
+        return run
+
     def learner() -> None:
-        try:
-            while not stop.is_set():
-                update()
-                updates[0] += 1
-                if wake == "event":
-                    set_at[0] = time.perf_counter()
-                    woken.set()
-        except BaseException as e:          # reaches the caller
-            errors.append(e)
-            stop.set()
+        while not stop.is_set():
+            update()
+            updates[0] += 1
+            if wake == "event" and not woken.is_set():     # lateness from the set that wakes the thread
+                set_at[0] = time.perf_counter()
+                woken.set()
 
     def waker() -> None:
         while wake is not None and not stop.is_set():
             if wake == "learner":               # not a waker: a second learner thread, never waiting
-                try:
-                    (second_update or update)()
-                except BaseException as e:
-                    errors.append(e)
-                    stop.set()
+                second_update()
                 second[0] += 1
             elif wake == "timer":
                 t0 = time.perf_counter()
@@ -115,34 +130,41 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
                 late.append((time.perf_counter() - t0 - TIMER_S) * 1e6)
             elif woken.wait(0.1):
                 t = time.perf_counter()
+                due = set_at[0]
                 woken.clear()
-                late.append((t - set_at[0]) * 1e6)
+                late.append((t - due) * 1e6)
 
-    threads = [threading.Thread(target=waker, daemon=True)] + ([threading.Thread(target=learner, daemon=True)]
-                                                               if busy else [])
+    threads = [threading.Thread(target=guarded(waker), daemon=True)] + (
+        [threading.Thread(target=guarded(learner), daemon=True)] if busy else [])
+    started: list = []
+    wall = 0.0
     try:
         for p in spinners:
             p.start()
-        if spinners:
-            time.sleep(0.5)                 # the spinners running before the clock starts
+            started.append(p)
+        for _ in started:                   # every spinner spinning before the clock starts
+            if not ready.acquire(timeout=60):
+                raise RuntimeError("a spinning process did not start within 60 s")
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         stop.wait(seconds)
+        wall = time.perf_counter() - t0
     finally:
         stop.set()
+        spin_stop.set()
         for t in threads:
             if t.is_alive():
-                t.join()
-        spin_stop.set()
-        for p in spinners:
+                t.join(60)
+        for p in started:
             p.join(5)
             if p.is_alive():
                 p.kill()
                 p.join()
-    wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
+    if any(t.is_alive() for t in threads):
+        raise RuntimeError("a probe thread did not stop within 60 s (an update that never returns)")
     late.sort()
 
     def q(f: float) -> float:
@@ -154,9 +176,11 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
             "second_learner_updates_per_s": second[0] / wall if wake == "learner" else float("nan")}
 
 
-def measure(seconds: float = 4.0, rounds: int = 3, progress=print) -> pd.DataFrame:
+def measure(seconds: float = 4.0, rounds: int = 3, progress=print):
     """Every condition of ``CONDITIONS``, ``seconds`` each, in ``rounds`` rounds: one row per condition and
-    round."""
+    round (a pandas DataFrame)."""
+    import pandas as pd
+
     update, second = learner_update(), learner_update()
     rows = []
     for r in range(rounds):
@@ -164,7 +188,8 @@ def measure(seconds: float = 4.0, rounds: int = 3, progress=print) -> pd.DataFra
             where = "every core busy" if spin_others else "other cores idle"
             progress(f"[gil wake round {r + 1}/{rounds}, {k}/{len(CONDITIONS)}] {name}, {where} ...")
             rows.append({"round": r, "condition": name, "cores": where, "wake": wake or "",
-                         **one_condition(update, seconds, busy, spin_others, wake, second)})
+                         **one_condition(update, seconds, busy, spin_others, wake,
+                                         second if wake == "learner" else None)})
     return pd.DataFrame(rows)
 
 
@@ -180,11 +205,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for simulation_gil_wake.csv")
     ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
     args = ap.parse_args(argv)
+    target = args.out / FILE
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out {args.out}: not a folder")
+    if os.path.lexists(target) and (target.is_dir() or target.is_symlink()):
+        ap.error(f"{target}: a folder or a link is there; a measurement writes a plain file")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {args.out}: {e.strerror or e}")
+    if not os.access(args.out, os.W_OK):
+        ap.error(f"--out {args.out}: not writable")
     if refuse_if_busy("gil wake probe", args.force):
         return 1
-    with Conditions("GIL wake-up probe (simulation, issue 50)") as c:
+    command = " ".join(["python -m pal_bench.studies.simulate.gil_wake", *(argv if argv is not None else
+                                                                        sys.argv[1:])])
+    with Conditions("GIL wake-up probe (simulation, issue 50)", command=command) as c:
         df = measure(args.seconds, args.rounds)
-    path = write_csv(df, args.out / FILE, c)
+    path = write_csv(df, target, c)
     print(df.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
     print(f"wrote {path}")
     return 0
