@@ -193,6 +193,23 @@ def measure(seconds: float = 4.0, rounds: int = 3, progress=print):
     return pd.DataFrame(rows)
 
 
+def output_target(ap: argparse.ArgumentParser, out: Path, name: str) -> Path:
+    """``out / name`` for a probe's CSV, checked before anything is measured (``ap.error`` otherwise): ``out`` a
+    writable folder (made if missing), and no folder or link where the plain file goes."""
+    target = out / name
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {out}: not a folder")
+    if os.path.lexists(target) and (target.is_dir() or target.is_symlink()):
+        ap.error(f"{target}: a folder or a link is there; a measurement writes a plain file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {out}: {e.strerror or e}")
+    if not os.access(out, os.W_OK):
+        ap.error(f"--out {out}: not writable")
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     from pal_bench.conditions import Conditions, refuse_if_busy
     from pal_bench.studies.simulate.stored import write_csv
@@ -205,17 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for simulation_gil_wake.csv")
     ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
     args = ap.parse_args(argv)
-    target = args.out / FILE
-    if args.out.exists() and not args.out.is_dir():
-        ap.error(f"--out {args.out}: not a folder")
-    if os.path.lexists(target) and (target.is_dir() or target.is_symlink()):
-        ap.error(f"{target}: a folder or a link is there; a measurement writes a plain file")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {args.out}: {e.strerror or e}")
-    if not os.access(args.out, os.W_OK):
-        ap.error(f"--out {args.out}: not writable")
+    target = output_target(ap, args.out, FILE)
     if refuse_if_busy("gil wake probe", args.force):
         return 1
     command = " ".join(["python -m pal_bench.studies.simulate.gil_wake", *(argv if argv is not None else

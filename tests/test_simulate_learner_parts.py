@@ -1,0 +1,84 @@
+"""The learner-parts probe (issue 50): what each condition measures, that it stops every thread it starts, and that
+bad arguments and a bad output folder are refused before anything is measured."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import threading
+
+import pytest
+
+from pal_bench.studies.simulate import learner_parts
+
+
+def live():
+    return set(threading.enumerate()), {p.pid for p in mp.active_children()}
+
+
+def busy_update():                                      # a stand-in plain update: holds the GIL a little
+    sum(range(200))
+
+
+@pytest.mark.parametrize("learners, aggregation", [(1, "sync"), (1, "async"), (2, "sync"), (2, "async")])
+def test_the_trainers_learners_are_timed_phase_by_phase(learners, aggregation):
+    before = live()
+    got = learner_parts.trainer_learners(learners, aggregation, updates=40, filled=600)
+    assert got["updates"] >= 40 and got["updates_per_s"] > 0 and got["cores"] > 0
+    assert got["forward_backward_us"] > 0 and got["sample_us"] > 0
+    if learners == 1 and aggregation == "sync":         # it applies its own gradient: no snapshot, no server wait
+        assert got["apply_us"] > 0 and got["aggregation_wait_us"] == 0 and got["weights_pull_us"] < got["apply_us"]
+    else:                                               # the server's thread steps; the learner loads its snapshots
+        assert got["apply_us"] == 0 and got["server_aggregate_us"] > 0 and got["weights_pull_us"] > 0
+    assert live() == before
+
+
+def test_every_condition_in_every_round_with_the_order_rotated():
+    before = live()
+    seen = []
+    df = learner_parts.measure(updates=20, seconds=0.2, rounds=2, progress=seen.append, filled=300,
+                               plain=[busy_update, busy_update])
+    names = [*learner_parts.TRAINER_CONDITIONS, *learner_parts.PLAIN_CONDITIONS]
+    assert len(df) == 2 * len(names) and (df.updates_per_s > 0).all()
+    assert list(df[df["round"] == 0].condition) == names
+    assert list(df[df["round"] == 1].condition) == names[1:] + names[:1]
+    plain = df[df.condition.isin(learner_parts.PLAIN_CONDITIONS)]
+    assert plain.forward_backward_us.isna().all() and math.isnan(plain.cores.iloc[0])
+    assert len(seen) == len(df) and live() == before
+
+
+def test_an_error_in_a_plain_update_reaches_the_caller():
+    def failing():
+        raise RuntimeError("update failed")
+
+    before = live()
+    with pytest.raises(RuntimeError, match="update failed"):
+        learner_parts.plain_update(2, 30.0, [busy_update, failing])
+    assert live() == before
+
+
+def test_bad_arguments_and_a_bad_folder_are_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(learner_parts, "measure", lambda *a, **k: pytest.fail("measured"))
+    for bad in (["--updates", "5"], ["--seconds", "nan"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit) as e:
+            learner_parts.main(bad)
+        assert e.value.code == 2 and bad[0] in capsys.readouterr().err
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("keep")
+    with pytest.raises(SystemExit) as e:
+        learner_parts.main(["--out", str(not_a_folder), "--force"])
+    assert e.value.code == 2 and "not a folder" in capsys.readouterr().err and not_a_folder.read_text() == "keep"
+    (tmp_path / "d" / learner_parts.FILE).mkdir(parents=True)
+    with pytest.raises(SystemExit) as e:
+        learner_parts.main(["--out", str(tmp_path / "d"), "--force"])
+    assert e.value.code == 2 and "plain file" in capsys.readouterr().err
+
+
+def test_it_writes_the_csv_and_its_conditions(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setattr(learner_parts, "measure", lambda *a, **k: pd.DataFrame(
+        [{"round": 0, "condition": "one learner, sync", "learners": 1, "aggregation": "sync", "updates_per_s": 900.0}]))
+    assert learner_parts.main(["--out", str(tmp_path), "--force"]) == 0
+    assert pd.read_csv(tmp_path / learner_parts.FILE).updates_per_s.tolist() == [900.0]
+    assert (tmp_path / (learner_parts.FILE + ".meta.json")).exists()
