@@ -334,3 +334,17 @@ def test_allreduce_learner_processes_keep_their_gradients_out_of_the_driver():
     assert fl("learner-allreduce", 16, 16) > 2 * fl("learner-processes", 16, 16)
     r = simulate(inp, Workload("learner-allreduce", 2, 1, 2, "end_to_end", steps=3_000, learning_starts=500))
     assert r["updates"] == 625 and r["env_steps"] == 3_000
+
+
+def test_a_learner_point_is_predicted_with_its_own_aggregation():
+    """An f_l point with async aggregation is the server's thread applying and the learner loading each snapshot
+    (the learner-parts probe: 0.63-0.79x of one sync learner), not the sync learner that applies its own."""
+    from types import SimpleNamespace
+
+    from pal_bench.studies.simulate.validate import workload
+
+    point = dict(backend="threads", curve="f_l", actors=0, learners=1, steps=20_000, env_backend="sync")
+    sync, async_ = (workload(SimpleNamespace(**point, aggregation=a), 2) for a in ("sync", "async"))
+    assert (sync.aggregation, async_.aggregation) == ("sync", "async")
+    inp = Inputs(**BASE | {"snapshot_load_us": 600.0})     # a load as long as the update: async is slower
+    assert throughput(inp, async_) < throughput(inp, sync)

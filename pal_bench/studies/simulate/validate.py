@@ -135,7 +135,8 @@ def workload(p, cores: int) -> Workload:
     if p.curve == "f_a":
         return Workload(p.backend, cores, p.actors, 1, "f_a", steps=min(p.steps, 6_000 + 4 * c), chunk=c, **LEARNING)
     if p.curve == "f_l":
-        return Workload(p.backend, cores, 1, p.learners, "f_l", updates=600, chunk=c, **LEARNING)
+        return Workload(p.backend, cores, 1, p.learners, "f_l", aggregation=p.aggregation, updates=600, chunk=c,
+                        **LEARNING)
     return Workload(p.backend, cores, p.actors, p.learners, "end_to_end", aggregation=p.aggregation,
                     steps=min(p.steps, 9_000), chunk=c, **LEARNING)
 
