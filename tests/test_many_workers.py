@@ -27,8 +27,8 @@ def _fds() -> int:
     return n
 
 
-@pytest.mark.parametrize("backend, actors, steps", [("processes", 16, 4_000), ("processes", 32, 6_000),
-                                                     ("threads", 16, 4_000)])
+# (processes at 16 as well took 18 s of CI for what 32 covers)
+@pytest.mark.parametrize("backend, actors, steps", [("processes", 32, 6_000), ("threads", 16, 4_000)])
 def test_many_actors_hold_the_budget_and_the_rate_and_leave_nothing(tmp_path, backend, actors, steps):
     from multiprocessing import resource_tracker
 

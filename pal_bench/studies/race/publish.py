@@ -242,6 +242,8 @@ def race_goals_block(results: Path) -> str:
             # met when the median ratio reaches the goal and censoring cannot make it smaller (PAL's median exact)
             met = "yes" if r["ratio"] >= goal and bound in ("", "at least ") else \
                 "no" if r["ratio"] < goal and bound in ("", "at most ") else "unknown (censored)"
+            if min(len(mine), len(g)) < HEADLINE_SEEDS:        # the track is not complete: what it says so far
+                met = f"{met} so far ({min(len(mine), len(g))} of {HEADLINE_SEEDS} seeds)"
             rows.append({"track": f"matched, {cpus} CPU{'s' if cpus > 1 else ''}", "goal": f">= {goal:g}x {peer}",
                          "measured": f"{bound or ''}{r['ratio']:.2f}x ({code(ref)}, {len(mine)} seeds; {peer} "
                                      f"{len(g)} seeds; {race_results.interval_text(r)})", "met": met})
