@@ -26,6 +26,10 @@ def test_the_trainers_learners_are_timed_phase_by_phase(learners, aggregation):
     got = learner_parts.trainer_learners(learners, aggregation, updates=40, filled=600)
     assert got["updates"] >= 40 and got["updates_per_s"] > 0 and got["cores"] > 0
     assert got["forward_backward_us"] > 0 and got["sample_us"] > 0
+    if aggregation == "sync":                           # a sync round is one server step of every learner's gradient
+        assert got["server_steps"] == got["updates"] // learners
+    else:
+        assert got["server_steps"] + got["dropped_stale"] == got["updates"]
     if learners == 1 and aggregation == "sync":         # it applies its own gradient: no snapshot, no server wait
         assert got["apply_us"] > 0 and got["aggregation_wait_us"] == 0 and got["weights_pull_us"] < got["apply_us"]
     else:                                               # the server's thread steps; the learner loads its snapshots
@@ -82,3 +86,34 @@ def test_it_writes_the_csv_and_its_conditions(tmp_path, monkeypatch):
     assert learner_parts.main(["--out", str(tmp_path), "--force"]) == 0
     assert pd.read_csv(tmp_path / learner_parts.FILE).updates_per_s.tolist() == [900.0]
     assert (tmp_path / (learner_parts.FILE + ".meta.json")).exists()
+
+
+def test_a_folder_or_link_at_the_conditions_file_is_refused_and_nothing_is_created_before_measuring(tmp_path,
+                                                                                                   monkeypatch, capsys):
+    """(adversarial pass) a folder at the .meta.json let the probe replace the CSV and then fail; a link there was
+    replaced; the output folder was made before the busy check; a link to nothing read "File exists"."""
+    from pal_bench.conditions import meta_path
+
+    monkeypatch.setattr(learner_parts, "measure", lambda *a, **k: pytest.fail("measured"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / learner_parts.FILE).write_text("good")
+    meta = meta_path(out / learner_parts.FILE)
+    meta.mkdir()
+    with pytest.raises(SystemExit) as e:
+        learner_parts.main(["--out", str(out), "--force"])
+    assert e.value.code == 2 and "a folder or a link" in capsys.readouterr().err
+    meta.rmdir()
+    meta.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(SystemExit):
+        learner_parts.main(["--out", str(out), "--force"])
+    assert "a folder or a link" in capsys.readouterr().err and (out / learner_parts.FILE).read_text() == "good"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    with pytest.raises(SystemExit):
+        learner_parts.main(["--out", str(tmp_path / "dangling"), "--force"])
+    assert "a link to nothing" in capsys.readouterr().err
+    import pal_bench.conditions
+
+    monkeypatch.setattr(pal_bench.conditions, "refuse_if_busy", lambda *a, **k: True)
+    assert learner_parts.main(["--out", str(tmp_path / "new" / "dir")]) == 1
+    assert not (tmp_path / "new").exists()

@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -97,8 +98,10 @@ def one_condition(update, seconds: float, busy: bool, spin_others: bool, wake: s
     if wake == "learner" and second_update is None:
         raise ValueError("a second learner needs its own update (second_update), not the first one's objects")
     ctx = mp.get_context("spawn")
-    stop, spin_stop, woken, ready = threading.Event(), ctx.Event(), threading.Event(), ctx.Semaphore(0)
     others = max(0, usable_cores() - 1) if spin_others else 0
+    # process-shared primitives (named semaphores in /dev/shm) only where a spinner process needs them
+    spin_stop, ready = (ctx.Event(), ctx.Semaphore(0)) if others else (threading.Event(), threading.Semaphore(0))
+    stop, woken = threading.Event(), threading.Event()
     spinners = [ctx.Process(target=_spin, args=(spin_stop, ready, os.getpid()), daemon=True) for _ in range(others)]
     updates, second, set_at, late, errors = [0], [0], [0.0], [], []
 
@@ -194,19 +197,32 @@ def measure(seconds: float = 4.0, rounds: int = 3, progress=print):
 
 
 def output_target(ap: argparse.ArgumentParser, out: Path, name: str) -> Path:
-    """``out / name`` for a probe's CSV, checked before anything is measured (``ap.error`` otherwise): ``out`` a
-    writable folder (made if missing), and no folder or link where the plain file goes."""
+    """``out / name`` for a probe's CSV, checked before anything is measured (``ap.error`` otherwise, creating
+    nothing): ``out`` a folder, or a path whose nearest existing folder takes a new file (tried, not assumed: root
+    passes any permission check); no folder or link where the CSV or its ``.meta.json`` goes. ``write_csv`` makes
+    the missing folders when it writes."""
+    from pal_bench.argtypes import printable
+    from pal_bench.conditions import meta_path
+
+    shown = printable(str(out))
     target = out / name
+    if os.path.lexists(out) and not out.exists():
+        ap.error(f"--out {shown}: a link to nothing")
     if out.exists() and not out.is_dir():
-        ap.error(f"--out {out}: not a folder")
-    if os.path.lexists(target) and (target.is_dir() or target.is_symlink()):
-        ap.error(f"{target}: a folder or a link is there; a measurement writes a plain file")
+        ap.error(f"--out {shown}: not a folder")
+    for path in (target, meta_path(target)):
+        if os.path.lexists(path) and (path.is_dir() or path.is_symlink()):
+            ap.error(f"{printable(str(path))}: a folder or a link is there; a measurement writes a plain file")
+    existing = out.absolute()
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        ap.error(f"--out {shown}: {printable(str(existing))} is not a folder")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=existing):
+            pass
     except OSError as e:
-        ap.error(f"--out {out}: {e.strerror or e}")
-    if not os.access(out, os.W_OK):
-        ap.error(f"--out {out}: not writable")
+        ap.error(f"--out {shown}: {printable(str(existing))} is not writable ({e.strerror or e})")
     return target
 
 

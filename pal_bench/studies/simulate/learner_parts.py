@@ -38,8 +38,10 @@ PHASES = ("rate_wait", "weights_pull", "sample", "forward_backward", "priority_u
 
 def trainer_learners(learners: int, aggregation: str, updates: int, filled: int = FILLED, cfg=None) -> dict:
     """The thread trainer's ``learners`` learner threads (``aggregation``) run to ``updates`` updates on a buffer of
-    ``filled`` real transitions: updates/s, cores busy (process CPU / wall), each learner phase in µs per update
-    (``<phase>_us``, mean over the learners) and the server's step in µs per server step."""
+    ``filled`` real transitions: updates/s (an update is one learner's gradient: two sync learners make one server
+    step of two; an async gradient dropped as stale counts too, ``dropped_stale``), cores busy (process CPU / wall),
+    each learner phase in µs per update (``<phase>_us``, mean over the learners) and the server's step in µs per
+    server step (``server_steps``; a sole sync learner runs it in its own thread, inside its ``apply_us``)."""
     from pal_bench.studies.scaling.measure import quiet, transitions
     from pal_bench.train import Trainer, make_config
 
@@ -50,15 +52,15 @@ def trainer_learners(learners: int, aggregation: str, updates: int, filled: int 
         with Trainer(c) as tr:
             got = tr.run_learners(transitions(tr, filled), updates)
             phases = tr.summary()["phase_seconds"]
-            server_steps, server = tr.ps.version, dict(tr.ps.times)
-    n = max(1, got["updates"])
-    row = {"updates": got["updates"], "updates_per_s": got["updates"] / got["wall_s"],
-           "cores": got["cpu_s"] / got["wall_s"]}
+            server_steps, server, dropped = tr.ps.version, dict(tr.ps.times), tr.ps.dropped_stale
+    n = got["updates"]
+    row = {"updates": n, "updates_per_s": n / got["wall_s"], "cores": got["cpu_s"] / got["wall_s"],
+           "server_steps": server_steps, "dropped_stale": dropped}
     for phase in PHASES:
         seconds = sum(p.get(phase, 0.0) for name, p in phases.items() if name.startswith("learner"))
-        row[f"{phase}_us"] = seconds / n * 1e6
-    row["server_aggregate_us"] = server["aggregate_s"] / max(1, server_steps) * 1e6
-    row["server_publish_us"] = server["publish_s"] / max(1, server_steps) * 1e6
+        row[f"{phase}_us"] = seconds / n * 1e6 if n else float("nan")
+    for part in ("aggregate", "publish"):
+        row[f"server_{part}_us"] = server[f"{part}_s"] / server_steps * 1e6 if server_steps else float("nan")
     return row
 
 
@@ -70,7 +72,7 @@ def plain_update(threads: int, seconds: float, updates: list) -> dict:
     got = one_condition(updates[0], seconds, busy=True, spin_others=False,
                         wake="learner" if threads == 2 else None, second_update=updates[1] if threads == 2 else None)
     second = got["second_learner_updates_per_s"] if threads == 2 else 0.0
-    return {"updates_per_s": got["learner_updates_per_s"] + second}
+    return {"updates_per_s": got["learner_updates_per_s"] + second, "seconds": seconds}
 
 
 def measure(updates: int = 2_000, seconds: float = 3.0, rounds: int = 5, progress=print, filled: int = FILLED,
