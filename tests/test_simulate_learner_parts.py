@@ -117,3 +117,34 @@ def test_a_folder_or_link_at_the_conditions_file_is_refused_and_nothing_is_creat
     monkeypatch.setattr(pal_bench.conditions, "refuse_if_busy", lambda *a, **k: True)
     assert learner_parts.main(["--out", str(tmp_path / "new" / "dir")]) == 1
     assert not (tmp_path / "new").exists()
+
+
+def test_the_stored_measurement_against_the_model_is_what_the_docs_quote():
+    """docs/simulation.md quotes the model's errors on the stored measurement (``--model``)."""
+    from pal_bench.paths import RESULTS, ROOT
+
+    df = learner_parts.against_the_model(RESULTS)
+    assert len(df) == 3 * df["round"].nunique() and df.error.notna().all()
+    e = df.error
+    quoted = f"median |error| {e.abs().median():.0%}, worst {e.abs().max():.0%}, mean {e.mean():+.0%}"
+    assert quoted in " ".join((ROOT / "docs" / "simulation.md").read_text().split())
+
+
+def test_model_with_no_stored_measurement_says_so_and_a_round_without_its_reference_is_skipped(tmp_path, capsys):
+    import shutil
+
+    import pandas as pd
+
+    from pal_bench.paths import RESULTS
+
+    assert learner_parts.main(["--model", "--out", str(tmp_path)]) == 2
+    assert learner_parts.FILE in capsys.readouterr().err
+    for name in ("simulation_inputs.csv", "simulation_inputs.csv.meta.json"):
+        shutil.copy(RESULTS / name, tmp_path / name)
+    pd.DataFrame([{"round": 0, "condition": "two learners, sync", "updates_per_s": 800.0},
+                  {"round": 1, "condition": "one learner, sync", "updates_per_s": 900.0},
+                  {"round": 1, "condition": "two learners, sync", "updates_per_s": 800.0}]).to_csv(
+        tmp_path / learner_parts.FILE, index=False)
+    df = learner_parts.against_the_model(tmp_path)
+    assert df[["round", "condition"]].values.tolist() == [[1, "two learners, sync"]]
+    assert df.measured_ratio.iloc[0] == pytest.approx(800 / 900)

@@ -15,7 +15,9 @@ no actors (the scaling study's f_l, ``Trainer.run_learners``), DQN on CartPole-v
 
 ``python -m pal_bench.studies.simulate.learner_parts [--updates N] [--seconds S] [--rounds N] [--out DIR] [--force]``
 writes ``DIR/simulation_learner_parts.csv`` (one row per condition and round) with its ``.meta.json``; it measures
-only on a quiet machine (``--force``: anyway, marked noisy).
+only on a quiet machine (``--force``: anyway, marked noisy). ``--model`` measures nothing: it sets the stored file's
+trainer conditions against the model (``against_the_model``: the stored inputs fitted to each round's one-learner
+rate) and prints each error and their median, worst and mean.
 """
 
 from __future__ import annotations
@@ -103,6 +105,48 @@ def measure(updates: int = 2_000, seconds: float = 3.0, rounds: int = 5, progres
     return pd.DataFrame(rows)
 
 
+def against_the_model(results: Path = RESULTS):
+    """The stored measurement's trainer conditions against the model, round by round: the stored inputs' medians
+    (``results/simulation_inputs.csv``) with the learner phases fitted to the round's one-learner sync rate
+    (``calibrate.fit``), each condition simulated with its learners and aggregation. One row per condition and
+    round: measured and predicted updates/s, each over the round's one-learner rate, and the signed error
+    (predicted - measured) / measured (a pandas DataFrame; the fitted condition itself left out)."""
+    import pandas as pd
+
+    from pal_bench.argtypes import Range as _Range
+    from pal_bench.stored_tables import THROUGHPUT, Column, read_table
+    from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs
+    from pal_bench.studies.simulate.model import CHUNK, Workload, throughput
+    from pal_bench.studies.simulate.stored import require_inputs
+    from pal_bench.studies.simulate.validate import LEARNING
+
+    columns = {"round": Column(int, _Range(0, 1000)),
+               "condition": Column(str, choices=(*TRAINER_CONDITIONS, *PLAIN_CONDITIONS)),
+               "updates_per_s": Column(float, THROUGHPUT)}
+    df = read_table(results / FILE, columns, what="the learner-parts probe's rows")
+    row = median_inputs(require_inputs(results))
+    cores = int(row.get("cores", 2))
+    base = inputs_for(row, "threads")
+    out = []
+    for r, g in df.groupby("round"):
+        ref = g[g.condition == "one learner, sync"].updates_per_s
+        if ref.empty:
+            continue
+        inp = fit(base, "threads", None, float(ref.iloc[0]), cores, LEARNING)[0]
+        for name, (learners, aggregation) in TRAINER_CONDITIONS.items():
+            got = g[g.condition == name].updates_per_s
+            if name == "one learner, sync" or got.empty:
+                continue
+            pred = throughput(inp, Workload("threads", cores, 1, learners, "f_l", aggregation=aggregation,
+                                            updates=600, chunk=CHUNK["threads"], **LEARNING))
+            measured = float(got.iloc[0])
+            out.append({"round": r, "condition": name, "measured": measured, "predicted": pred,
+                        "measured_ratio": measured / float(ref.iloc[0]), "predicted_ratio": pred / float(ref.iloc[0]),
+                        "error": (pred - measured) / measured})
+    return pd.DataFrame(out, columns=["round", "condition", "measured", "predicted", "measured_ratio",
+                                      "predicted_ratio", "error"])
+
+
 def main(argv: list[str] | None = None) -> int:
     from pal_bench.conditions import Conditions, refuse_if_busy
     from pal_bench.studies.simulate.gil_wake import output_target
@@ -117,7 +161,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=number(Range(1, 100)), default=5, help="rounds of every condition (default 5)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for simulation_learner_parts.csv")
     ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
+    ap.add_argument("--model", action="store_true",
+                    help="measure nothing: the stored measurement (in --out) against the model, round by round")
     args = ap.parse_args(argv)
+    if args.model:
+        from pal_bench.argtypes import UsageError
+
+        try:
+            df = against_the_model(args.out)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(df.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
+        e = df.error
+        print(f"{len(df)} points: median |error| {e.abs().median():.1%}, worst {e.abs().max():.1%}, "
+              f"mean {e.mean():+.1%}" if len(df) else "no round with its one-learner sync rate")
+        return 0
     target = output_target(ap, args.out, FILE)
     if refuse_if_busy("learner parts probe", args.force):
         return 1
