@@ -120,3 +120,5 @@ def test_at_least_only_where_a_censored_run_can_move_the_median():
     assert r["ratio"] == pytest.approx(3.0) and r["boot_low"] < 3 < r["boot_high"]
     assert r["order_low"] == pytest.approx(6 / 9) and r["order_high"] == pytest.approx(27 / 2)
     assert r["order_coverage"] >= 0.95
+    few = results.ratio_intervals(v[:3] * 3, v[:3])                # no bootstrap on fewer than 10 seeds a side
+    assert np.isnan(few["boot_low"]) and "bootstrap n/a (fewer than 10 seeds a side)" in results.interval_text(few)

@@ -330,8 +330,8 @@ def bound_word(peer_moved: bool, pal_moved: bool) -> str:
 def interval_text(r: dict) -> str:
     """The two 95% intervals of ``ratio_intervals`` as words: where too few seeds make the order-statistic one cover
     less, its true coverage; where the bootstrap cannot be made (fewer than two seeds a side), said so."""
-    boot = ("bootstrap n/a (fewer than 2 seeds)" if not np.isfinite(r["boot_low"]) else
-            f"bootstrap {r['boot_low']:.1f}-{r['boot_high']:.1f}")
+    boot = (f"bootstrap n/a (fewer than {MIN_SEEDS_FOR_BOOTSTRAP} seeds a side)" if not np.isfinite(r["boot_low"])
+            else f"bootstrap {r['boot_low']:.1f}-{r['boot_high']:.1f}")
     order = f"order statistics {r['order_low']:.1f}-{r['order_high']:.1f}"
     if r["order_coverage"] < 0.95:
         order += f" (covers {r['order_coverage']:.0%}: too few seeds for 95%)"
@@ -341,8 +341,11 @@ def interval_text(r: dict) -> str:
 def ratio_intervals(peer: pd.Series, pal: pd.Series, level: float = 0.95) -> dict:
     """The median ratio peer / PAL with two 95% intervals: a bootstrap one (both samples resampled) and a
     distribution-free one from the medians' exact order-statistic intervals (each at ``sqrt(level)``, so that both
-    hold together with probability at least ``level``: [peer low / PAL high, peer high / PAL low])."""
+    hold together with probability at least ``level``: [peer low / PAL high, peer high / PAL low]). The bootstrap
+    one only where both have ``MIN_SEEDS_FOR_BOOTSTRAP`` seeds (NaN otherwise)."""
     point, blo, bhi = ratio_ci(peer, pal, level=level)
+    if min(len(peer), len(pal)) < MIN_SEEDS_FOR_BOOTSTRAP:      # (as the tables: no bootstrap on fewer seeds)
+        blo = bhi = float("nan")
     each = math.sqrt(level)
     _, plo, phi, pc = median_order_ci(peer.astype(float), each)
     _, qlo, qhi, qc = median_order_ci(pal.astype(float), each)
