@@ -76,12 +76,4 @@ def test_bad_arguments_and_a_bad_folder_are_refused_before_measuring(tmp_path, m
     with pytest.raises(SystemExit) as e:
         gil_wake.main(["--seconds", "nan"])
     assert e.value.code == 2 and "--seconds" in capsys.readouterr().err
-    not_a_folder = tmp_path / "file"
-    not_a_folder.write_text("keep")
-    with pytest.raises(SystemExit) as e:
-        gil_wake.main(["--out", str(not_a_folder), "--force"])
-    assert e.value.code == 2 and "not a folder" in capsys.readouterr().err and not_a_folder.read_text() == "keep"
-    (tmp_path / "d" / gil_wake.FILE).mkdir(parents=True)
-    with pytest.raises(SystemExit) as e:
-        gil_wake.main(["--out", str(tmp_path / "d"), "--force"])
-    assert e.value.code == 2 and "plain file" in capsys.readouterr().err
+    # a bad output folder: tests/test_simulate_learner_parts.py, for both probes (``gil_wake.output_target``)

@@ -61,20 +61,29 @@ def test_an_error_in_a_plain_update_reaches_the_caller():
     assert live() == before
 
 
-def test_bad_arguments_and_a_bad_folder_are_refused_before_measuring(tmp_path, monkeypatch, capsys):
+def test_bad_arguments_are_refused_before_measuring(monkeypatch, capsys):
     monkeypatch.setattr(learner_parts, "measure", lambda *a, **k: pytest.fail("measured"))
     for bad in (["--updates", "5"], ["--seconds", "nan"], ["--rounds", "0"]):
         with pytest.raises(SystemExit) as e:
             learner_parts.main(bad)
         assert e.value.code == 2 and bad[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("probe", ["learner_parts", "gil_wake"])
+def test_a_bad_folder_is_refused_before_measuring(probe, tmp_path, monkeypatch, capsys):
+    """Both probes check their output through ``gil_wake.output_target``."""
+    import importlib
+
+    module = importlib.import_module(f"pal_bench.studies.simulate.{probe}")
+    monkeypatch.setattr(module, "measure", lambda *a, **k: pytest.fail("measured"))
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("keep")
     with pytest.raises(SystemExit) as e:
-        learner_parts.main(["--out", str(not_a_folder), "--force"])
+        module.main(["--out", str(not_a_folder), "--force"])
     assert e.value.code == 2 and "not a folder" in capsys.readouterr().err and not_a_folder.read_text() == "keep"
-    (tmp_path / "d" / learner_parts.FILE).mkdir(parents=True)
+    (tmp_path / "d" / module.FILE).mkdir(parents=True)
     with pytest.raises(SystemExit) as e:
-        learner_parts.main(["--out", str(tmp_path / "d"), "--force"])
+        module.main(["--out", str(tmp_path / "d"), "--force"])
     assert e.value.code == 2 and "plain file" in capsys.readouterr().err
 
 

@@ -227,9 +227,6 @@ def output_target(ap: argparse.ArgumentParser, out: Path, name: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pal_bench.conditions import Conditions, refuse_if_busy
-    from pal_bench.studies.simulate.stored import write_csv
-
     ap = argparse.ArgumentParser(prog="python -m pal_bench.studies.simulate.gil_wake", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=number(Range(0.1, 600), float), default=4.0,
@@ -239,12 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
     args = ap.parse_args(argv)
     target = output_target(ap, args.out, FILE)
-    if refuse_if_busy("gil wake probe", args.force):
+    return measure_and_write("gil_wake", "GIL wake-up probe", target, args.force, argv,
+                             lambda: measure(args.seconds, args.rounds))
+
+
+def measure_and_write(module: str, what: str, target: Path, force: bool, argv: list[str] | None, measure_rows) -> int:
+    """A probe's measurement (``measure_rows()``, a DataFrame) on a quiet machine (``force``: anyway, marked noisy;
+    1 when refused), under its ``Conditions``, written to ``target`` with its ``.meta.json`` and printed; 0 when
+    written. ``module``: the probe's module under ``pal_bench.studies.simulate``, for the recorded command."""
+    from pal_bench.conditions import Conditions, refuse_if_busy
+    from pal_bench.studies.simulate.stored import write_csv
+
+    if refuse_if_busy(what, force):
         return 1
-    command = " ".join(["python -m pal_bench.studies.simulate.gil_wake", *(argv if argv is not None else
-                                                                        sys.argv[1:])])
-    with Conditions("GIL wake-up probe (simulation, issue 50)", command=command) as c:
-        df = measure(args.seconds, args.rounds)
+    command = " ".join([f"python -m pal_bench.studies.simulate.{module}", *(argv if argv is not None else
+                                                                          sys.argv[1:])])
+    with Conditions(f"{what} (simulation, issue 50)", command=command) as c:
+        df = measure_rows()
     path = write_csv(df, target, c)
     print(df.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
     print(f"wrote {path}")

@@ -148,9 +148,7 @@ def against_the_model(results: Path = RESULTS):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pal_bench.conditions import Conditions, refuse_if_busy
-    from pal_bench.studies.simulate.gil_wake import output_target
-    from pal_bench.studies.simulate.stored import write_csv
+    from pal_bench.studies.simulate.gil_wake import measure_and_write, output_target
 
     ap = argparse.ArgumentParser(prog="python -m pal_bench.studies.simulate.learner_parts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,16 +176,8 @@ def main(argv: list[str] | None = None) -> int:
               f"mean {e.mean():+.1%}" if len(df) else "no round with its one-learner sync rate")
         return 0
     target = output_target(ap, args.out, FILE)
-    if refuse_if_busy("learner parts probe", args.force):
-        return 1
-    command = " ".join(["python -m pal_bench.studies.simulate.learner_parts",
-                        *(argv if argv is not None else sys.argv[1:])])
-    with Conditions("learner parts probe (simulation, issue 50)", command=command) as c:
-        df = measure(args.updates, args.seconds, args.rounds)
-    path = write_csv(df, target, c)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
-    print(f"wrote {path}")
-    return 0
+    return measure_and_write("learner_parts", "learner parts probe", target, args.force, argv,
+                             lambda: measure(args.updates, args.seconds, args.rounds))
 
 
 if __name__ == "__main__":
