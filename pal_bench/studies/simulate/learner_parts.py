@@ -26,6 +26,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from pal_bench.argtypes import Range, number
 from pal_bench.paths import RESULTS
@@ -116,9 +117,9 @@ def against_the_model(results: Path = RESULTS):
     from pal_bench.argtypes import Range as _Range
     from pal_bench.stored_tables import THROUGHPUT, Column, read_table
     from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs
-    from pal_bench.studies.simulate.model import CHUNK, Workload, throughput
+    from pal_bench.studies.simulate.model import throughput
     from pal_bench.studies.simulate.stored import require_inputs
-    from pal_bench.studies.simulate.validate import LEARNING
+    from pal_bench.studies.simulate.validate import LEARNING, workload
 
     columns = {"round": Column(int, _Range(0, 1000)),
                "condition": Column(str, choices=(*TRAINER_CONDITIONS, *PLAIN_CONDITIONS)),
@@ -137,8 +138,9 @@ def against_the_model(results: Path = RESULTS):
             got = g[g.condition == name].updates_per_s
             if name == "one learner, sync" or got.empty:
                 continue
-            pred = throughput(inp, Workload("threads", cores, 1, learners, "f_l", aggregation=aggregation,
-                                            updates=600, chunk=CHUNK["threads"], **LEARNING))
+            point = SimpleNamespace(backend="threads", curve="f_l", actors=0, learners=learners,
+                                    aggregation=aggregation)
+            pred = throughput(inp, workload(point, cores))      # as the validation predicts an f_l point
             measured = float(got.iloc[0])
             out.append({"round": r, "condition": name, "measured": measured, "predicted": pred,
                         "measured_ratio": measured / float(ref.iloc[0]), "predicted_ratio": pred / float(ref.iloc[0]),
