@@ -185,3 +185,21 @@ def test_a_stored_file_with_a_bad_row_or_none_is_refused_naming_it(tmp_path, cap
     assert parts.main(["--model", "--out", str(tmp_path)]) == 2
     got = capsys.readouterr()
     assert "no trainer run" in got.err and "left out: round 0, 1 + 1 sync, free: no f_a(1)" in got.out
+
+
+def test_the_docs_quote_the_stored_measurement():
+    """docs/simulation.md quotes each condition's transitions/s (f_l(1): updates/s) and the actor's involuntary
+    switches over the stored rounds; the model's errors it quotes come from ``--model`` (about 2 minutes)."""
+    from pal_bench.paths import RESULTS, ROOT
+
+    df = pd.read_csv(RESULTS / parts.FILE)
+    docs = " ".join((ROOT / "docs" / "simulation.md").read_text().split())
+
+    def span(v):
+        return f"{v.min():,.0f}-{v.max():,.0f}"
+
+    for name, g in df.groupby("condition"):
+        column = "updates_per_s" if name == "f_l(1)" else "transitions_per_s"
+        cells = [span(g[column])] + ([span(g.actor_switches_per_s)] if name in parts.TRAINER_CONDITIONS else [])
+        assert all(c in docs for c in cells), (name, cells)
+    assert f"{df['round'].nunique()} rounds" in docs
