@@ -497,6 +497,31 @@ def test_run_files_that_are_not_runs_are_skipped_with_one_line_and_the_rest_rebu
     assert sorted(df.run_id) == ["pal-s0", "pal-s1"]
 
 
+def test_a_rerun_on_one_cpu_budget_supersedes_nothing_on_another(tmp_path):
+    """Run ids are unique in their own directory only: ``cpus2/pal-s0-a1`` replacing ``cpus2/pal-s0`` leaves
+    ``cpus1/pal-s0`` (and a run stored before the budgets, ``pal-s0``) current, in the CSV, the curves and the
+    tables."""
+    from pal_bench.studies.race import rebuild
+
+    two, one = (orchestrate.runs_dir(tmp_path, "smoke", "matched", c) for c in (2, 1))
+    two.mkdir(parents=True)
+    one.mkdir(parents=True)
+    stored_run(two, "pal-s0")
+    stored_run(two, "pal-s0-a1", rerun_of="pal-s0", rerun_reason="slower than its speed rounds")
+    stored_run(one, "pal-s0", cpus=1, own_cores=1.0)
+    runs = orchestrate.load_runs(two, cpus=2) + orchestrate.load_runs(one, cpus=1)
+    assert sorted((r["cpus"], r["run_id"]) for r in orchestrate.current_runs(runs)) == [(1, "pal-s0"),
+                                                                                         (2, "pal-s0-a1")]
+    df = results.runs_frame(runs)
+    gone = df[df.superseded_by.notna()]
+    assert gone[["cpus", "run_id", "superseded_by"]].values.tolist() == [[2, "pal-s0", "pal-s0-a1"]]
+    assert set(results.curves_frame(runs).cpus) == {1, 2}
+    assert rebuild(tmp_path, "smoke", quiet=True) == 0
+    csv = pd.read_csv(tmp_path / "race_smoke.csv")
+    one_cpu = csv[csv.cpus == 1]
+    assert one_cpu.run_id.tolist() == ["pal-s0"] and one_cpu.superseded_by.isna().all()
+
+
 def test_a_rerun_interrupted_before_it_marked_the_old_run_still_replaces_it(tmp_path):
     """The new run names the old in ``rerun_of``: that is what supersedes (the old file's ``superseded_by`` is only
     written after); a ``superseded_by`` naming no run supersedes nothing."""

@@ -17,7 +17,7 @@ import pandas as pd
 
 from pal_bench.bench.stats import median_order_ci, pairing_range, ratio_ci
 from pal_bench.studies.race.pin import over_budget
-from pal_bench.studies.race.runfiles import superseded
+from pal_bench.studies.race.runfiles import run_key, superseded
 from pal_bench.studies.race.task import TASKS
 
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
@@ -98,7 +98,7 @@ def runs_frame(runs: list[dict]) -> pd.DataFrame:
     """``race.csv``: every run, ``superseded_by`` from the runs themselves (the run that names it in ``rerun_of``),
     ``over_budget`` from its CPU time and budget (not from what the file says)."""
     gone = superseded([r for r in runs if r.get("run_id")])
-    return pd.DataFrame([run_row(r) | {"superseded_by": gone.get(r.get("run_id"))} for r in runs],
+    return pd.DataFrame([run_row(r) | {"superseded_by": gone.get(run_key(r))} for r in runs],
                         columns=RUN_COLUMNS)
 
 
@@ -119,7 +119,7 @@ def curves_frame(runs: list[dict]) -> pd.DataFrame:
     """Every evaluation of every current run (a run another superseded is left out), with its track and CPUs."""
     gone = superseded([r for r in runs if r.get("run_id")])
     return pd.DataFrame([{"track": r["track"], "cpus": r.get("cpus"), "contestant": r["contestant"], "seed": r["seed"],
-                          **e} for r in runs if r.get("run_id") not in gone
+                          **e} for r in runs if run_key(r) not in gone
                          and not over_budget(r.get("own_cores"), r.get("cpus")) for e in r["curve"]])
 
 
@@ -137,7 +137,7 @@ def tuning_frame(runs: list[dict]) -> pd.DataFrame:
     gone = superseded([r for r in runs if r.get("run_id")])
     df = pd.DataFrame([{"config": int(r.get("config", 0)),
                         "config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r),
-                        "superseded_by": gone.get(r.get("run_id"))}
+                        "superseded_by": gone.get(run_key(r))}
                        for r in runs], columns=["config", "config_name", *RUN_COLUMNS])
     best = best_configs(df)
     df.insert(2, "best", [best.get(n) == c for n, c in zip(df.contestant, df.config)])

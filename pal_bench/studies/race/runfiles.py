@@ -121,17 +121,28 @@ def _skip(path: Path, why: str) -> None:
     print(f"pal-bench race: skipping {printable(str(path))}: {printable(why)}", file=sys.stderr)
 
 
-def superseded(runs: list[dict]) -> dict[str, str]:
-    """{run id: the id of the run that replaced it}: every run another stored run names in ``rerun_of``."""
-    ids = {r["run_id"] for r in runs}
-    return {r["rerun_of"]: r["run_id"] for r in runs
-            if r.get("rerun_of") in ids and r["rerun_of"] != r["run_id"]}
+def run_key(run: dict) -> tuple:
+    """A run's identity among every stored run: its id (the file's name) is unique only in its own directory, so
+    with its track, task and CPU budget (``matched/cpus1/pal-s7`` and ``matched/cpus2/pal-s7`` are two runs)."""
+    return run.get("track"), run.get("task"), run.get("cpus"), run.get("run_id")
+
+
+def superseded(runs: list[dict]) -> dict[tuple, str]:
+    """{``run_key`` of a run: the id of the run that replaced it}: every run another stored run of the same track,
+    task and CPU budget names in ``rerun_of``."""
+    keys = {run_key(r) for r in runs}
+    out = {}
+    for r in runs:
+        old = (*run_key(r)[:3], r.get("rerun_of"))
+        if r.get("rerun_of") and old in keys and r["rerun_of"] != r["run_id"]:
+            out[old] = r["run_id"]
+    return out
 
 
 def current(runs: list[dict]) -> list[dict]:
     """The runs no other stored run replaced."""
     gone = superseded(runs)
-    return [r for r in runs if r["run_id"] not in gone]
+    return [r for r in runs if run_key(r) not in gone]
 
 
 def budget_dirs(track_dir: Path) -> list[tuple[Path, int | None]]:
