@@ -3,6 +3,7 @@ machine can run. The model runs on made-up inputs here, except ``--check-here``,
 configuration for real."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -111,6 +112,74 @@ def test_a_bad_holdout_file_is_one_line(tmp_path):
     df.loc[0, "measured"] = -5
     df.to_csv(tmp_path / "simulation_holdout.csv", index=False)
     with pytest.raises(UsageError, match="simulation_holdout.csv.*measured"):
+        measured_points(tmp_path)
+
+
+def test_a_prediction_is_judged_against_the_range_of_its_points_repeats():
+    from pal_bench.studies.simulate.validate import beyond_repeats
+
+    assert beyond_repeats(100.0, [90.0, 110.0, 95.0]) == 0.0          # inside: no error beyond the measurement
+    assert beyond_repeats(132.0, [90.0, 110.0]) == pytest.approx(0.2)  # 20% above the highest repeat
+    assert beyond_repeats(72.0, [90.0, 110.0]) == pytest.approx(-0.2)  # 20% below the lowest
+    assert np.isnan(beyond_repeats(100.0, [90.0]))                     # one repeat: no range
+    assert np.isnan(beyond_repeats(float("nan"), [90.0, 110.0]))       # not predicted
+
+
+def test_validation_reports_each_prediction_against_its_repeats(tmp_path):
+    from pal_bench.studies.simulate.publish import validation_block
+
+    _stored(tmp_path, holdout_error=0.0)
+    df = pd.read_csv(tmp_path / "scaling_processes.csv")
+    # the 2-worker points measured three times: f_a's repeats span its prediction, f_l's lie 50%-60% above it
+    inp = inputs_for(ROUND, "processes")
+    for i, r in df.iterrows():
+        w = Workload("processes", 2, r.threads, r.threads, r.curve, steps=6_000, updates=600, learning_starts=1_000)
+        model = throughput(inp, w)
+        reps = [0.8, 1.0, 1.3] if r.curve == "f_a" else [1.5, 1.6, 1.55]
+        df.loc[i, "throughput_reps"] = " ".join(f"{model * k:.3f}" for k in reps) if r.threads == 2 else ""
+        if r.threads == 2 and r.curve == "f_l":
+            df.loc[i, "throughput"] = model * 1.55                  # the median of its repeats
+    df.to_csv(tmp_path / "scaling_processes.csv", index=False)
+    v = validate(tmp_path, pd.DataFrame([ROUND]), progress=lambda m: None, samples=1)
+    two = v[(v.set == "development") & ((v.actors + v.learners) == 2)].set_index("curve")
+    assert two.loc["f_a", "beyond_repeats"] == 0.0 and two.loc["f_a", "repeats"] == 3
+    assert two.loc["f_l", "beyond_repeats"] == pytest.approx(1 / 1.5 - 1, abs=0.02)   # a third below the lowest
+    assert v[v.set == "holdout"].beyond_repeats.isna().all()          # measured once: no range
+    f = summary(v)["development"]
+    assert f["with_repeats"] == 2 and f["inside_repeats"] == 0.5 and f["inside_repeats_if_right"] == 0.75
+    assert f["median_repeat_spread"] == pytest.approx((1.3 / 0.8 + 1.6 / 1.5) / 2, rel=1e-3)
+    v.to_csv(tmp_path / "simulation_validation.csv", index=False)
+    block = validation_block(tmp_path)
+    part = block.split("Against the measurements' own spread")[1]
+    all_row = next(line for line in part.splitlines() if line.startswith("| development | all "))
+    cells = [c.strip() for c in all_row.strip("|").split("|")]
+    # points, the repeats' spread, inside, a right model's chance, median and worst beyond
+    assert cells[2] == "2" and cells[4:8] == ["50%", "75%", "17%", "33%"], cells
+    assert re.fullmatch(r"1\.3[45]x \(1\.6[23]x\)", cells[3]), cells
+
+
+@pytest.mark.parametrize("reps, why", [("4000 nan 4100", "'nan' is not a rate"),
+                                       ("4000 -1", "'-1' is not a rate"),
+                                       ("4000 1e-300", "'1e-300' is not a rate"),
+                                       ("4000 abc", "'abc' is not a rate"),
+                                       (" ".join(["4000"] * 101), "more than 100 repeats"),
+                                       ("1 2 3", r"measured value .* lies outside its repeats \(1-3\)")])
+def test_bad_repeats_in_a_stored_point_are_one_line(tmp_path, reps, why):
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.simulate.validate import measured_points
+
+    _stored(tmp_path, holdout_error=0.0)
+    df = pd.read_csv(tmp_path / "scaling_processes.csv")
+    df["throughput_reps"] = ""
+    df.loc[2, "throughput_reps"] = reps.replace("4000", str(df.throughput[2]))
+    df.to_csv(tmp_path / "scaling_processes.csv", index=False)
+    with pytest.raises(UsageError, match=f"scaling_processes.csv: row 3: .*{why}"):
+        measured_points(tmp_path)
+    held = pd.read_csv(tmp_path / "simulation_holdout.csv").assign(measured_reps="")
+    held.loc[1, "measured_reps"] = reps.replace("4000", str(held.measured[1]))
+    held.to_csv(tmp_path / "simulation_holdout.csv", index=False)
+    (tmp_path / "scaling_processes.csv").unlink()
+    with pytest.raises(UsageError, match=f"simulation_holdout.csv: row 2: .*{why}"):
         measured_points(tmp_path)
 
 

@@ -24,10 +24,11 @@ from pal_bench.studies.simulate.model import CHUNK, MAX_CALL_US, Inputs, Workloa
 ACTOR_PHASES = ("act_us", "env_us", "insert_us", "insert_call_us")
 LEARNER_PHASES = ("sample_us", "grad_us", "prio_us", "apply_us")
 
-# assumptions beyond the measurements, by backend (docs/simulation.md): the cores Ray's own processes (raylet,
-# GCS, the Ray threads of the driver and the actor processes) keep busy while a run goes
+# the cores Ray's own processes (raylet, GCS, the Ray threads of the driver and the actor processes) keep busy while
+# a run goes, by backend: measured (``ray_idle``, the stored ``ray_idle_cores``) where stored, else this assumption
 BACKGROUND_CORES = {"threads": 0.0, "processes": 0.0, "learner-processes": 0.0, "learner-allreduce": 0.0,
                     "ray-node": 0.1, "ray": 0.1}
+RAY_BACKENDS = ("ray", "ray-node")
 
 
 # the costs that grow with workers (``costs.stored_costs``: from the worker-cost tables, not the inputs file)
@@ -84,6 +85,21 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
     handoff = {p: _number(row.get(f"gil_handoff.{p}")) for p in ("act", "env", "insert", "sample", "grad", "apply",
                                                                  "load")}
     handoff["prio"] = handoff["sample"]
+    # Ray's idle CPU, where measured (``ray_idle``): the background of the Ray backends, and out of the per-call and
+    # per-update CPU the inputs measured as the whole machine's, the idle CPU that ran through the call's round trip
+    # (a session with one actor up: the session's idle) or the update's wall (the learner's processes up: 1e6 /
+    # ray.f_l_1 µs, the wall the inputs divided by)
+    idle = _number(row.get("ray_idle_cores"), float("nan"))
+    measured_idle = bool(pd.notna(idle))
+    background = idle if measured_idle and backend in RAY_BACKENDS else BACKGROUND_CORES[backend]
+    call_us, call_cpu_us = _number(row.get("ray_call_us")), _number(row.get("ray_call_cpu_us"))
+    remote_us, remote_cpu_us = _number(row.get("ray.learner_remote_us")), _number(row.get("ray.learner_remote_cpu_us"))
+    if measured_idle:
+        session = _number(row.get("ray_session_idle_cores"), idle)
+        f_l_1 = _number(row.get("ray.f_l_1"))
+        wall_us = 1e6 / f_l_1 if f_l_1 > 0 else remote_us + row["sample_us"] + row["grad_us"] + row["prio_us"]
+        call_cpu_us = max(0.0, call_cpu_us - session * call_us)
+        remote_cpu_us = max(0.0, remote_cpu_us - idle * wall_us)
     return Inputs(
         act_us=row[f"{actor}.act_us"], env_us=row[f"{actor}.env_us"],
         insert_us=max(row[f"{actor}.insert_us"], lock["insert_lock_us"]),
@@ -92,15 +108,14 @@ def inputs_for(row: dict | pd.Series, backend: str) -> Inputs:
         weight_bytes=int(row["weight_bytes"]), publish_us=row["publish_us"], pull_us=row["pull_us"],
         snapshot_load_us=_number(row.get("snapshot_load_us")),
         mem_bw_total=row["mem_bw_total"],
-        ray_call_us=_number(row.get("ray_call_us")), ray_call_cpu_us=_number(row.get("ray_call_cpu_us")),
-        ray_learner_remote_us=_number(row.get("ray.learner_remote_us")),
-        ray_learner_remote_cpu_us=_number(row.get("ray.learner_remote_cpu_us")), gil=gil,
+        ray_call_us=call_us, ray_call_cpu_us=call_cpu_us,
+        ray_learner_remote_us=remote_us, ray_learner_remote_cpu_us=remote_cpu_us, gil=gil,
         lp_handoff_us=_number(row.get("lp.handoff_us")), lp_process_us=_number(row.get("lp.process_us")),
         lp_driver_us=_number(row.get("lp.driver_us")),
         ps_grad_us=_number(row.get("ps_grad_us")),
         insert_call_us=_number(row.get(f"{actor}.insert_call_us")),
         insert_lock_call_us=_number(row.get("insert_lock_call_us")),
-        gil_handoff=handoff, background_cores=BACKGROUND_CORES[backend],
+        gil_handoff=handoff, background_cores=background,
         corun_slowdown=_number(row.get("corun_slowdown")),
         **{k: _number(row.get(k)) for k in COST_INPUTS}, **lock)
 

@@ -68,7 +68,7 @@ def run_check(args, log) -> int:
                                       progress=log, ray=any(b.startswith("ray") for b in backends)))
         from pal_bench.studies.simulate.costs import measure_here
 
-        rounds = rounds.assign(**measure_here(progress=log))
+        rounds = rounds.assign(**measure_here(progress=log, ray=any(b.startswith("ray") for b in backends)))
         points = measure_points(check_points(backends, counts), steps=args.steps, updates=args.updates,
                                 repeats=args.repeats, progress=log)
     row = median_inputs(rounds)

@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             f = s[name]
             print(f"{name}: {f['points']} multi-worker points: median |error| {f['median_abs_error']:.1%}, worst "
                   f"{f['worst_abs_error']:.1%}, bias {f['bias']:+.1%}, 90% interval coverage {f['coverage']:.0%}")
+            if f["with_repeats"]:
+                print(f"  {f['with_repeats']} measured 2+ times (repeats' spread: median "
+                      f"{f['median_repeat_spread']:.2f}x): prediction inside its repeats' range "
+                      f"{f['inside_repeats']:.0%}, median |beyond it| {f['median_abs_beyond_repeats']:.1%}")
         print(f"{s['not_covered']} points not covered")
         return 0
     if args.design:
@@ -165,12 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.candidate:
         return _candidate(args, rounds, points["processes"], log)
     if args.sensitivity:
+        from pal_bench.studies.simulate.calibrate import RAY_BACKENDS
         from pal_bench.studies.simulate.predict import fitted, sensitivity
 
         frames = []
         for b in backends:
             inp = fitted(rounds, b, points[b], int(rounds.cores.iloc[0]))
-            frames.append(sensitivity(inp, b, args.sensitivity).assign(backend=b, cores=args.sensitivity))
+            idle = "ray_idle_cores" in rounds and b in RAY_BACKENDS        # (then measured: ray_idle)
+            frames.append(sensitivity(inp, b, args.sensitivity, measured=("background_cores",) if idle else ())
+                          .assign(backend=b, cores=args.sensitivity))
         df = pd.concat(frames, ignore_index=True)
         write_csv(df, args.out / "simulation_sensitivity.csv", sources=(inputs_file,))
         print(df.to_string(index=False, float_format=lambda x: f"{x:+.3f}"))

@@ -1,8 +1,9 @@
 """The costs that grow with workers, as the model's inputs: from the scaling study's worker-cost tables
 (``pal-bench scaling --reservation-cost``: ``results/reservation_cost.csv``, ``pump_cost.csv``) a linear fit in the
-number of actors (queues), and the Ray buffer actor's floor per row from the two-node study's measured sink
-ceiling (``design.inserter_inputs``). Each is an input of ``model.Inputs``; a table not stored leaves its inputs at
-0 (not modelled), which ``stored_costs`` reports."""
+number of actors (queues), the Ray buffer actor's floor per row from the two-node study's measured sink ceiling
+(``design.inserter_inputs``), and Ray's own busy cores when nothing is asked of it (``ray_idle``:
+``ray_idle_cores``). Each is an input of the model; a table not stored leaves its inputs at 0 (not modelled; Ray's
+idle cores: the chosen ``calibrate.BACKGROUND_CORES``), which ``stored_costs`` reports."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ MAX_COST_US = 1e4      # one reservation, pump poll or row: measured 0.4-40 µs;
 US = Range(0, MAX_COST_US)
 RESERVATION_COLUMNS = {"actors": Column(int, WORKERS), "us_per_reservation": Column(float, US)}
 PUMP_COLUMNS = {"queues": Column(int, WORKERS), "us_per_poll": Column(float, US)}
-FILES = ("reservation_cost.csv", "pump_cost.csv", "end_to_end_ray_two_nodes.csv")
+RAY_IDLE_COLUMNS = {"round": Column(int, Range(0, 10**6)),
+                    "condition": Column(str, choices=("machine", "session", "learners")),
+                    "learners": Column(int, Range(0, 4096)), "seconds": Column(float, Range(0, 10**5, lo_open=True)),
+                    "busy_cores": Column(float, Range(0, 4096))}
+FILES = ("reservation_cost.csv", "pump_cost.csv", "end_to_end_ray_two_nodes.csv", "simulation_ray_idle.csv")
 
 
 def linear(x, y) -> tuple[float, float]:
@@ -66,14 +71,39 @@ def stored_costs(results: Path) -> dict:
             raise UsageError(f"{results / 'end_to_end_ray_two_nodes.csv'}: a sink ceiling of {1e6 / row_us:.3g} "
                              f"rows/s ({row_us:.3g} µs a row); at most {MAX_COST_US:.0f} µs a row is read")
         out["buffer_actor_row_us"] = row_us
+    if os.path.lexists(path := results / "simulation_ray_idle.csv"):
+        from pal_bench.studies.simulate.ray_idle import MAX_ROWS, check_rows, idle_cores
+
+        df = read_table(path, RAY_IDLE_COLUMNS, "Ray's idle CPU as `python -m pal_bench.studies.simulate.ray_idle` "
+                        "writes it", min_rows=1)
+        if len(df) > MAX_ROWS:
+            raise UsageError(f"{path}: {len(df)} rows, at most {MAX_ROWS} are read")
+        try:
+            check_rows(df)
+            out["ray_idle_cores"] = idle_cores(df)
+            out["ray_session_idle_cores"] = idle_cores(df, "session")
+        except ValueError as e:
+            raise UsageError(f"{path}: {e}") from None
     return out
 
 
-def measure_here(progress=print) -> dict:
+def measure_here(progress=print, ray: bool = False) -> dict:
     """The same inputs measured on this machine (``--check-here``; a few seconds): reservations at 1, 16 and 64
-    actors, pump polls at 1, 16 and 64 queues."""
+    actors, pump polls at 1, 16 and 64 queues; with ``ray``, Ray's idle CPU (one round of ``ray_idle``, 2 s a
+    condition, about 15 s with the session's start)."""
     from pal_bench.studies.scaling.worker_costs import pump_cost, reservation_cost
 
     res = reservation_cost([1, 16, 64], rounds=5_000, repeats=3, seconds=0.2, progress=progress)
     pump = pump_cost([1, 16, 64], rounds=5_000, repeats=3, progress=progress)
-    return reservation_inputs(res) | pump_inputs(pump)
+    out = reservation_inputs(res) | pump_inputs(pump)
+    if ray:
+        try:
+            import ray as _  # noqa: F401
+        except ImportError:                          # (the Ray backends' inputs are left out there too)
+            return out
+        from pal_bench.studies.simulate.ray_idle import idle_cores, measure
+        from pal_bench.train import make_config
+
+        df = measure(make_config("dqn", "CartPole-v1"), rounds=1, learners=(1,), seconds=2.0, progress=progress)
+        out |= {"ray_idle_cores": idle_cores(df), "ray_session_idle_cores": idle_cores(df, "session")}
+    return out

@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                              lambda: measure(args.seconds, args.rounds))
 
 
-def measure_and_write(module: str, what: str, target: Path, force: bool, argv: list[str] | None, measure_rows) -> int:
+def measure_and_write(module: str, what: str, target: Path, force: bool, argv: list[str] | None, measure_rows,
+                      float_format: str = "{:,.1f}") -> int:
     """A probe's measurement (``measure_rows()``, a DataFrame) on a quiet machine (``force``: anyway, marked noisy;
     1 when refused), under its ``Conditions``, written to ``target`` with its ``.meta.json`` and printed; 0 when
     written. ``module``: the probe's module under ``pal_bench.studies.simulate``, for the recorded command."""
@@ -254,7 +255,7 @@ def measure_and_write(module: str, what: str, target: Path, force: bool, argv: l
     with Conditions(f"{what} (simulation, issue 50)", command=command) as c:
         df = measure_rows()
     path = write_csv(df, target, c)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
+    print(df.to_string(index=False, float_format=float_format.format))
     print(f"wrote {path}")
     return 0
 

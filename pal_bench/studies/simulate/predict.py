@@ -192,10 +192,12 @@ CHOSEN = {"gil_segments.apply": _segments("apply"), "gil_segments.grad": _segmen
 MEASURED_AT_SCALE = ("reserve_us", "reserve_us_per_actor", "pump_poll_us", "buffer_actor_row_us")
 
 
-def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1) -> pd.DataFrame:
+def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1,
+                measured: tuple[str, ...] = ()) -> pd.DataFrame:
     """How much each input moves the predicted f_a and f_l at ``cores``: the relative change for +``step`` (10%) on
     that input, largest first; ``kind`` says whether the input was measured or chosen (``CHOSEN``: the GIL pieces,
-    the handoff cost, the time slice, the background cores, the co-run slowdown measured on this machine's cores)."""
+    the handoff cost, the time slice, the background cores, the co-run slowdown measured on this machine's cores),
+    except the ``CHOSEN`` names in ``measured`` (the Ray backends' background cores where ``ray_idle`` is stored)."""
     def at(i: Inputs, wf=lambda w: w) -> dict:
         fa = simulate(i, wf(_workload(backend, "f_a", cores)))["env_steps_per_s"]
         fl = simulate(i, wf(_workload(backend, "f_l", cores)))["updates_per_s"]
@@ -211,7 +213,8 @@ def sensitivity(inp: Inputs, backend: str, cores: int, step: float = 0.1) -> pd.
     for name, change in CHOSEN.items():
         changed, _ = change(inp, _workload(backend, "f_a", cores), 1 + step)
         got = at(changed, lambda w, c=change: c(inp, w, 1 + step)[1])
-        rows.append({"input": name, "kind": "chosen", **{f"{k} change": got[k] / base[k] - 1 for k in base}})
+        rows.append({"input": name, "kind": "measured" if name in measured else "chosen",
+                     **{f"{k} change": got[k] / base[k] - 1 for k in base}})
     df = pd.DataFrame(rows)
     df["largest"] = df[[c for c in df if c.endswith("change")]].abs().max(axis=1)
     return df.sort_values("largest", ascending=False, kind="stable").drop(columns="largest").reset_index(drop=True)

@@ -80,7 +80,10 @@ def _published_validation() -> dict:
         "lo90": Column(float, Range(0, 1e12), required=False, default=nan),
         "hi90": Column(float, Range(0, 1e12), required=False, default=nan),
         "covered": Column(str, required=False, default=""),
-        "oversubscribed": Column(bool, required=False, default=False)}
+        "oversubscribed": Column(bool, required=False, default=False),
+        "repeats": Column(int, Range(0, 10**6), required=False, default=0),
+        **{k: Column(float, Range(0, 1e12), required=False, default=nan) for k in ("measured_lo", "measured_hi")},
+        "beyond_repeats": Column(float, Range(-1, 1e6), required=False, default=nan)}
 
 
 def validation_block(results: Path) -> str:
@@ -96,7 +99,10 @@ def validation_block(results: Path) -> str:
     v["split"] = [f"{int(r.actors)} + {int(r.learners)}" if r.curve == "end_to_end" else
                   str(int(r.actors or r.learners)) for r in v.itertuples()]
     t = pd.DataFrame({"set": v.set, "backend": v.backend, "curve": v.curve, "workers": v.split,
-                      "aggregation": v.aggregation, "measured": v.measured, "predicted": v.predicted,
+                      "aggregation": v.aggregation, "measured": v.measured,
+                      "its repeats": [f"{lo:.0f}-{hi:.0f}" if n >= 2 else "" for lo, hi, n in
+                                      zip(v.measured_lo, v.measured_hi, v.repeats)],
+                      "predicted": v.predicted,
                       "stated 90%": [f"{lo:.0f}-{hi:.0f}" if pd.notna(lo) else "" for lo, hi in zip(v.lo90, v.hi90)],
                       "error": [f"{e:+.0%}" if pd.notna(e) else c for e, c in zip(v.error, v.covered)],
                       "oversubscribed": v.oversubscribed.map({True: "yes", False: ""})})
@@ -108,12 +114,25 @@ def validation_block(results: Path) -> str:
                 "worst |error|": pct(f["worst_abs_error"]), "bias (signed mean)": pct(f["bias"], "+.0%"),
                 "inside stated 90%": pct(f["coverage"])}
 
-    rows = []
+    def against_repeats(name_: str, over: str, f: dict) -> dict:
+        pct = lambda x, fmt=".0%": format(x, fmt) if pd.notna(x) else ""   # noqa: E731
+        return {"set": name_, "over": over, "points measured 2+ times": f["with_repeats"],
+                "repeats' spread, median (worst)": (f"{f['median_repeat_spread']:.2f}x "
+                                                    f"({f['worst_repeat_spread']:.2f}x)"),
+                "prediction inside its repeats": pct(f["inside_repeats"]),
+                "a right model's chance": pct(f["inside_repeats_if_right"]),
+                "median |beyond its repeats|": pct(f["median_abs_beyond_repeats"]),
+                "worst |beyond its repeats|": pct(f["worst_abs_beyond_repeats"]),
+                "median |error|": pct(f["median_abs_error"])}
+
+    rows, reps = [], []
     for name_ in ("development", "holdout"):
         f = s[name_]
-        rows.append(figures(name_, "all", f))
-        rows += [figures(name_, b, g) for b, g in f["per_backend"].items()]
-        rows += [figures(name_, k, g) for k, g in f["per_curve"].items()]
+        groups = [("all", f), *f["per_backend"].items(), *f["per_curve"].items(),
+                  *f.get("per_condition", {}).items()]
+        rows += [figures(name_, over, g) for over, g in groups]
+        reps += [against_repeats(name_, over, g) for over, g in groups if g.get("with_repeats", 0) >= 1
+                 and g["with_repeats"] == g["points"]]
     return ("Every stored point on 1-3 workers predicted with itself left out of the fit (signed error, "
             "(predicted - measured) / measured; a one-worker point is predicted from the measured phase costs "
             "alone). Two sets: **development**, the points the model's structure was revised against, and "
@@ -122,8 +141,22 @@ def validation_block(results: Path) -> str:
             "from the measured rounds with the model's own error on the development set's multi-worker points "
             "(their relative residuals, a development point's own left out).\n\n"
             + md(t, '.0f') + "\n\nOver the multi-worker points (2 or more workers; one-worker points are the "
-            "fit):\n\n" + md(pd.DataFrame(rows)) + f"\n\n{s['not_covered']} points not covered by the model (reason in "
+            "fit):\n\n" + md(pd.DataFrame(rows)) + _repeats_part(reps)
+            + f"\n\n{s['not_covered']} points not covered by the model (reason in "
             "the error column).\n\n" + _simulated(results, name) + "\n")
+
+
+def _repeats_part(rows: list[dict]) -> str:
+    """The validation's figures against the points' own repeats (only where every point of a group has them)."""
+    if not rows:
+        return ""
+    return ("\n\nAgainst the measurements' own spread (the groups whose every point was measured 2 or more times, "
+            "the repeats of one sitting): how far each prediction lies outside the range of its point's repeats "
+            "(0 inside; relative to the nearest repeat). A model that predicted each point's true median exactly "
+            "would be inside the range of n independent repeats with probability 1 - 2 x 0.5^n (75% for 3: \"a "
+            "right model's chance\", averaged over the group's points; the repeats of one sitting drift together, so "
+            "it is an upper mark):\n\n"
+            + md(pd.DataFrame(rows)))
 
 
 def predictions_block(results: Path) -> str:

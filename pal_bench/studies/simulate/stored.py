@@ -58,7 +58,12 @@ def require_inputs(results: Path) -> pd.DataFrame:
     if rounds is None:
         raise UsageError(f"{results / INPUTS}: no stored inputs; measure them first with "
                          f"`pal-bench simulate --measure-inputs --out {results}` (about 2 min a round, quiet machine)")
-    return rounds.assign(**stored_costs(results))
+    costs = stored_costs(results)
+    for k in ("ray_idle_cores", "ray_session_idle_cores"):
+        if costs.get(k, 0.0) >= rounds.cores.min():
+            raise UsageError(f"{results / 'simulation_ray_idle.csv'}: Ray idle keeps {costs[k]:.3g} cores busy, "
+                             f"as many as the inputs' machine has ({rounds.cores.min()}): not an idle measurement")
+    return rounds.assign(**costs)
 
 
 def dev_residuals(results: Path):

@@ -12,6 +12,12 @@ combines the inputs resampled from the measured rounds with the model's own erro
 multi-worker points (the empirical distribution of their relative residuals, the point's own left out): the
 measured value lies at ``predicted / (1 + e)`` for a residual ``e``. Points the model does not cover are listed
 with the reason (environments in subprocesses, Ray's all-reduce), not dropped silently.
+
+A point measured more than once carries its repeats (``measured_reps``): ``measured_lo`` / ``measured_hi`` are
+their range and ``beyond_repeats`` how far the prediction lies outside it (signed, relative to the nearest repeat;
+0 inside). It separates the model's error from the measurement's own spread: a model that predicted each point's
+true median exactly would be inside the range of n independent repeats with probability 1 - 2 * 0.5**n (75% for
+3); repeats of one sitting are not independent (a sitting's drift moves them together), so that is an upper mark.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from pal_bench.argtypes import WORKERS, Range
+from pal_bench.argtypes import WORKERS, Range, UsageError
 from pal_bench.stored_tables import SCALING_COLUMNS, SCALING_WHAT, THROUGHPUT, Column, read_table
 from pal_bench.studies.simulate.calibrate import fit, inputs_for
 from pal_bench.studies.simulate.model import AGGREGATIONS, CHUNK, Workload, throughput
@@ -41,6 +47,7 @@ VALIDATION_COLUMNS = {"set": Column(str, choices=("development", "holdout"), req
                       "error": Column(float, Range(-1, 1e6, lo_open=True), required=False, default=float("nan"))}
 LEARNING = {"updates_per_step": 0.25, "learning_starts": 1_000}     # DQN CartPole-v1's (the stored runs')
 MAX_WORKERS = 3
+MAX_REPEATS = 100            # repeats of one stored point read back (the studies store 1-5)
 END_TO_END_COLUMNS = {"actors": Column(int, WORKERS), "learners": Column(int, WORKERS),
                       "aggregation": Column(str, choices=AGGREGATIONS), "env_backend": Column(str),
                       "measured_transitions_per_s": Column(float, THROUGHPUT),
@@ -73,9 +80,52 @@ def holdout_points(results: Path) -> pd.DataFrame:
     if not os.path.lexists(results / HOLDOUT):
         return pd.DataFrame(columns=[*POINT_COLUMNS, "covered"])
     df = check_rows(read_table(results / HOLDOUT, POINT_COLUMNS, POINTS_WHAT), str(results / HOLDOUT))
+    reps = [repeats_text(t, f"{results / HOLDOUT}: row {i}", m) for i, (t, m) in
+            enumerate(zip(df["measured_reps"] if "measured_reps" in df else [""] * len(df), df.measured), 1)]
     df = df[[c for c in POINT_COLUMNS if c in df]]
     df["covered"] = [_why_not(r) for r in df.itertuples()]
+    df["measured_reps"] = reps
     return df
+
+
+def repeats(text) -> list[float]:
+    """The repeats of a stored point from their space-separated text (transitions/s or updates/s; [] for none)."""
+    if text is None or (isinstance(text, float) and np.isnan(text)):
+        return []
+    return [float(x) for x in str(text).split()]
+
+
+def repeats_text(text, where: str, measured: float | None = None) -> str:
+    """A stored point's repeats checked (at most ``MAX_REPEATS`` rates in ``THROUGHPUT``'s range, space-separated,
+    whose range holds the point's ``measured`` value, the median of them) and written back in one form;
+    ``UsageError`` naming ``where`` otherwise."""
+    parts = [] if text is None or (isinstance(text, float) and np.isnan(text)) else str(text).split(
+        maxsplit=MAX_REPEATS)
+    if len(parts) > MAX_REPEATS:
+        raise UsageError(f"{where}: more than {MAX_REPEATS} repeats; at most {MAX_REPEATS} are read")
+    values = []
+    for x in parts:
+        try:
+            v = float(x)
+        except ValueError:
+            v = float("nan")
+        if not (np.isfinite(v) and THROUGHPUT.lo <= v <= THROUGHPUT.hi):
+            raise UsageError(f"{where}: repeat {x[:40]!r} is not a rate (a number {THROUGHPUT})")
+        values.append(v)
+    # (the repeats are stored rounded: the median may sit a rounding outside them)
+    if values and measured is not None and not min(values) * (1 - 1e-3) <= measured <= max(values) * (1 + 1e-3):
+        raise UsageError(f"{where}: the measured value {measured:.6g} lies outside its repeats "
+                         f"({min(values):.6g}-{max(values):.6g})")
+    return " ".join(f"{v:.6g}" for v in values)
+
+
+def beyond_repeats(predicted: float, reps: list[float]) -> float:
+    """How far ``predicted`` lies outside the range of ``reps`` (signed, relative to the nearest repeat: above the
+    highest > 0, below the lowest < 0, inside 0); NaN with fewer than 2 repeats or no prediction."""
+    if len(reps) < 2 or predicted is None or not np.isfinite(predicted):
+        return float("nan")
+    lo, hi = min(reps), max(reps)
+    return (predicted - hi) / hi if predicted > hi else (predicted - lo) / lo if predicted < lo else 0.0
 
 
 def _why_not(r) -> str:
@@ -98,7 +148,9 @@ def development_points(results: Path) -> pd.DataFrame:
                              "learners": r.threads if r.curve == "f_l" else 0, "aggregation": "sync",
                              "env_backend": "sync", "measured": r.throughput, "steps": 20_000,
                              "oversubscribed": bool(r.oversubscribed), "covered": "",
-                             "cores": _cores(getattr(r, "cores", None))})
+                             "cores": _cores(getattr(r, "cores", None)),
+                             "measured_reps": repeats_text(getattr(r, "throughput_reps", ""),
+                                                           f"{results / name}: row {r.Index + 1}", r.throughput)})
     for backend, name in END_TO_END.items():
         if not os.path.lexists(results / name):
             continue
@@ -110,7 +162,10 @@ def development_points(results: Path) -> pd.DataFrame:
                          "measured": r.measured_transitions_per_s,
                          "steps": int(round(r.measured_transitions_per_s * r.wall_s, -3)),
                          "oversubscribed": bool(r.oversubscribed), "covered": _why_not(
-                             SimpleNamespace(backend=backend, env_backend=r.env_backend, aggregation=r.aggregation))})
+                             SimpleNamespace(backend=backend, env_backend=r.env_backend, aggregation=r.aggregation)),
+                         "measured_reps": repeats_text(getattr(r, "measured_transitions_per_s_reps", ""),
+                                                       f"{results / name}: row {r.Index + 1}",
+                                                       r.measured_transitions_per_s)})
     return pd.DataFrame(rows)
 
 
@@ -206,6 +261,11 @@ def validate(results: Path, rounds: pd.DataFrame, progress=print, samples: int =
         out.append(p.to_dict() | {"predicted": predicted, "error": (predicted - p.measured) / p.measured,
                                   "actor_factor": factors["actor"], "learner_factor": factors["learner"]})
     v = pd.DataFrame(out)
+    reps = [repeats(t) for t in v.get("measured_reps", pd.Series([""] * len(v)))]
+    v["repeats"] = [len(r) for r in reps]
+    v["measured_lo"] = [min(r) if r else np.nan for r in reps]
+    v["measured_hi"] = [max(r) if r else np.nan for r in reps]
+    v["beyond_repeats"] = [beyond_repeats(p, r) for p, r in zip(v.predicted, reps)]
     v["lo90"], v["hi90"] = np.nan, np.nan
     dev = v[development_residuals_mask(v)]
     for idx, d in draws.items():
@@ -232,18 +292,37 @@ def interval(draws, residuals, level: float = 0.90) -> tuple[float, float]:
 
 def _figures(d: pd.DataFrame) -> dict:
     e = d.error
+    nan = float("nan")
     inside = ((d.measured >= d.lo90) & (d.measured <= d.hi90)) if "lo90" in d else pd.Series(dtype=bool)
-    return {"points": len(d), "median_abs_error": float(e.abs().median()) if len(d) else float("nan"),
-            "worst_abs_error": float(e.abs().max()) if len(d) else float("nan"),
-            "bias": float(e.mean()) if len(d) else float("nan"),
-            "coverage": float(inside.mean()) if len(inside) and d.lo90.notna().all() else float("nan")}
+    b = d.beyond_repeats.dropna() if "beyond_repeats" in d else pd.Series(dtype=float)
+    spread = (d.measured_hi / d.measured_lo)[d.repeats >= 2] if "repeats" in d else pd.Series(dtype=float)
+    return {"points": len(d), "median_abs_error": float(e.abs().median()) if len(d) else nan,
+            "worst_abs_error": float(e.abs().max()) if len(d) else nan,
+            "bias": float(e.mean()) if len(d) else nan,
+            "coverage": float(inside.mean()) if len(inside) and d.lo90.notna().all() else nan,
+            # the points measured 2 or more times: the prediction against the range of their repeats
+            "with_repeats": len(b), "inside_repeats": float((b == 0).mean()) if len(b) else nan,
+            # a model right about every point's median: inside the range of n independent repeats 1 - 2 * 0.5**n
+            "inside_repeats_if_right": (float((1 - 2 * 0.5 ** d.repeats[b.index]).mean()) if len(b) else nan),
+            "median_abs_beyond_repeats": float(b.abs().median()) if len(b) else nan,
+            "worst_abs_beyond_repeats": float(b.abs().max()) if len(b) else nan,
+            "median_repeat_spread": float(spread.median()) if len(spread) else nan,
+            "worst_repeat_spread": float(spread.max()) if len(spread) else nan}
+
+
+CONDITIONS = {"not oversubscribed": lambda d: ~d.oversubscribed.astype(bool),
+              "oversubscribed": lambda d: d.oversubscribed.astype(bool),
+              "end_to_end sync": lambda d: (d.curve == "end_to_end") & (d.aggregation != "async"),
+              "end_to_end async": lambda d: (d.curve == "end_to_end") & (d.aggregation == "async")}
 
 
 def summary(v: pd.DataFrame) -> dict:
     """Per set (development, holdout) over the covered multi-worker points (2 or more workers; the one-worker
     points are the fit): median and worst |error|, bias (the signed mean error), coverage (the share of measured
     values inside their stated 90% interval); the same per backend and per curve. Also over every covered point
-    (``all``) and how many points the model does not cover."""
+    (``all``) and how many points the model does not cover. Per condition (``CONDITIONS``: oversubscribed or not,
+    end-to-end sync or async) the same figures; where points carry repeats, the prediction against their range
+    (``inside_repeats``, ``median_abs_beyond_repeats``) and the repeats' own spread (highest / lowest)."""
     c = v.dropna(subset=["error"])
     sets = c.set if "set" in c else pd.Series("development", index=c.index)
     multi = c[(c.actors + c.learners) >= 2]
@@ -252,7 +331,9 @@ def summary(v: pd.DataFrame) -> dict:
         d = multi[sets.loc[multi.index] == name]
         out[name] = _figures(d) | {
             "per_backend": {b: _figures(g) for b, g in d.groupby("backend")},
-            "per_curve": {k: _figures(g) for k, g in d.groupby("curve")}}
+            "per_curve": {k: _figures(g) for k, g in d.groupby("curve")},
+            "per_condition": {k: _figures(d[f(d)]) for k, f in CONDITIONS.items()
+                              if "oversubscribed" in d and f(d).any()}}
     # (older readers)
     out |= {"points": out["all"]["points"], "median_abs_error": out["all"]["median_abs_error"],
             "worst_abs_error": out["all"]["worst_abs_error"], "per_backend": out["development"]["per_backend"]}
