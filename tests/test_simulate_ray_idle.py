@@ -7,8 +7,8 @@ import pytest
 
 from pal_bench.argtypes import UsageError
 from pal_bench.studies.simulate.calibrate import BACKGROUND_CORES, inputs_for
-from pal_bench.studies.simulate.costs import stored_costs
-from pal_bench.studies.simulate.ray_idle import FILE, idle_cores
+from pal_bench.studies.simulate.costs import idle_cores, stored_costs
+from pal_bench.studies.simulate.ray_idle import FILE
 from tests.test_simulate import ROUND
 
 

@@ -43,6 +43,21 @@ def default_counts(cores: int) -> list[int]:
     return [*out, cores]
 
 
+def ray_idle_here(log) -> dict:
+    """Ray's idle cores on this machine (one round of ``ray_idle``, 2 s a condition, about 15 s with the session's
+    start); {} where Ray is not installed (the Ray backends' inputs are left out there too)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return {}
+    from pal_bench.studies.simulate.costs import idle_cores
+    from pal_bench.studies.simulate.ray_idle import measure
+    from pal_bench.train import make_config
+
+    df = measure(make_config("dqn", "CartPole-v1"), rounds=1, learners=(1,), seconds=2.0, progress=log)
+    return {"ray_idle_cores": idle_cores(df), "ray_session_idle_cores": idle_cores(df, "session")}
+
+
 def run_check(args, log) -> int:
     from pal_bench.conditions import Conditions, cpu_model, refuse_if_busy, usable_cores
     from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs
@@ -68,7 +83,9 @@ def run_check(args, log) -> int:
                                       progress=log, ray=any(b.startswith("ray") for b in backends)))
         from pal_bench.studies.simulate.costs import measure_here
 
-        rounds = rounds.assign(**measure_here(progress=log, ray=any(b.startswith("ray") for b in backends)))
+        rounds = rounds.assign(**measure_here(progress=log))
+        if any(b.startswith("ray") for b in backends):
+            rounds = rounds.assign(**ray_idle_here(log))
         points = measure_points(check_points(backends, counts), steps=args.steps, updates=args.updates,
                                 repeats=args.repeats, progress=log)
     row = median_inputs(rounds)

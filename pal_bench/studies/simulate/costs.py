@@ -8,6 +8,7 @@ idle cores: the chosen ``calibrate.BACKGROUND_CORES``), which ``stored_costs`` r
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,9 @@ RAY_IDLE_COLUMNS = {"round": Column(int, Range(0, 10**6)),
                     "condition": Column(str, choices=("machine", "session", "learners")),
                     "learners": Column(int, Range(0, 4096)), "seconds": Column(float, Range(0, 10**5, lo_open=True)),
                     "busy_cores": Column(float, Range(0, 4096))}
-FILES = ("reservation_cost.csv", "pump_cost.csv", "end_to_end_ray_two_nodes.csv", "simulation_ray_idle.csv")
+RAY_IDLE = "simulation_ray_idle.csv"          # ``python -m pal_bench.studies.simulate.ray_idle``
+MAX_IDLE_ROWS = 10_000       # rows of a stored idle measurement read back (--rounds 100: a few hundred)
+FILES = ("reservation_cost.csv", "pump_cost.csv", "end_to_end_ray_two_nodes.csv", RAY_IDLE)
 
 
 def linear(x, y) -> tuple[float, float]:
@@ -71,15 +74,13 @@ def stored_costs(results: Path) -> dict:
             raise UsageError(f"{results / 'end_to_end_ray_two_nodes.csv'}: a sink ceiling of {1e6 / row_us:.3g} "
                              f"rows/s ({row_us:.3g} µs a row); at most {MAX_COST_US:.0f} µs a row is read")
         out["buffer_actor_row_us"] = row_us
-    if os.path.lexists(path := results / "simulation_ray_idle.csv"):
-        from pal_bench.studies.simulate.ray_idle import MAX_ROWS, check_rows, idle_cores
-
+    if os.path.lexists(path := results / RAY_IDLE):
         df = read_table(path, RAY_IDLE_COLUMNS, "Ray's idle CPU as `python -m pal_bench.studies.simulate.ray_idle` "
                         "writes it", min_rows=1)
-        if len(df) > MAX_ROWS:
-            raise UsageError(f"{path}: {len(df)} rows, at most {MAX_ROWS} are read")
+        if len(df) > MAX_IDLE_ROWS:
+            raise UsageError(f"{path}: {len(df)} rows, at most {MAX_IDLE_ROWS} are read")
         try:
-            check_rows(df)
+            check_idle_rows(df)
             out["ray_idle_cores"] = idle_cores(df)
             out["ray_session_idle_cores"] = idle_cores(df, "session")
         except ValueError as e:
@@ -87,23 +88,37 @@ def stored_costs(results: Path) -> dict:
     return out
 
 
-def measure_here(progress=print, ray: bool = False) -> dict:
+def measure_here(progress=print) -> dict:
     """The same inputs measured on this machine (``--check-here``; a few seconds): reservations at 1, 16 and 64
-    actors, pump polls at 1, 16 and 64 queues; with ``ray``, Ray's idle CPU (one round of ``ray_idle``, 2 s a
-    condition, about 15 s with the session's start)."""
+    actors, pump polls at 1, 16 and 64 queues (Ray's idle CPU: ``ray_idle``, which ``--check-here`` runs itself)."""
     from pal_bench.studies.scaling.worker_costs import pump_cost, reservation_cost
 
     res = reservation_cost([1, 16, 64], rounds=5_000, repeats=3, seconds=0.2, progress=progress)
     pump = pump_cost([1, 16, 64], rounds=5_000, repeats=3, progress=progress)
-    out = reservation_inputs(res) | pump_inputs(pump)
-    if ray:
-        try:
-            import ray as _  # noqa: F401
-        except ImportError:                          # (the Ray backends' inputs are left out there too)
-            return out
-        from pal_bench.studies.simulate.ray_idle import idle_cores, measure
-        from pal_bench.train import make_config
+    return reservation_inputs(res) | pump_inputs(pump)
 
-        df = measure(make_config("dqn", "CartPole-v1"), rounds=1, learners=(1,), seconds=2.0, progress=progress)
-        out |= {"ray_idle_cores": idle_cores(df), "ray_session_idle_cores": idle_cores(df, "session")}
-    return out
+
+def check_idle_rows(df) -> None:
+    """A stored measurement's rows agree with themselves: ``learners`` is 0 exactly where the condition is not
+    "learners", and no (round, condition, learners) appears twice; ``ValueError`` naming the row otherwise."""
+    for i, r in enumerate(df.itertuples(), 1):
+        if (r.condition == "learners") != (r.learners > 0):
+            raise ValueError(f"row {i}: condition {r.condition!r} with {r.learners} learners (learners: 1 or more; "
+                             "machine and session: 0)")
+    dup = df.duplicated(["round", "condition", "learners"])
+    if dup.any():
+        i = int(dup.to_numpy().argmax()) + 1
+        raise ValueError(f"row {i}: round {df['round'].iloc[i - 1]}, {df.condition.iloc[i - 1]} measured twice")
+
+
+def idle_cores(df, condition: str = "learners") -> float:
+    """Ray's own busy cores: per round ``condition`` ("learners": one learner's processes up, the inputs' per-update
+    configuration; "session": the session alone) less the machine alone, the median over rounds (at least 0)."""
+    key = ["round"]
+    alone = df[df.condition == "machine"].set_index(key).busy_cores
+    mine = df[(df.condition == condition) & (df.learners == (1 if condition == "learners" else 0))]
+    per_round = (mine.set_index(key).busy_cores - alone).dropna()
+    if per_round.empty:
+        raise ValueError(f"no round with both the machine alone and the {condition} condition"
+                         + (" at one learner" if condition == "learners" else ""))
+    return max(0.0, float(statistics.median(per_round.tolist())))

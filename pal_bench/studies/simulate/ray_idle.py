@@ -22,7 +22,6 @@ say how far that holds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -32,10 +31,8 @@ import pandas as pd
 
 from pal_bench.argtypes import Range, number
 from pal_bench.paths import RESULTS
-
-FILE = "simulation_ray_idle.csv"
-MAX_ROWS = 10_000            # rows of a stored measurement read back (--rounds 100 x 2 + learner counts: far fewer)
-CONDITIONS = ("machine", "session", "learners")
+from pal_bench.studies.simulate.costs import RAY_IDLE as FILE
+from pal_bench.studies.simulate.costs import idle_cores
 
 
 def busy_cores(seconds: float) -> tuple[float, float]:
@@ -110,32 +107,6 @@ def measure(cfg, rounds: int = 3, learners: tuple[int, ...] = (1, 2), seconds: f
                                 "busy_cores": busy})
                     progress(f"[round {r + 1}/{rounds}] {n} learner(s) up, idle: {busy:.3f} cores busy")
     return pd.DataFrame(out)
-
-
-def check_rows(df: pd.DataFrame) -> None:
-    """A stored measurement's rows agree with themselves: ``learners`` is 0 exactly where the condition is not
-    "learners", and no (round, condition, learners) appears twice; ``ValueError`` naming the row otherwise."""
-    for i, r in enumerate(df.itertuples(), 1):
-        if (r.condition == "learners") != (r.learners > 0):
-            raise ValueError(f"row {i}: condition {r.condition!r} with {r.learners} learners (learners: 1 or more; "
-                             "machine and session: 0)")
-    dup = df.duplicated(["round", "condition", "learners"])
-    if dup.any():
-        i = int(dup.to_numpy().argmax()) + 1
-        raise ValueError(f"row {i}: round {df['round'].iloc[i - 1]}, {df.condition.iloc[i - 1]} measured twice")
-
-
-def idle_cores(df: pd.DataFrame, condition: str = "learners") -> float:
-    """Ray's own busy cores: per round ``condition`` ("learners": one learner's processes up, the inputs' per-update
-    configuration; "session": the session alone) less the machine alone, the median over rounds (at least 0)."""
-    key = ["round"]
-    alone = df[df.condition == "machine"].set_index(key).busy_cores
-    mine = df[(df.condition == condition) & (df.learners == (1 if condition == "learners" else 0))]
-    per_round = (mine.set_index(key).busy_cores - alone).dropna()
-    if per_round.empty:
-        raise ValueError(f"no round with both the machine alone and the {condition} condition"
-                         + (" at one learner" if condition == "learners" else ""))
-    return max(0.0, float(statistics.median(per_round.tolist())))
 
 
 def main(argv: list[str] | None = None) -> int:
