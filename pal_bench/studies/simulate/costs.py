@@ -114,10 +114,9 @@ def check_idle_rows(df) -> None:
 def idle_cores(df, condition: str = "learners") -> float:
     """Ray's own busy cores: per round ``condition`` ("learners": one learner's processes up, the inputs' per-update
     configuration; "session": the session alone) less the machine alone, the median over rounds (at least 0)."""
-    key = ["round"]
-    alone = df[df.condition == "machine"].set_index(key).busy_cores
+    alone = df[df.condition == "machine"].set_index("round").busy_cores
     mine = df[(df.condition == condition) & (df.learners == (1 if condition == "learners" else 0))]
-    per_round = (mine.set_index(key).busy_cores - alone).dropna()
+    per_round = (mine.set_index("round").busy_cores - alone).dropna()
     if per_round.empty:
         raise ValueError(f"no round with both the machine alone and the {condition} condition"
                          + (" at one learner" if condition == "learners" else ""))

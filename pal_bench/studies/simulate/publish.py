@@ -108,14 +108,15 @@ def validation_block(results: Path) -> str:
                       "oversubscribed": v.oversubscribed.map({True: "yes", False: ""})})
     s = summary(v)
 
+    def pct(x, fmt=".0%") -> str:
+        return format(x, fmt) if pd.notna(x) else ""
+
     def figures(name_: str, over: str, f: dict) -> dict:
-        pct = lambda x, fmt=".0%": format(x, fmt) if pd.notna(x) else ""   # noqa: E731
         return {"set": name_, "over": over, "points": f["points"], "median |error|": pct(f["median_abs_error"]),
                 "worst |error|": pct(f["worst_abs_error"]), "bias (signed mean)": pct(f["bias"], "+.0%"),
                 "inside stated 90%": pct(f["coverage"])}
 
     def against_repeats(name_: str, over: str, f: dict) -> dict:
-        pct = lambda x, fmt=".0%": format(x, fmt) if pd.notna(x) else ""   # noqa: E731
         return {"set": name_, "over": over, "points measured 2+ times": f["with_repeats"],
                 "repeats' spread, median (worst)": (f"{f['median_repeat_spread']:.2f}x "
                                                     f"({f['worst_repeat_spread']:.2f}x)"),

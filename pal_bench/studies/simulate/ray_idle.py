@@ -134,18 +134,21 @@ def main(argv: list[str] | None = None) -> int:
         print("error: Ray is not installed (pip install 'ray[default]')", file=sys.stderr)
         return 2
     target = output_target(ap, args.out, FILE)
+    measured: list[pd.DataFrame] = []                # (what was written, for the summary line)
+
+    def rows() -> pd.DataFrame:
+        measured.append(measure(make_config("dqn", "CartPole-v1"), args.rounds, tuple(sorted(set(args.learners))),
+                                args.idle_s, args.rows))
+        return measured[0]
+
     try:
-        rc = measure_and_write(
-            "ray_idle", "Ray's own CPU, idle", target, args.force, argv,
-            lambda: measure(make_config("dqn", "CartPole-v1"), args.rounds, tuple(sorted(set(args.learners))),
-                            args.idle_s, args.rows), float_format="{:,.3f}")
+        rc = measure_and_write("ray_idle", "Ray's own CPU, idle", target, args.force, argv, rows,
+                               float_format="{:,.3f}")
     except (UsageError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if rc == 0:
-        from pal_bench.stored_tables import read_csv
-
-        df = read_csv(target)
+        df = measured[0]
         print(f"Ray's idle cores (one learner's processes up, less the machine alone; median of {args.rounds} "
               f"round(s)): {idle_cores(df):.3f}; the session alone: {idle_cores(df, 'session'):.3f}")
     return rc

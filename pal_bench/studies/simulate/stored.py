@@ -52,7 +52,7 @@ def simulated_meta(sources) -> dict:
 def require_inputs(results: Path) -> pd.DataFrame:
     """The stored inputs; a ``UsageError`` naming the command that measures them when there are none."""
     from pal_bench.argtypes import UsageError
-    from pal_bench.studies.simulate.costs import stored_costs
+    from pal_bench.studies.simulate.costs import RAY_IDLE, stored_costs
 
     rounds = load_inputs(results)
     if rounds is None:
@@ -61,7 +61,7 @@ def require_inputs(results: Path) -> pd.DataFrame:
     costs = stored_costs(results)
     for k in ("ray_idle_cores", "ray_session_idle_cores"):
         if costs.get(k, 0.0) >= rounds.cores.min():
-            raise UsageError(f"{results / 'simulation_ray_idle.csv'}: Ray idle keeps {costs[k]:.3g} cores busy, "
+            raise UsageError(f"{results / RAY_IDLE}: Ray idle keeps {costs[k]:.3g} cores busy, "
                              f"as many as the inputs' machine has ({rounds.cores.min()}): not an idle measurement")
     return rounds.assign(**costs)
 

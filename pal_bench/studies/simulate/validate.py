@@ -88,19 +88,23 @@ def holdout_points(results: Path) -> pd.DataFrame:
     return df
 
 
-def repeats(text) -> list[float]:
-    """The repeats of a stored point from their space-separated text (transitions/s or updates/s; [] for none)."""
+def _repeat_words(text, maxsplit: int = -1) -> list[str]:
+    """A stored repeats cell's words ([] for an empty or missing cell)."""
     if text is None or (isinstance(text, float) and np.isnan(text)):
         return []
-    return [float(x) for x in str(text).split()]
+    return str(text).split(maxsplit=maxsplit)
+
+
+def repeats(text) -> list[float]:
+    """The repeats of a stored point from their space-separated text (transitions/s or updates/s; [] for none)."""
+    return [float(x) for x in _repeat_words(text)]
 
 
 def repeats_text(text, where: str, measured: float | None = None) -> str:
     """A stored point's repeats checked (at most ``MAX_REPEATS`` rates in ``THROUGHPUT``'s range, space-separated,
     whose range holds the point's ``measured`` value, the median of them) and written back in one form;
     ``UsageError`` naming ``where`` otherwise."""
-    parts = [] if text is None or (isinstance(text, float) and np.isnan(text)) else str(text).split(
-        maxsplit=MAX_REPEATS)
+    parts = _repeat_words(text, maxsplit=MAX_REPEATS)
     if len(parts) > MAX_REPEATS:
         raise UsageError(f"{where}: more than {MAX_REPEATS} repeats; at most {MAX_REPEATS} are read")
     values = []
