@@ -4,6 +4,8 @@ stored file with bad rows are refused."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import multiprocessing as mp
 import os
 import threading
@@ -46,6 +48,21 @@ def test_usage_counts_the_actor_from_the_reaped_children_less_what_it_had_used_a
     assert got["cpu_a_steal"] == 0 and got["cpu_b_steal"] == pytest.approx(0.1)
 
 
+def test_usage_counts_actors_still_running_at_the_end_from_their_own_counters():
+    """A Ray actor process is not this process's child: it is read from its own /proc at both ends (the children's
+    totals, which it never reaches, do not count)."""
+    start = parts.Snapshot(wall=10.0, driver_cpu=1.0, driver_switches=5, children_cpu=3.0, children_switches=7,
+                           cpus={}, actors={42: (1.5, 2), 43: (0.5, 1)})
+    end = parts.Snapshot(wall=14.0, driver_cpu=2.0, driver_switches=5, children_cpu=3.0, children_switches=7,
+                         cpus={}, actors={42: (4.5, 42), 43: (1.5, 21)})
+    got = parts.usage(start, end)
+    assert got["actor_cores"] == pytest.approx(1.0) and got["actor_switches_per_s"] == pytest.approx(15)
+    gone = dataclasses.replace(end, actors={42: (float("nan"), 0), 43: (1.5, 21)}, children_cpu=5.0)
+    assert parts.usage(start, gone)["actor_cores"] == pytest.approx(0.0)   # one reaped: the children's totals
+    got = parts.usage(start, gone, children=False)                          # not children (Ray's): not known
+    assert math.isnan(got["actor_cores"]) and math.isnan(got["actor_switches_per_s"])
+
+
 def tiny():
     from pal_bench.train import make_config
 
@@ -72,6 +89,47 @@ def test_a_placement_puts_the_driver_and_the_actor_process_where_it_says_and_giv
     assert parts.masks(os.getpid()) == threads_before and live() == before and shm() == segments
 
 
+def ray_processes() -> set[int]:
+    """Live processes of Ray's (its raylet, GCS, workers): none may outlive a run."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"ray" in cmd and (b"raylet" in cmd or b"gcs_server" in cmd or b"default_worker" in cmd):
+                out.add(int(d))
+    return out
+
+
+@pytest.mark.skipif(not TWO, reason="placing the actor apart needs 2 CPUs")
+@pytest.mark.parametrize("placement", ["apart", "together"])
+def test_ray_node_places_the_actor_process_ray_starts_and_reads_its_cpu_from_its_own_counters(placement):
+    """Ray starts the actor process (not a child of this one, and without the driver's mask once the driver is
+    placed), so ``together`` pins it to the driver's CPU explicitly; its CPU comes from its own /proc counters."""
+    from pal_bench.train import make_config
+
+    cfg = make_config("dqn", "CartPole-v1", backend="ray", ray_placement="node", learning_starts=200, batch_size=32)
+    cpus = parts.two_cpus()
+    before, threads_before, segments, rays = live(), parts.masks(os.getpid()), shm(), ray_processes()
+    got = parts.trainer_run("async", placement, 600, cpus, cfg=cfg, backend="ray-node")
+    assert got["driver_cpus"] == str(cpus[0])
+    assert got["actor_cpus"] == str(cpus[1] if placement == "apart" else cpus[0])
+    assert got["transitions_per_s"] > 0 and got["updates_per_s"] > 0
+    assert 0 < got["actor_cores"] <= 1.2 and got["actor.env_step_us"] > 0
+    # Ray's library keeps a few native threads in this process after its shutdown (gRPC, jemalloc): none of them,
+    # nor any thread of ours, is left pinned
+    after, default = parts.masks(os.getpid()), os.sched_getaffinity(0)
+    assert all(after[t] == m for t, m in threads_before.items() if t in after)
+    assert all(m == default for t, m in after.items() if t not in threads_before)
+    assert live() == before and shm() == segments
+    deadline = time.monotonic() + 30
+    while ray_processes() - rays and time.monotonic() < deadline:       # Ray's processes stop after the run
+        time.sleep(0.5)
+    assert not ray_processes() - rays
+
+
 @pytest.mark.skipif(not TWO, reason="placing the actor apart needs 2 CPUs")
 def test_a_run_that_fails_once_its_actor_is_placed_stops_everything_and_unpins_the_driver():
     class Failing(parts.trainer_class()):
@@ -91,6 +149,27 @@ def test_a_driver_thread_that_cannot_get_its_cpus_back_is_an_error(monkeypatch):
     monkeypatch.setattr(parts, "masks", lambda pid: {tid: {999} for tid in saved})
     with pytest.raises(RuntimeError, match="could not restore the CPUs"):
         parts.restore(mine, saved, os.sched_getaffinity(0))
+
+
+def test_the_backend_goes_to_every_run_and_row_and_its_own_file(tmp_path, monkeypatch, capsys):
+    got = []
+
+    def run(aggregation, placement, steps, cpus, backend):
+        got.append(backend)
+        return {"transitions_per_s": 1000.0}
+
+    monkeypatch.setattr(parts, "trainer_run", run)
+    monkeypatch.setattr(parts, "one_worker", lambda curve, steps, updates, backend: got.append(backend) or {})
+    if not TWO:
+        pytest.skip("the probe needs 2 CPUs")
+    df = parts.measure(steps=50, updates=10, rounds=1, progress=lambda m: None, backend="ray-node")
+    assert set(got) == {"ray-node"} and len(got) == len(df) and set(df.backend) == {"ray-node"}
+    _stored(tmp_path, [{"round": 0, "condition": "f_a(1)", "transitions_per_s": 4500.0}])   # the process file only
+    assert parts.main(["--model", "--backend", "ray-node", "--out", str(tmp_path)]) == 2
+    assert parts.FILES["ray-node"] in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        parts.main(["--backend", "threads"])
+    assert e.value.code == 2
 
 
 def test_every_condition_in_every_round_with_the_order_rotated():
@@ -188,18 +267,22 @@ def test_a_stored_file_with_a_bad_row_or_none_is_refused_naming_it(tmp_path, cap
 
 
 def test_the_docs_quote_the_stored_measurement():
-    """docs/simulation.md quotes each condition's transitions/s (f_l(1): updates/s) and the actor's involuntary
-    switches over the stored rounds; the model's errors it quotes come from ``--model`` (about 2 minutes)."""
+    """docs/simulation.md quotes, for each backend's stored file, each condition's transitions/s (f_l(1): updates/s)
+    and the actor's involuntary switches over the stored rounds; the model's errors it quotes come from ``--model``
+    (about 2 minutes)."""
     from pal_bench.paths import RESULTS, ROOT
 
-    df = pd.read_csv(RESULTS / parts.FILE)
     docs = " ".join((ROOT / "docs" / "simulation.md").read_text().split())
 
     def span(v):
         return f"{v.min():,.0f}-{v.max():,.0f}"
 
-    for name, g in df.groupby("condition"):
-        column = "updates_per_s" if name == "f_l(1)" else "transitions_per_s"
-        cells = [span(g[column])] + ([span(g.actor_switches_per_s)] if name in parts.TRAINER_CONDITIONS else [])
-        assert all(c in docs for c in cells), (name, cells)
-    assert f"{df['round'].nunique()} rounds" in docs
+    for backend, name in parts.FILES.items():
+        df = pd.read_csv(RESULTS / name)
+        assert name in docs, name
+        for condition, g in df.groupby("condition"):
+            column = "updates_per_s" if condition == "f_l(1)" else "transitions_per_s"
+            cells = [span(g[column])] + ([span(g.actor_switches_per_s)] if condition in parts.TRAINER_CONDITIONS
+                                         else [])
+            assert all(c in docs for c in cells), (backend, condition, cells)
+        assert f"{df['round'].nunique()} rounds" in docs

@@ -1,28 +1,33 @@
 """Where the process backend's end-to-end rate goes with its actor process beside the driver's learner (issue 50's
 probe of the model's largest misses: the end-to-end splits of the in-process backends with an actor process,
-+33% to +93% in the development set; docs/simulation.md).
++33% to +93% in the development set; docs/simulation.md). ``--backend ray-node`` measures the same for Ray's
+one-node placement (the process trainer whose actor process Ray starts: ``RayNodeTrainer``), whose async splits
+are the development set's largest misses with no more workers than cores.
 
 Measures, interleaved in each round (the order rotated round by round), DQN on CartPole-v1:
 
 - the one-worker rates the model is fitted to (the scaling study's): f_a(1), one actor process collecting without
   learning (transitions/s), and f_l(1), one learner thread of the driver on a filled buffer (updates/s);
-- the whole process trainer at the split 1 + 1 (one actor process, one learner thread of the driver; ``steps``
+- the whole trainer at the split 1 + 1 (one actor process, one learner thread of the driver; ``steps``
   transitions after learning starts, as the scaling study's end-to-end points), sync and async aggregation, placed
   three ways: ``free`` (the operating system places the driver's threads and the actor process, as the scaling study
   ran), ``apart`` (the driver pinned to one CPU, the actor process to another: the model's picture) and ``together``
-  (everything on one CPU: one core's worth).
+  (everything on one CPU: one core's worth). Ray's own processes (its raylet, GCS and idle workers: 0.03 core idle,
+  ``ray_idle``) start from the driver once it is placed and keep its CPUs.
 
 Per trainer run, from the moment every actor process is set up (the trainer's clock) to the end of its workers (every
 thread joined and the actor process reaped; before the logs and the final checkpoint): transitions/s and
 updates/s (the trainer's summary), the CPU cores kept busy by the driver (all its threads) and by the actor process
-(CPU seconds per wall second, ``getrusage`` and ``/proc``), their involuntary context switches per second (a thread
+(CPU seconds per wall second, ``getrusage`` and ``/proc``; a Ray actor process, not this process's child, from its
+``/proc`` at both ends), their involuntary context switches per second (a thread
 taken off its CPU for another), each CPU's busy and stolen share (``/proc/stat``: steal is time the hypervisor gave to
 another guest; whether the two CPUs are threads of one core), the CPUs each side may use, the actor's restarts, the
 actor's phases in µs per env step and the learner's in µs per
 update (the phase timers are wall time: a phase includes its waits for the CPU and the GIL).
 
-``python -m pal_bench.studies.simulate.end_to_end_parts [--steps N] [--updates N] [--rounds N] [--out DIR] [--force]``
-writes ``DIR/simulation_end_to_end_parts.csv`` (one row per condition and round) with its ``.meta.json``, only on a
+``python -m pal_bench.studies.simulate.end_to_end_parts [--backend processes|ray-node] [--steps N] [--updates N]
+[--rounds N] [--out DIR] [--force]`` writes ``DIR/simulation_end_to_end_parts.csv`` (``ray-node``:
+``simulation_end_to_end_parts_ray_node.csv``; one row per condition and round) with its ``.meta.json``, only on a
 quiet machine (``--force``: anyway, marked noisy). ``--model`` measures nothing: it sets each stored round's trainer
 runs against the model fitted to that round's f_a(1) and f_l(1) (``against_the_model``) and prints the errors.
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import resource
 import sys
@@ -45,6 +51,7 @@ from pal_bench.paths import RESULTS
 
 FILE = "simulation_end_to_end_parts.csv"
 BACKEND = "processes"
+FILES = {"processes": FILE, "ray-node": "simulation_end_to_end_parts_ray_node.csv"}     # backend -> its stored file
 PLACEMENTS = ("free", "apart", "together")
 AGGREGATIONS = ("sync", "async")
 ONE_WORKER = ("f_a(1)", "f_l(1)")
@@ -165,19 +172,28 @@ class Snapshot:
                    kids.ru_nivcsw, cpu_times(), {p: _process_cpu(p) for p in actor_pids})
 
 
-def usage(start: Snapshot, end: Snapshot, prefix_cpus=("a", "b"), cpus=()) -> dict:
+def usage(start: Snapshot, end: Snapshot, prefix_cpus=("a", "b"), cpus=(), children: bool = True) -> dict:
     """The run between two snapshots: the driver's and the actor processes' cores and involuntary switches per
-    second (the actors' from the reaped children's totals less what they had used at ``start``: they end inside the
-    run), and the busy and stolen share of the CPUs ``cpus`` (named by ``prefix_cpus``: the run's first CPU, its
-    second)."""
+    second (the actors' from their own ``/proc`` counters where every one is still running at ``end``, as Ray's are;
+    otherwise, where they are this process's ``children``, from the reaped children's totals less what they had
+    used at ``start``: they end inside the run; neither: NaN, e.g. a Ray actor process restarted), and the busy and
+    stolen share of the CPUs ``cpus`` (named by ``prefix_cpus``: the run's first CPU, its second)."""
     wall = max(end.wall - start.wall, 1e-9)
     actor_cpu_before = sum(c for c, _ in start.actors.values())
     actor_switches_before = sum(s for _, s in start.actors.values())
+    live = bool(start.actors) and all(p in end.actors and math.isfinite(end.actors[p][0]) for p in start.actors)
+    if live:                                # still running at the end (Ray's): their own counters, both ends
+        actor_cpu = sum(end.actors[p][0] for p in start.actors) - actor_cpu_before
+        actor_switches = sum(end.actors[p][1] for p in start.actors) - actor_switches_before
+    elif children:                          # reaped by the end (this process's children): the children's totals
+        actor_cpu = end.children_cpu - start.children_cpu - actor_cpu_before
+        actor_switches = end.children_switches - start.children_switches - actor_switches_before
+    else:
+        actor_cpu = actor_switches = float("nan")
     row = {"window_s": wall,
            "driver_cores": (end.driver_cpu - start.driver_cpu) / wall,
            "driver_switches_per_s": (end.driver_switches - start.driver_switches) / wall,
-           "actor_cores": (end.children_cpu - start.children_cpu - actor_cpu_before) / wall,
-           "actor_switches_per_s": (end.children_switches - start.children_switches - actor_switches_before) / wall}
+           "actor_cores": actor_cpu / wall, "actor_switches_per_s": actor_switches / wall}
     for name, cpu in zip(prefix_cpus, cpus):
         if cpu in start.cpus and cpu in end.cpus:
             busy, steal, total = (e - s for e, s in zip(end.cpus[cpu], start.cpus[cpu]))
@@ -186,14 +202,18 @@ def usage(start: Snapshot, end: Snapshot, prefix_cpus=("a", "b"), cpus=()) -> di
     return row
 
 
-def trainer_class():
-    """The process trainer with three seams for this probe: ``actor_cpus`` (pin each actor process as it starts),
+def trainer_class(backend: str = BACKEND):
+    """The process trainer (``backend`` "ray-node": ``RayNodeTrainer``, its actor processes started by Ray) with
+    three seams for this probe: ``actor_cpus`` (pin each actor process as it starts),
     ``at_clock`` (called with the actor processes' pids once they are all set up, as the trainer's clock starts) and
     ``at_end`` (called once every worker is joined, the actor processes reaped, before the logs and the final
     checkpoint)."""
-    from pal_bench.train.backends.processes import ProcessTrainer
+    if backend == "ray-node":
+        from pal_bench.train.backends.ray.node import RayNodeTrainer as base
+    else:
+        from pal_bench.train.backends.processes import ProcessTrainer as base
 
-    class Placed(ProcessTrainer):
+    class Placed(base):
         actor_cpus: set[int] | None = None
         at_clock = None
         at_end = None
@@ -219,18 +239,20 @@ def trainer_class():
     return Placed
 
 
-def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, int], cfg=None, trainer=None) -> dict:
-    """One run of the process trainer at 1 actor process + 1 learner thread (``aggregation``), placed by
-    ``placement`` on ``cpus`` (the driver's CPU, the actor's): transitions/s, updates/s, ``usage`` from the clock's
+def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, int], cfg=None, trainer=None,
+                backend: str = BACKEND) -> dict:
+    """One run of ``backend``'s trainer at 1 actor process + 1 learner thread (``aggregation``), placed by
+    ``placement`` on ``cpus`` (the driver's CPU, the actor's; ``together``: the actor process pinned to the driver's
+    CPU, which a forked one inherits and one Ray starts does not): transitions/s, updates/s, ``usage`` from the clock's
     start to the workers' end, the CPUs each side may use (``driver_cpus``, ``actor_cpus``), the actor's restarts
     (its set-up then counts in ``actor_cores``), the actor's phases in µs per env step (``actor.<phase>_us``) and the
     learner's in µs per update (``learner.<phase>_us``). The driver's threads get their CPUs back at the end, on
-    error too. ``trainer``: the class to run (default ``trainer_class()``; the tests' seam)."""
+    error too. ``trainer``: the class to run (default ``trainer_class(backend)``; the tests' seam)."""
     from multiprocessing import resource_tracker
 
     from pal_bench.studies.scaling.measure import config_for, quiet
 
-    cfg = cfg or config_for(BACKEND)
+    cfg = cfg or config_for(backend)
     resource_tracker.ensure_running()            # started unpinned: it outlives this run
     mine = os.getpid()
     default, saved = os.sched_getaffinity(0), masks(mine)
@@ -240,21 +262,22 @@ def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, i
             pin(mine, {cpus[0]})
         with tempfile.TemporaryDirectory(prefix="pal-e2e-parts-") as out:
             c = quiet(cfg, out, actors=1, learners=1, aggregation=aggregation, steps=cfg.learning_starts + steps)
-            with (trainer or trainer_class())(c) as tr:
-                tr.actor_cpus = {cpus[1]} if placement == "apart" else None
+            with (trainer or trainer_class(backend))(c) as tr:
+                tr.actor_cpus = {"apart": {cpus[1]}, "together": {cpus[0]}}.get(placement)
 
                 def at_clock(pids):
-                    marks["start"] = Snapshot.now(pids)
+                    marks["start"], marks["pids"] = Snapshot.now(pids), pids
                     marks["driver_cpus"] = allowed(mine)
                     marks["actor_cpus"] = " | ".join(allowed(p) for p in pids)
 
                 tr.at_clock = at_clock
-                tr.at_end = lambda: marks.setdefault("end", Snapshot.now())
+                tr.at_end = lambda: marks.setdefault("end", Snapshot.now(marks.get("pids", ())))
                 s = tr.run()
     finally:
         restore(mine, saved, default)
+    used = usage(marks["start"], marks["end"], cpus=cpus, children=backend != "ray-node")   # (Ray starts its actors)
     row = {"steps": steps, "learning_starts": cfg.learning_starts, "transitions_per_s": s["env_steps_per_s"],
-           "updates_per_s": s["updates_per_s"], "wall_s": s["wall_s"], **usage(marks["start"], marks["end"], cpus=cpus),
+           "updates_per_s": s["updates_per_s"], "wall_s": s["wall_s"], **used,
            "driver_cpus": marks["driver_cpus"], "actor_cpus": marks["actor_cpus"],
            "actor_restarts": len(s.get("restarts", [])), "transitions_lost": s.get("transitions_lost", 0)}
     phases = s["phase_seconds"]
@@ -264,11 +287,11 @@ def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, i
     return row
 
 
-def one_worker(curve: str, steps: int, updates: int, cfg=None) -> dict:
-    """The scaling study's one-worker point: f_a(1) in transitions/s or f_l(1) in updates/s."""
+def one_worker(curve: str, steps: int, updates: int, cfg=None, backend: str = BACKEND) -> dict:
+    """The scaling study's one-worker point of ``backend``: f_a(1) in transitions/s or f_l(1) in updates/s."""
     from pal_bench.studies.scaling.measure import config_for, measure_fa, measure_fl
 
-    cfg = cfg or config_for(BACKEND)
+    cfg = cfg or config_for(backend)
     if curve == "f_a(1)":
         return {"steps": steps, "transitions_per_s": measure_fa(cfg, 1, steps)}
     return {"updates": updates, "updates_per_s": measure_fl(cfg, 1, updates)}
@@ -287,15 +310,18 @@ def two_cpus() -> tuple[int, int]:
     return have[0], (apart or have[1:])[0]
 
 
-def measure(steps: int = 20_000, updates: int = 1_000, rounds: int = 5, progress=print, run=None, single=None):
-    """Every condition in ``rounds`` rounds, the order rotated each round: one row per condition and round (a pandas
-    DataFrame; a condition that fails is recorded with its ``error`` and the others go on). ``run`` / ``single``:
-    what measures a trainer condition and a one-worker point (the tests' seam; default ``trainer_run`` and
-    ``one_worker``)."""
+def measure(steps: int = 20_000, updates: int = 1_000, rounds: int = 5, progress=print, run=None, single=None,
+            backend: str = BACKEND):
+    """Every condition of ``backend`` in ``rounds`` rounds, the order rotated each round: one row per condition and
+    round (a pandas DataFrame; a condition that fails is recorded with its ``error`` and the others go on). ``run`` /
+    ``single``: what measures a trainer condition and a one-worker point (the tests' seam; default ``trainer_run``
+    and ``one_worker`` of ``backend``)."""
+    import functools
+
     import pandas as pd
 
-    run = run or trainer_run
-    single = single or one_worker
+    run = run or functools.partial(trainer_run, backend=backend)
+    single = single or functools.partial(one_worker, backend=backend)
     cpus = two_cpus()
     shared_core = same_core(*cpus)
     names = [*ONE_WORKER, *TRAINER_CONDITIONS]
@@ -310,15 +336,15 @@ def measure(steps: int = 20_000, updates: int = 1_000, rounds: int = 5, progress
             except Exception as e:                      # noqa: BLE001 - recorded; the other conditions go on
                 got = {"error": f"{type(e).__name__}: {e}"}
                 progress(f"  failed: {got['error']}")
-            rows.append({"round": r, "condition": name, "aggregation": aggregation, "placement": placement,
-                         "cpu_a": cpus[0], "cpu_b": cpus[1], "same_core": shared_core, **got})
+            rows.append({"round": r, "backend": backend, "condition": name, "aggregation": aggregation,
+                         "placement": placement, "cpu_a": cpus[0], "cpu_b": cpus[1], "same_core": shared_core, **got})
     return pd.DataFrame(rows)
 
 
-def against_the_model(results: Path = RESULTS):
-    """The stored measurement's trainer runs against the model, round by round: the stored inputs' medians
+def against_the_model(results: Path = RESULTS, backend: str = BACKEND):
+    """``backend``'s stored measurement's trainer runs against the model, round by round: the stored inputs' medians
     (``results/simulation_inputs.csv``) fitted to the round's f_a(1) and f_l(1) (``calibrate.fit``, as the validation
-    fits the process backend's points), each run simulated at 1 + 1 with its aggregation and its stored ``steps`` on 2
+    fits that backend's points), each run simulated at 1 + 1 with its aggregation and its stored ``steps`` on 2
     cores (``together``: on 1). Returns (one row per run compared: measured and predicted transitions/s and the
     signed error (predicted - measured) / measured, a pandas DataFrame; the rows left out, each with why). A file
     with a (round, condition) twice is refused (``UsageError`` naming it)."""
@@ -336,15 +362,16 @@ def against_the_model(results: Path = RESULTS):
                "steps": Column(int, Range(100, 10**7), required=False),
                "transitions_per_s": Column(float, THROUGHPUT, required=False),
                "updates_per_s": Column(float, THROUGHPUT, required=False)}
-    df = read_table(results / FILE, columns, what="the end-to-end parts probe's rows")
+    path = results / FILES[backend]
+    df = read_table(path, columns, what="the end-to-end parts probe's rows")
     for name in ("steps", "transitions_per_s", "updates_per_s"):       # optional: absent reads as not measured
         if name not in df:
             df[name] = float("nan")
     twice = df[df.duplicated(["round", "condition"])]
     if len(twice):
         r = twice.iloc[0]
-        raise UsageError(f"{results / FILE}: round {r['round']} has {r.condition!r} more than once")
-    base = inputs_for(median_inputs(require_inputs(results)), BACKEND)
+        raise UsageError(f"{path}: round {r['round']} has {r.condition!r} more than once")
+    base = inputs_for(median_inputs(require_inputs(results)), backend)
     out, left_out = [], []
     for r, g in df.groupby("round"):
         fa1 = g[g.condition == "f_a(1)"].transitions_per_s.dropna()
@@ -353,14 +380,14 @@ def against_the_model(results: Path = RESULTS):
         if fa1.empty or fl1.empty:
             left_out += [(r, name, "no f_a(1) and f_l(1) measured in its round") for name in runs.condition]
             continue
-        inp = fit(base, BACKEND, float(fa1.iloc[0]), float(fl1.iloc[0]), 2, LEARNING)[0]
+        inp = fit(base, backend, float(fa1.iloc[0]), float(fl1.iloc[0]), 2, LEARNING)[0]
         for run in runs.itertuples():
             if pd.isna(run.transitions_per_s):
                 left_out.append((r, run.condition, "no transitions/s (the run failed)"))
                 continue
             aggregation, placement = TRAINER_CONDITIONS[run.condition]
             steps = int(run.steps) if pd.notna(run.steps) else 20_000
-            point = SimpleNamespace(backend=BACKEND, curve="end_to_end", actors=1, learners=1,
+            point = SimpleNamespace(backend=backend, curve="end_to_end", actors=1, learners=1,
                                     aggregation=aggregation, steps=steps)
             pred = throughput(inp, workload(point, 1 if placement == "together" else 2))
             out.append({"round": r, "condition": run.condition, "measured": run.transitions_per_s,
@@ -375,19 +402,22 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m pal_bench.studies.simulate.end_to_end_parts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=tuple(FILES), default=BACKEND,
+                    help="the trainer measured: the process backend's (default) or Ray's one-node placement's")
     ap.add_argument("--steps", type=number(Range(100, 10**7)), default=20_000,
                     help="transitions per trainer run after learning starts, and per f_a(1) run (default 20000)")
     ap.add_argument("--updates", type=number(Range(10, 10**6)), default=1_000,
                     help="updates per f_l(1) run (default 1000)")
     ap.add_argument("--rounds", type=number(Range(1, 100)), default=5, help="rounds of every condition (default 5)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for simulation_end_to_end_parts.csv")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="folder for simulation_end_to_end_parts.csv (ray-node: ..._ray_node.csv)")
     ap.add_argument("--force", action="store_true", help="measure on a busy machine too (marked noisy)")
     ap.add_argument("--model", action="store_true",
                     help="measure nothing: the stored measurement (in --out) against the model, round by round")
     args = ap.parse_args(argv)
     try:
         if args.model:
-            df, left_out = against_the_model(args.out)
+            df, left_out = against_the_model(args.out, args.backend)
             if len(df):
                 print(df.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
             for name, g in df.groupby("condition", sort=False):
@@ -396,16 +426,16 @@ def main(argv: list[str] | None = None) -> int:
             for row in left_out.itertuples():
                 print(f"left out: round {row.round}, {row.condition}: {row.why}")
             if df.empty:
-                print(f"error: no trainer run in {args.out / FILE} could be compared", file=sys.stderr)
+                print(f"error: no trainer run in {args.out / FILES[args.backend]} could be compared", file=sys.stderr)
                 return 2
             return 0
         two_cpus()
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    target = output_target(ap, args.out, FILE)
+    target = output_target(ap, args.out, FILES[args.backend])
     return measure_and_write("end_to_end_parts", "end-to-end parts probe", target, args.force, argv,
-                             lambda: measure(args.steps, args.updates, args.rounds))
+                             lambda: measure(args.steps, args.updates, args.rounds, backend=args.backend))
 
 
 if __name__ == "__main__":
