@@ -383,6 +383,26 @@ def gil_shares(cfg) -> dict:
     return out
 
 
+OWN_PHASES = ("sample", "forward_backward", "priority_update")   # a learner's own work in an update
+
+
+def learner_costs(got: dict, learners: int) -> dict:
+    """From ``run_learners``' result (``updates``, ``wall_s``, ``machine_cpu_s``, ``phase_seconds``) with
+    ``learners`` learners: ``updates_per_s``, ``machine_cores`` (busy cores over the run), ``cpu_us`` (machine CPU
+    per update), ``own_us`` (the learners' sample, forward/backward and priority update per update), ``remote_us``
+    (a learner's wall per update beyond its own work) and ``remote_cpu_us`` (the machine CPU per update beyond it);
+    µs throughout. ``ValueError`` on a run with no update or no CPU reading."""
+    n, wall, cpu = got["updates"], got["wall_s"], got.get("machine_cpu_s")
+    if not n or wall <= 0:
+        raise ValueError(f"the run made {n} updates in {wall:.3g} s: nothing to divide")
+    if cpu is None:
+        raise ValueError("the run has no machine CPU reading (/proc/stat not readable)")
+    phases = got["phase_seconds"]
+    own = sum(_per(phases.get(f"learner{j}", {}), n, *OWN_PHASES) for j in range(learners))
+    return {"updates_per_s": n / wall, "machine_cores": cpu / wall, "cpu_us": cpu / n * 1e6, "own_us": own,
+            "remote_us": max(0.0, wall * learners / n * 1e6 - own), "remote_cpu_us": max(0.0, cpu / n * 1e6 - own)}
+
+
 def ray_costs(cfg, updates: int = 600, filled: int = 20_000, calls: int = 300) -> dict:
     """Ray's costs beyond the workers' own work, where Ray is installed (else {}), in one local Ray session:
 
@@ -421,11 +441,9 @@ def ray_costs(cfg, updates: int = 600, filled: int = 20_000, calls: int = 300) -
             out = {"ray_call_us": statistics.median(times) * 1e6, "ray_call_cpu_us": busy / calls * 1e6}
             with make_trainer(c) as tr:
                 got = tr.run_learners(transitions(tr, filled), updates)
-    n, p = got["updates"], got["phase_seconds"]["learner0"]
-    own = _per(p, n, "sample", "forward_backward", "priority_update")
-    return out | {"ray.learner_remote_us": max(0.0, got["wall_s"] / n * 1e6 - own),
-                  "ray.learner_remote_cpu_us": max(0.0, (got["machine_cpu_s"] or 0.0) / n * 1e6 - own),
-                  "ray.f_l_1": n / got["wall_s"]}
+    one = learner_costs(got, 1)
+    return out | {"ray.learner_remote_us": one["remote_us"], "ray.learner_remote_cpu_us": one["remote_cpu_us"],
+                  "ray.f_l_1": one["updates_per_s"]}
 
 
 def measure(cfg, rounds: int = 3, steps: int = 5_000, updates: int = 500, progress=print,
