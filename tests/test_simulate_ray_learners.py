@@ -117,3 +117,22 @@ def test_bad_arguments_and_bad_stored_rows_are_refused(tmp_path, monkeypatch, ca
     assert rl.main(["--model", "--out", str(tmp_path)]) == 2
     got = capsys.readouterr()
     assert "no run" in got.err and "left out: round 0, 2 learner(s): no one-learner run" in got.out
+
+
+def test_the_docs_quote_the_stored_measurement():
+    """docs/simulation.md quotes, per learner count over the stored rounds, the updates/s, the machine's busy cores,
+    the machine CPU per update and a learner's wait beyond its own work; the model's errors it quotes come from
+    ``--model`` (seconds)."""
+    from pal_bench.paths import RESULTS, ROOT
+
+    df = pd.read_csv(RESULTS / rl.FILE)
+    docs = " ".join((ROOT / "docs" / "simulation.md").read_text().split())
+
+    def span(v, fmt="{:,.0f}"):
+        return f"{fmt.format(v.min())}-{fmt.format(v.max())}"
+
+    for n, g in df.groupby("learners"):
+        row = (f"| {n} | {span(g.updates_per_s)} | {span(g.machine_cores, '{:.2f}')} | {span(g.cpu_us)} | "
+               f"{span(g.remote_us)} |")
+        assert row in docs, row
+    assert f"{df['round'].nunique()} rounds" in docs and rl.FILE in docs
