@@ -122,10 +122,12 @@ def allowed(pid: int) -> str:
 
 def _process_cpu(pid: int) -> tuple[float, int]:
     """(CPU seconds of all its threads, involuntary context switches summed over its live threads) of a live process
-    (``/proc``; NaN and 0 when it cannot be read)."""
+    (``/proc``; NaN and 0 when it cannot be read or has ended: a zombie)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
+        return float("nan"), 0
+    if fields[0] in ("Z", "X"):
         return float("nan"), 0
     switches = 0
     for tid in _tids(pid):
@@ -243,7 +245,9 @@ def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, i
                 backend: str = BACKEND) -> dict:
     """One run of ``backend``'s trainer at 1 actor process + 1 learner thread (``aggregation``), placed by
     ``placement`` on ``cpus`` (the driver's CPU, the actor's; ``together``: the actor process pinned to the driver's
-    CPU, which a forked one inherits and one Ray starts does not): transitions/s, updates/s, ``usage`` from the clock's
+    CPU explicitly, as a forked one inherits it; one Ray starts comes from the raylet, which inherits the mask of the
+    driver that started it; Ray is told the driver's usable CPUs, so pinned it has 1 logical CPU where free it has
+    2): transitions/s, updates/s, ``usage`` from the clock's
     start to the workers' end, the CPUs each side may use (``driver_cpus``, ``actor_cpus``), the actor's restarts
     (its set-up then counts in ``actor_cores``), the actor's phases in µs per env step (``actor.<phase>_us``) and the
     learner's in µs per update (``learner.<phase>_us``). The driver's threads get their CPUs back at the end, on
@@ -253,6 +257,7 @@ def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, i
     from pal_bench.studies.scaling.measure import config_for, quiet
 
     cfg = cfg or config_for(backend)
+    ray = backend == "ray-node"
     resource_tracker.ensure_running()            # started unpinned: it outlives this run
     mine = os.getpid()
     default, saved = os.sched_getaffinity(0), masks(mine)
@@ -271,11 +276,13 @@ def trainer_run(aggregation: str, placement: str, steps: int, cpus: tuple[int, i
                     marks["actor_cpus"] = " | ".join(allowed(p) for p in pids)
 
                 tr.at_clock = at_clock
-                tr.at_end = lambda: marks.setdefault("end", Snapshot.now(marks.get("pids", ())))
+                # (Ray's actor processes run until close; the process backend's are reaped by now, their pids
+                # free for reuse: read from the children's totals instead)
+                tr.at_end = lambda: marks.setdefault("end", Snapshot.now(marks.get("pids", ()) if ray else ()))
                 s = tr.run()
     finally:
         restore(mine, saved, default)
-    used = usage(marks["start"], marks["end"], cpus=cpus, children=backend != "ray-node")   # (Ray starts its actors)
+    used = usage(marks["start"], marks["end"], cpus=cpus, children=not ray)   # (Ray starts its actors)
     row = {"steps": steps, "learning_starts": cfg.learning_starts, "transitions_per_s": s["env_steps_per_s"],
            "updates_per_s": s["updates_per_s"], "wall_s": s["wall_s"], **used,
            "driver_cpus": marks["driver_cpus"], "actor_cpus": marks["actor_cpus"],
@@ -343,11 +350,11 @@ def measure(steps: int = 20_000, updates: int = 1_000, rounds: int = 5, progress
 
 def against_the_model(results: Path = RESULTS, backend: str = BACKEND):
     """``backend``'s stored measurement's trainer runs against the model, round by round: the stored inputs' medians
-    (``results/simulation_inputs.csv``) fitted to the round's f_a(1) and f_l(1) (``calibrate.fit``, as the validation
-    fits that backend's points), each run simulated at 1 + 1 with its aggregation and its stored ``steps`` on 2
-    cores (``together``: on 1). Returns (one row per run compared: measured and predicted transitions/s and the
-    signed error (predicted - measured) / measured, a pandas DataFrame; the rows left out, each with why). A file
-    with a (round, condition) twice is refused (``UsageError`` naming it)."""
+    (``simulation_inputs.csv`` in ``results``) fitted to the round's f_a(1) and f_l(1) (``calibrate.fit``, as the
+    validation fits that backend's points), each run simulated at 1 + 1 with its aggregation and its stored
+    ``steps`` on 2 cores (``together``: on 1). Returns (one row per run compared: measured and predicted
+    transitions/s and the signed error (predicted - measured) / measured, a pandas DataFrame; the rows left out,
+    each with why). A file with a (round, condition) twice is refused (``UsageError`` naming it)."""
     import pandas as pd
 
     from pal_bench.argtypes import UsageError
@@ -359,6 +366,7 @@ def against_the_model(results: Path = RESULTS, backend: str = BACKEND):
 
     columns = {"round": Column(int, Range(0, 1000)),
                "condition": Column(str, choices=(*ONE_WORKER, *TRAINER_CONDITIONS)),
+               "backend": Column(str, choices=(backend,), required=False),
                "steps": Column(int, Range(100, 10**7), required=False),
                "transitions_per_s": Column(float, THROUGHPUT, required=False),
                "updates_per_s": Column(float, THROUGHPUT, required=False)}

@@ -14,8 +14,10 @@ inputs' ``ray.learner_remote_us``, ``ray.learner_remote_cpu_us`` and ``ray.f_l_1
 ``python -m pal_bench.studies.simulate.ray_learners [--updates N] [--learners 1,2] [--rounds N] [--out DIR]
 [--force]`` writes ``DIR/simulation_ray_learners.csv`` (one row per round and learner count) with its
 ``.meta.json``, only on a quiet machine (``--force``: anyway, marked noisy). ``--model`` measures nothing: it predicts
-each stored round's runs twice, from the stored inputs (``results/simulation_inputs.csv``, their medians) and from
-the same inputs with the round's own one-learner Ray figures in place of theirs, and prints the errors.
+each stored round's runs twice, from the stored inputs as measured (``simulation_inputs.csv`` in ``--out``, their
+medians; no fit) and from the same inputs fitted to the round's own one-learner updates/s (``calibrate.fit``, as the
+validation fits Ray's points to theirs: one learner is then right by construction, and two learners test the
+model's step from one to two inside one sitting), and prints the errors.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,22 +34,43 @@ from pal_bench.paths import RESULTS
 
 FILE = "simulation_ray_learners.csv"
 MAX_LEARNERS = 8
+SETTLE_S = 30.0        # longest wait after a run for its Ray session's processes to be gone
+
+
+def ray_processes() -> set[int]:
+    """Live processes of a local Ray session (its raylet, GCS and workers), by their command line (``/proc``)."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"raylet" in cmd or b"gcs_server" in cmd or b"default_worker" in cmd:
+                out.add(int(d.name))
+    return out
 
 
 def learners_run(learners: int, updates: int, filled: int = 20_000, cfg=None) -> dict:
     """One ``run_learners`` of the Ray backend (its actors placement) with ``learners`` learners on a buffer filled
-    with ``filled`` real CartPole transitions, in its own Ray session: ``learner_costs`` and ``updates``."""
+    with ``filled`` real CartPole transitions, in its own Ray session: ``inputs.learner_costs`` and ``updates``.
+    Returns once the session's processes are gone (at most ``SETTLE_S`` later), so the next run has the machine;
+    ``settle_s`` (s) says how long that took."""
     from pal_bench.studies.scaling.measure import quiet, ray_session, transitions
     from pal_bench.studies.simulate.inputs import learner_costs
     from pal_bench.train import make_config, make_trainer
 
     cfg = cfg or make_config("dqn", "CartPole-v1")
+    before = ray_processes()
     with tempfile.TemporaryDirectory(prefix="pal-ray-learners-") as d:
         c = quiet(cfg, d, backend="ray", ray_placement="pack", actors=1, learners=learners, aggregation="sync",
                   buffer_capacity=max(cfg.buffer_capacity, filled))
         with ray_session(c), make_trainer(c) as tr:
             got = tr.run_learners(transitions(tr, filled), updates)
-    return {"updates": got["updates"], **learner_costs(got, learners)}
+    t0 = time.monotonic()
+    while ray_processes() - before and time.monotonic() - t0 < SETTLE_S:
+        time.sleep(0.2)
+    return {"updates": got["updates"], **learner_costs(got, learners), "settle_s": time.monotonic() - t0}
 
 
 def measure(updates: int = 600, learners=(1, 2), rounds: int = 5, progress=print, run=None):
@@ -73,19 +97,19 @@ def measure(updates: int = 600, learners=(1, 2), rounds: int = 5, progress=print
 
 def against_the_model(results: Path = RESULTS):
     """The stored rounds against the model: each run of ``n`` learners simulated as the validation simulates Ray's
-    f_l (``validate.workload``, on the inputs' cores), from the stored inputs' medians (``stored``) and from the
-    same with the round's one-learner ``remote_us``, ``remote_cpu_us`` and updates/s in place of the inputs' Ray
-    learner figures (``same_sitting``). Returns (one row per run compared: measured, both predictions and their
-    signed errors, (predicted - measured) / measured, a pandas DataFrame; the rows left out, each with why). A file
-    with a (round, learners) twice is refused (``UsageError`` naming it)."""
+    f_l (``validate.workload``, on the inputs' cores), from the stored inputs' medians in ``results`` as measured
+    (``stored``: no fit) and fitted to the round's one-learner updates/s (``fitted``: ``calibrate.fit``, as the
+    validation fits Ray's points to the development set's f_l(1)). Returns (one row per run compared: measured, both
+    predictions and their signed errors, (predicted - measured) / measured, a pandas DataFrame; the rows left out,
+    each with why). A file with a (round, learners) twice is refused (``UsageError`` naming it)."""
     import pandas as pd
 
     from pal_bench.argtypes import UsageError
     from pal_bench.stored_tables import THROUGHPUT, Column, read_table
-    from pal_bench.studies.simulate.calibrate import inputs_for, median_inputs
+    from pal_bench.studies.simulate.calibrate import fit, inputs_for, median_inputs
     from pal_bench.studies.simulate.model import throughput
     from pal_bench.studies.simulate.stored import require_inputs
-    from pal_bench.studies.simulate.validate import workload
+    from pal_bench.studies.simulate.validate import LEARNING, workload
 
     us = Range(0, 10**7)
     columns = {"round": Column(int, Range(0, 1000)), "learners": Column(int, Range(1, MAX_LEARNERS)),
@@ -105,13 +129,11 @@ def against_the_model(results: Path = RESULTS):
     stored = inputs_for(base, "ray")
     out, left_out = [], []
     for r, g in df.groupby("round"):
-        one = g[(g.learners == 1)].dropna(subset=["updates_per_s", "remote_us", "remote_cpu_us"])
+        one = g[(g.learners == 1)].updates_per_s.dropna()
         if one.empty:
-            left_out += [(r, n, "no one-learner run measured in its round") for n in g.learners]
+            left_out += [(r, n, "no one-learner updates/s in its round to fit to") for n in g.learners]
             continue
-        o = one.iloc[0]
-        sitting = inputs_for(base | {"ray.learner_remote_us": o.remote_us, "ray.learner_remote_cpu_us":
-                                     o.remote_cpu_us, "ray.f_l_1": o.updates_per_s}, "ray")
+        fitted = fit(stored, "ray", None, float(one.iloc[0]), cores, LEARNING)[0]
         for run in g.itertuples():
             if pd.isna(run.updates_per_s):
                 left_out.append((r, run.learners, "no updates/s (the run failed)"))
@@ -119,12 +141,11 @@ def against_the_model(results: Path = RESULTS):
             point = SimpleNamespace(backend="ray", curve="f_l", actors=1, learners=int(run.learners),
                                     aggregation="sync", steps=0)
             got = {name: throughput(inp, workload(point, cores)) for name, inp in
-                   (("stored", stored), ("same_sitting", sitting))}
+                   (("stored", stored), ("fitted", fitted))}
             out.append({"round": r, "learners": run.learners, "measured": run.updates_per_s,
                         **{f"predicted_{k}": v for k, v in got.items()},
                         **{f"error_{k}": (v - run.updates_per_s) / run.updates_per_s for k, v in got.items()}})
-    cols = ["round", "learners", "measured", "predicted_stored", "predicted_same_sitting", "error_stored",
-            "error_same_sitting"]
+    cols = ["round", "learners", "measured", "predicted_stored", "predicted_fitted", "error_stored", "error_fitted"]
     return pd.DataFrame(out, columns=cols), pd.DataFrame(left_out, columns=["round", "learners", "why"])
 
 
@@ -143,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="store_true",
                     help="measure nothing: the stored measurement (in --out) against the model, round by round")
     args = ap.parse_args(argv)
+    if 1 not in args.learners:
+        ap.error("--learners must include 1: each round's other counts are set against its one-learner run")
     if args.model:
         try:
             df, left_out = against_the_model(args.out)
@@ -154,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, g in df.groupby("learners"):
             print(f"{n} learner(s): {len(g)} rounds, measured {g.measured.min():,.0f}-{g.measured.max():,.0f} "
                   f"updates/s; stored inputs {g.error_stored.min():+.1%} to {g.error_stored.max():+.1%}, "
-                  f"the round's own {g.error_same_sitting.min():+.1%} to {g.error_same_sitting.max():+.1%}")
+                  f"fitted to the round's one learner {g.error_fitted.min():+.1%} to {g.error_fitted.max():+.1%} "
+                  f"(median {g.error_fitted.median():+.1%})")
         for row in left_out.itertuples():
             print(f"left out: round {row.round}, {row.learners} learner(s): {row.why}")
         if df.empty:
