@@ -235,8 +235,10 @@ def test_latency_measures_a_module_class_outside_the_package_beside_pal(latency_
     mine = ok[ok.impl == "mybuf:NumpyPrioritized"]
     assert set(mine.op) == {"insert_one", "insert_batch", "sample", "update", "sample_update"}
     assert (ok.capacity == 1000).all() and (ok.median_us > 0).all() and (ok.ci_low <= ok.ci_high).all()
-    # the interval is the stored 200-round sample's; the median is pytest-benchmark's over every round: close
-    assert ((ok.ci_low - ok.median_us).abs() < 0.25 * ok.median_us).all()
+    # the interval is the stored 200-round sample's, the median pytest-benchmark's over every round: the same op in
+    # the same unit, so within a factor of 2 (an interval of another op or unit is off by far more; closer is a
+    # wall-clock claim a shared machine breaks: 30% apart in a CI run of 2026-12-07)
+    assert ((ok.ci_low < 2 * ok.median_us) & (ok.ci_high > ok.median_us / 2)).all()
     assert set(df[df.impl != "uniform-numpy"].conformance) == {"conforms"}
     assert (out / "latency_vs_capacity.png").stat().st_size > 0 and (out / "latency.csv.meta.json").exists()
     assert "mybuf:NumpyPrioritized" in r.stdout and "sample_update" in r.stdout
