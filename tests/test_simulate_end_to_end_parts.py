@@ -16,6 +16,7 @@ import pytest
 
 from pal_bench.argtypes import UsageError
 from pal_bench.studies.simulate import end_to_end_parts as parts
+from pal_bench.studies.simulate.ray_learners import ray_processes
 
 TWO = len(os.sched_getaffinity(0)) >= 2
 
@@ -87,20 +88,6 @@ def test_a_placement_puts_the_driver_and_the_actor_process_where_it_says_and_giv
     assert got["window_s"] >= got["wall_s"] * 0.5 and got["actor_restarts"] == 0
     assert 0 <= got["cpu_a_busy"] <= 1 and 0 <= got["cpu_b_steal"] <= 1
     assert parts.masks(os.getpid()) == threads_before and live() == before and shm() == segments
-
-
-def ray_processes() -> set[int]:
-    """Live processes of Ray's (its raylet, GCS, workers): none may outlive a run."""
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"ray" in cmd and (b"raylet" in cmd or b"gcs_server" in cmd or b"default_worker" in cmd):
-                out.add(int(d))
-    return out
 
 
 @pytest.mark.skipif(not TWO, reason="placing the actor apart needs 2 CPUs")

@@ -46,19 +46,6 @@ def test_every_count_in_every_round_with_the_order_rotated_and_a_failure_recorde
     assert len(seen) == 5 and "failed: RuntimeError" in seen[-2]
 
 
-def _ray_processes() -> set[int]:
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"raylet" in cmd or b"gcs_server" in cmd or b"default_worker" in cmd:
-                out.add(int(d))
-    return out
-
-
 def test_a_real_run_measures_and_leaves_no_ray_process_or_segment():
     pytest.importorskip("ray")
     import time
@@ -66,15 +53,15 @@ def test_a_real_run_measures_and_leaves_no_ray_process_or_segment():
     from pal_bench.train import make_config
 
     shm = set(os.listdir("/dev/shm"))
-    rays = _ray_processes()
+    rays = rl.ray_processes()
     got = rl.learners_run(2, 40, filled=400, cfg=make_config("dqn", "CartPole-v1", batch_size=32))
     assert 0 <= got["settle_s"] <= rl.SETTLE_S + 1 and not rl.ray_processes() - rays      # waited for them
     assert got["updates"] >= 40 and got["updates_per_s"] > 0 and got["machine_cores"] > 0
     assert got["own_us"] > 0 and got["remote_us"] >= 0 and got["cpu_us"] >= got["remote_cpu_us"]
     deadline = time.monotonic() + 30
-    while _ray_processes() - rays and time.monotonic() < deadline:
+    while rl.ray_processes() - rays and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _ray_processes() - rays and set(os.listdir("/dev/shm")) == shm
+    assert not rl.ray_processes() - rays and set(os.listdir("/dev/shm")) == shm
 
 
 def _stored(tmp_path, rows):
