@@ -1,12 +1,34 @@
 """The parallel actor / learner / parameter-server trainer, on threads, processes or Ray (``backends/``);
-``make_trainer`` picks the backend of a config."""
+``make_trainer`` picks the backend of a config.
 
-from pal_bench.train.backends.threads import Trainer
+``Trainer`` and ``WorkerError`` are imported when first asked for (PEP 562): importing the config alone (the CLI's
+argument parsing, a study's settings) does not import torch, which takes a second or two of every command's start.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from pal_bench.train.config import ConfigError, TrainConfig, make_config, validate
-from pal_bench.train.driver import WorkerError
 from pal_bench.train.envs import register as _register_envs
 
+if TYPE_CHECKING:
+    from pal_bench.train.backends.threads import Trainer
+    from pal_bench.train.driver import WorkerError
+
 _register_envs()
+
+
+def __getattr__(name: str):
+    if name == "Trainer":
+        from pal_bench.train.backends.threads import Trainer
+
+        return Trainer
+    if name == "WorkerError":
+        from pal_bench.train.driver import WorkerError
+
+        return WorkerError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_trainer(cfg: TrainConfig, resume: bool = False, overwrite: bool = False) -> Trainer:
@@ -31,6 +53,8 @@ def make_trainer(cfg: TrainConfig, resume: bool = False, overwrite: bool = False
         from pal_bench.train.backends.processes import ProcessTrainer
 
         return ProcessTrainer(cfg, resume=resume, overwrite=overwrite)
+    from pal_bench.train.backends.threads import Trainer
+
     return Trainer(cfg, resume=resume, overwrite=overwrite)
 
 
