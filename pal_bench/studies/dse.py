@@ -261,7 +261,6 @@ def predicted_curves(backend: str, measured_csv: Path | None, max_cores: int) ->
 def run(args) -> int:
     """``pal-bench dse``: the split from stored or freshly measured curves, its figure, and with ``--validate``
     the trainer run at every split (``dse_validation.csv``)."""
-    from pal_bench.studies.scaling import measure as scaling
     from pal_bench.train import make_config
 
     if args.measured and not os.path.lexists(args.measured):
@@ -323,6 +322,8 @@ def run(args) -> int:
         if refuse_if_busy("pal-bench dse (measuring the curves)", args.force):
             return 2
         cfg = make_config(args.algo or "dqn", args.env or "CartPole-v1", backend=backend, **_placement(backend))
+        from pal_bench.studies.scaling import measure as scaling  # (torch: imported only to measure)
+
         curves = scaling.sweep(cfg, m, args.steps, args.updates, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"curves: measured now (backend {backend})")
     args.algo, args.env = cfg.algo, cfg.env
@@ -355,6 +356,8 @@ def run(args) -> int:
             return 2
         validated = Conditions("core-split validation")
         splits = list(zip(table.actors, table.learners))
+        from pal_bench.studies.scaling import measure as scaling
+
         with scaling.ray_session(cfg):      # Ray: one session for every split
             measured = scaling.measure_splits(cfg, splits, args.validate,
                                               progress=lambda msg: print(msg, file=sys.stderr),
