@@ -2,6 +2,7 @@
 machine can run. The model runs on made-up inputs here, except ``--check-here``, which measures a tiny
 configuration for real."""
 
+import functools
 import json
 import re
 
@@ -42,29 +43,39 @@ def test_the_holdout_set_covers_every_backend_at_two_and_three_workers():
                                                               ("end_to_end", 3, 1), ("end_to_end", 1, 1)}
 
 
+@functools.cache
+def _model_rates() -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """What the model says on ROUND's inputs for ``_stored``'s points, simulated once for the module (the model is
+    deterministic; a dozen tests write these files): the development points' rates and the held-out points'."""
+    inp = inputs_for(ROUND, "processes")
+    dev = tuple(throughput(inp, Workload("processes", 2, n, n, curve, steps=6_000, updates=600, learning_starts=1_000))
+                for curve in ("f_a", "f_l") for n in (1, 2))
+    # 3,000 steps (the validation simulates a point at its own steps, up to 9,000): the same answer, a third of the
+    # simulated events
+    held = tuple(simulate(inp, Workload("processes", 2, a, lr, "end_to_end", steps=3_000, learning_starts=1_000))
+                 ["env_steps_per_s"] for a, lr in HELD)
+    return dev, held
+
+
+HELD = ((1, 1), (2, 1))
+
+
 def _stored(tmp_path, holdout_error: float):
     """Scaling points made by the model on ROUND's inputs (development), and held-out points ``holdout_error``
     away from what the model says (a model that over-predicts the held-out points by that much)."""
-    inp = inputs_for(ROUND, "processes")
+    dev, held_rates = _model_rates()
     rows = []
-    for curve in ("f_a", "f_l"):
-        for n in (1, 2):
-            w = Workload("processes", 2, n, n, curve, steps=6_000, updates=600, learning_starts=1_000)
-            # the development points a little off the model, both ways
-            rows.append({"curve": curve, "threads": n, "throughput": throughput(inp, w) * (1.05 if n == 2 and
-                                                                                          curve == "f_a" else 0.97
-                                                                                          if n == 2 else 1.0),
-                         "oversubscribed": False, "env_backend": "sync"})
+    for (curve, n), model in zip(((c, n) for c in ("f_a", "f_l") for n in (1, 2)), dev):
+        # the development points a little off the model, both ways
+        rows.append({"curve": curve, "threads": n, "throughput": model * (1.05 if n == 2 and curve == "f_a" else
+                                                                          0.97 if n == 2 else 1.0),
+                     "oversubscribed": False, "env_backend": "sync"})
     pd.DataFrame(rows).to_csv(tmp_path / "scaling_processes.csv", index=False)
     held = []
-    for a, lr in ((1, 1), (2, 1)):
-        # 3,000 steps (the validation simulates a point at its own steps, up to 9,000): the same answer, a third
-        # of the simulated events
-        r = simulate(inp, Workload("processes", 2, a, lr, "end_to_end", steps=3_000, learning_starts=1_000))
+    for (a, lr), rate in zip(HELD, held_rates):
         held.append({"backend": "processes", "curve": "end_to_end", "actors": a, "learners": lr,
-                     "aggregation": "sync", "env_backend": "sync",
-                     "measured": r["env_steps_per_s"] / (1 + holdout_error), "steps": 3_000,
-                     "oversubscribed": a + lr > 2})
+                     "aggregation": "sync", "env_backend": "sync", "measured": rate / (1 + holdout_error),
+                     "steps": 3_000, "oversubscribed": a + lr > 2})
     pd.DataFrame(held).to_csv(tmp_path / "simulation_holdout.csv", index=False)
 
 
