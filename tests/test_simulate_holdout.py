@@ -43,13 +43,17 @@ def test_the_holdout_set_covers_every_backend_at_two_and_three_workers():
                                                               ("end_to_end", 3, 1), ("end_to_end", 1, 1)}
 
 
+DEV = tuple((curve, n) for curve in ("f_a", "f_l") for n in (1, 2))     # the development points (curve, workers)
+HELD = ((1, 1), (2, 1))                                                  # the held-out points (actors, learners)
+
+
 @functools.cache
 def _model_rates() -> tuple[tuple[float, ...], tuple[float, ...]]:
     """What the model says on ROUND's inputs for ``_stored``'s points, simulated once for the module (the model is
     deterministic; a dozen tests write these files): the development points' rates and the held-out points'."""
     inp = inputs_for(ROUND, "processes")
     dev = tuple(throughput(inp, Workload("processes", 2, n, n, curve, steps=6_000, updates=600, learning_starts=1_000))
-                for curve in ("f_a", "f_l") for n in (1, 2))
+                for curve, n in DEV)
     # 3,000 steps (the validation simulates a point at its own steps, up to 9,000): the same answer, a third of the
     # simulated events
     held = tuple(simulate(inp, Workload("processes", 2, a, lr, "end_to_end", steps=3_000, learning_starts=1_000))
@@ -57,15 +61,12 @@ def _model_rates() -> tuple[tuple[float, ...], tuple[float, ...]]:
     return dev, held
 
 
-HELD = ((1, 1), (2, 1))
-
-
 def _stored(tmp_path, holdout_error: float):
     """Scaling points made by the model on ROUND's inputs (development), and held-out points ``holdout_error``
     away from what the model says (a model that over-predicts the held-out points by that much)."""
     dev, held_rates = _model_rates()
     rows = []
-    for (curve, n), model in zip(((c, n) for c in ("f_a", "f_l") for n in (1, 2)), dev):
+    for (curve, n), model in zip(DEV, dev):
         # the development points a little off the model, both ways
         rows.append({"curve": curve, "threads": n, "throughput": model * (1.05 if n == 2 and curve == "f_a" else
                                                                           0.97 if n == 2 else 1.0),
