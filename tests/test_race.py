@@ -430,8 +430,11 @@ def test_every_framework_gets_the_same_tuning_budget_from_its_own_example():
 
 
 def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best(tmp_path, monkeypatch):
-    """Fake runs: configuration 3 of tianshou and 1 of PAL reach the target soonest; RLlib's configuration 2 has
-    only one seed stored, so it does not compete, though faster."""
+    """Fake runs: configuration 3 of tianshou and 1 of PAL reach the target soonest. With one run of RLlib's missing
+    (its configuration 2, whose other seed is the fastest) no best of RLlib's is marked and the tuned track refuses
+    to run on a search stored in part; complete, RLlib's configuration 2 is its best."""
+    from pal_bench.argtypes import UsageError
+    from pal_bench.studies.race.publish import race_tuning_block
     from pal_bench.studies.race.tuning import SEARCH, TUNING_SEEDS
 
     monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
@@ -450,16 +453,28 @@ def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best
     assert sorted(launched) == sorted((n, c, s) for n in names for c in range(len(SEARCH[n]))
                                       for s in range(TUNING_SEEDS))
     d = orchestrate.runs_dir(tmp_path, "smoke", "tuned", 2) / "tuning"
+    other_seed = (d / "rllib-c2-s1.json").read_text()
     (d / "rllib-c2-s1.json").unlink()
     fast = json.loads((d / "rllib-c2-s0.json").read_text())
     fast["curve"] = [e | {"train_s": 0.1} for e in fast["curve"]]
     (d / "rllib-c2-s0.json").write_text(json.dumps(fast))
-    frame = results.tuning_frame(orchestrate.load_runs(d, "*-c*-s*.json"))
-    best = frame[frame.best].groupby("contestant").config.first().to_dict()
-    assert best == {"pal-processes": 1, "tianshou": 3, "rllib": 0}
+
+    def best():
+        frame = results.tuning_frame(orchestrate.load_runs(d, "*-c*-s*.json"))
+        frame.to_csv(tmp_path / "race_smoke_tuning.csv", index=False)
+        return frame[frame.best].groupby("contestant").config.first().to_dict()
+
+    assert best() == {"pal-processes": 1, "tianshou": 3}
+    assert "stored in part (35 of its 36 runs): no best" in race_tuning_block(tmp_path, "smoke")
     launched.clear()
+    with pytest.raises(UsageError, match=r"stored in part \(1 of its runs are missing\).*--tune"):
+        orchestrate.run_race("tuned", "smoke", names, 1, tmp_path, cpus=2, launch_run=launch)
+    assert launched == []
+    (d / "rllib-c2-s1.json").write_text(other_seed)
+    assert best() == {"pal-processes": 1, "tianshou": 3, "rllib": 2}
+    assert "stored in part" not in race_tuning_block(tmp_path, "smoke")
     orchestrate.run_race("tuned", "smoke", names, 1, tmp_path, cpus=2, launch_run=launch)
-    assert sorted(launched) == [("pal-processes", 1, 0), ("rllib", 0, 0), ("tianshou", 3, 0)]
+    assert sorted(launched) == [("pal-processes", 1, 0), ("rllib", 2, 0), ("tianshou", 3, 0)]
 
 
 # ---------------------------------------------------------------------------------------------- hostile run files

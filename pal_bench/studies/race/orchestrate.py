@@ -133,8 +133,9 @@ def run_race(track: str, task_name: str, names: list[str], seeds: int, out: Path
     """Run every (contestant, seed < ``seeds``) of ``track`` on ``cpus`` CPUs not stored and current; each seed's
     contestants in an order rotated by the seed; on the tuned track each contestant at its best configuration of
     the stored tuning search (``tuning.best_configs``; its published example, configuration 0, before a search is
-    stored). A contestant that reached the target in none of its first ``MIN_UNREACHED_SEEDS`` seeds runs no more
-    (its runs are lower bounds). ``max_minutes``: start no run after that many minutes (at least one runs).
+    stored; a search stored in part is a ``UsageError``). A contestant that reached the target in none of its first
+    ``MIN_UNREACHED_SEEDS`` seeds runs no more (its runs are lower bounds). ``max_minutes``: start no run after
+    that many minutes (at least one runs).
     ``rerun_noisy`` / ``rerun_slow``: run again the stored runs during which the machine was busy, or whose own env
     steps/s after learning start is below ``SLOW_RUN`` of its contestant's median speed round (``slow_runs``: one
     pass; a run made again is not judged again). A run made again is stored beside the one it replaces, which keeps
@@ -143,9 +144,16 @@ def run_race(track: str, task_name: str, names: list[str], seeds: int, out: Path
     configs = {}
     if track == "tuned":
         from pal_bench.studies.race.results import tuning_frame
-        from pal_bench.studies.race.tuning import best_configs
+        from pal_bench.studies.race.tuning import best_configs, search_left
 
-        configs = best_configs(tuning_frame(load_runs(directory / "tuning", "*-c*-s*.json")))
+        searched = tuning_frame(load_runs(directory / "tuning", "*-c*-s*.json"))
+        if left := search_left(searched, names):
+            from pal_bench.argtypes import UsageError
+
+            raise UsageError(f"the tuning search is stored in part ({left} of its runs are missing): its best "
+                             f"configurations are not known yet; run `pal-bench race --track tuned --tune` to "
+                             f"finish it first")
+        configs = best_configs(searched)
     jobs = [(seed, name, configs.get(name, 0) if track == "tuned" else 0, None) for seed in range(seeds)
             for name in names[seed % len(names):] + names[:seed % len(names)]]
     slow = {}

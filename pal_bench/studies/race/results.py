@@ -131,15 +131,16 @@ def figure_name(task_sfx: str, track: str, cpus) -> str:
 
 def tuning_frame(runs: list[dict]) -> pd.DataFrame:
     """``race_tuning.csv``: one row per tuning run (its configuration's number and name, and the race.csv columns),
-    with ``best`` marking every run of each contestant's best configuration (``tuning.best_configs``)."""
-    from pal_bench.studies.race.tuning import best_configs, config_name
+    with ``best`` marking every run of each contestant's best configuration (``tuning.best_configs``) once its
+    search is complete (before, a configuration not yet run on both seeds could still beat it)."""
+    from pal_bench.studies.race.tuning import best_configs, config_name, search_left
 
     gone = superseded([r for r in runs if r.get("run_id")])
     df = pd.DataFrame([{"config": int(r.get("config", 0)),
                         "config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r),
                         "superseded_by": gone.get(run_key(r))}
                        for r in runs], columns=["config", "config_name", *RUN_COLUMNS])
-    best = best_configs(df)
+    best = {n: c for n, c in best_configs(df).items() if not search_left(df, [n])}
     df.insert(2, "best", [best.get(n) == c for n, c in zip(df.contestant, df.config)])
     return df
 

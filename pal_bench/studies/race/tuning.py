@@ -61,6 +61,18 @@ def config_name(name: str, config: int) -> str:
     return SEARCH[name][config][0] if name in SEARCH else "its settings"
 
 
+def search_left(rows, names) -> int:
+    """How many runs of the search of ``names`` (those with configurations) are not stored, when some are (0 when
+    the search is complete or not begun): ``rows`` as for ``best_configs``, superseded runs not counted."""
+    names = [n for n in names if n in SEARCH]
+    want = {(n, c, s) for n in names for c in range(len(SEARCH[n])) for s in range(TUNING_SEEDS)}
+    if rows is None or len(rows) == 0:
+        return 0
+    rows = rows[rows.superseded_by.isna()] if "superseded_by" in rows else rows
+    have = {(r.contestant, int(r.config), int(r.seed)) for r in rows.itertuples()} & want
+    return len(want - have) if have else 0
+
+
 def best_configs(rows) -> dict[str, int]:
     """{contestant: its best configuration} over the tuning runs' rows (a DataFrame with ``contestant``, ``config``,
     ``wall_to_target_s`` and, where present, ``superseded_by`` and ``over_budget``): the smallest median wall time
