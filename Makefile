@@ -6,8 +6,12 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # torch is pinned: this exact version installs as a CPU build; a bare `torch` pulls a multi-GB CUDA build.
 # pip compiles every installed module (not --no-compile): these machines set PYTHONDONTWRITEBYTECODE=1, so a module
-# pip did not compile is compiled again by every process that imports it (a CI run with --no-compile was ~40% slower)
+# pip did not compile is compiled again by every process that imports it (a CI run with --no-compile was ~40% slower).
+# For the same reason the project's own modules, installed editable (which pip does not compile), are compiled
+# before the tests (COMPILE): every spawned actor, learner, Ray worker and CLI subprocess would compile them again.
+# compileall skips what is current; a stale .pyc is never used (Python checks it against its source)
 TORCH := torch==2.13.0
+COMPILE := $(PY) -m compileall -q pal_bench tests suites
 
 .PHONY: test bench bench-compare figures report lint install clean train-results scaling plugin-bench race
 
@@ -21,7 +25,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard pyx/*.pyx pyx/*.pxd pal_b
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q --durations=20 tests
+	$(COMPILE)
+	$(PY) -m pytest -q --durations=40 tests
 	OMP_NUM_THREADS=1 $(PY) -m pal_bench.bench.regression
 
 bench-compare: $(VENV)/.installed
