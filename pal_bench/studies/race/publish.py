@@ -194,7 +194,7 @@ def race_headline_block(results: Path) -> str:
 def race_tuning_block(results: Path, task_name: str = "full") -> str:
     """The tuning search of the tuned track: per framework and configuration, the seeds, how many reached and the
     median wall time to target; the best configuration of each framework marked."""
-    from pal_bench.studies.race.tuning import CONFIGS_PER_FRAMEWORK, SEARCH, TUNING_SEEDS, search_left
+    from pal_bench.studies.race.tuning import CONFIGS_PER_FRAMEWORK, TUNING_SEEDS
 
     name = f"race{suffix(task_name)}_tuning.csv"
     if not (results / name).exists():
@@ -212,17 +212,19 @@ def race_tuning_block(results: Path, task_name: str = "full") -> str:
     return (f"The tuning search: each framework gets {CONFIGS_PER_FRAMEWORK} configurations, starting from its own "
             f"published example (configuration 0), each on {TUNING_SEEDS} seeds, interleaved; its best (smallest "
             f"median wall time to target, a run that never reached counted at its stop) is what the tuned track "
-            f"runs on its full seeds." + _search_state(df, SEARCH, TUNING_SEEDS, search_left) + "\n\n"
+            f"runs on its full seeds." + _search_state(df) + "\n\n"
             + md(pd.DataFrame(rows), "") + "\n\n" + source(results, name) + "\n")
 
 
-def _search_state(df: pd.DataFrame, search: dict, seeds: int, search_left) -> str:
+def _search_state(df: pd.DataFrame) -> str:
     """A sentence when the stored search is not complete: how many of its runs are stored, and no best yet."""
-    names = sorted(set(df.contestant) & set(search))
+    from pal_bench.studies.race.tuning import SEARCH, TUNING_SEEDS, search_left
+
+    names = sorted(set(df.contestant) & set(SEARCH))
     left = search_left(df, names)
     if not left:
         return ""
-    want = sum(len(search[n]) for n in names) * seeds
+    want = sum(len(SEARCH[n]) for n in names) * TUNING_SEEDS
     return (f" The search is stored in part ({want - left} of its {want} runs): no best is marked until it is "
             f"complete (`pal-bench race --track tuned --tune` goes on).")
 
