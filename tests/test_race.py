@@ -475,6 +475,16 @@ def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best
     assert "stored in part" not in race_tuning_block(tmp_path, "smoke")
     orchestrate.run_race("tuned", "smoke", names, 1, tmp_path, cpus=2, launch_run=launch)
     assert sorted(launched) == [("pal-processes", 1, 0), ("rllib", 2, 0), ("tianshou", 3, 0)]
+    # race.csv says which configuration each tuned run used, and the tuned track's table names it
+    from pal_bench.studies.race import rebuild
+    from pal_bench.studies.race.publish import race_target_block
+    from pal_bench.studies.race.tuning import config_name
+
+    assert rebuild(tmp_path, "smoke", quiet=True) == 0
+    rows = pd.read_csv(tmp_path / "race_smoke.csv")
+    assert dict(zip(rows.contestant, rows.config)) == {"pal-processes": 1, "rllib": 2, "tianshou": 3}
+    block = race_target_block(tmp_path, "tuned", "smoke", cpus=2)
+    assert all(f"| {c}: {config_name(n, c)}" in block for n, c in [("pal-processes", 1), ("rllib", 2), ("tianshou", 3)])
 
 
 # ---------------------------------------------------------------------------------------------- hostile run files

@@ -37,7 +37,7 @@ from pal_bench.paths import RESULTS
 from pal_bench.studies.race.contestants import CONTESTANTS, DEFAULT_CONTESTANTS, TRACK_CONTESTANTS
 from pal_bench.studies.race.task import TASKS, TRACKS, suffix
 
-DEFAULT_SEEDS = {"matched": 10, "tuned": 5}
+DEFAULT_SEEDS = {"matched": 10, "tuned": 10}
 QUICK_SEEDS = 3                     # --quick: a first look in minutes, not a result to quote
 SPEED_ROUNDS = 5
 

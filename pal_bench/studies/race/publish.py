@@ -42,6 +42,8 @@ def race_target_block(results: Path, track: str, task_name: str = "full", cpus: 
     if "own_cores" in df and df.own_cores.notna().any():
         cores = df.groupby("contestant").own_cores.agg(lambda v: f"{v.median():.2f} [{v.min():.2f}, {v.max():.2f}]")
         t.insert(3, "CPU used (cores)", t.contestant.map(cores).fillna("-"))
+    if track == "tuned" and cpus is not None and "config" in df and df.config.notna().any():
+        t.insert(1, "configuration", t.contestant.map(_configurations(df)).fillna("-"))
     med, lo, hi = probe_spread(df.probe_s.dropna())
     ref = race_results.best_pal(df)
     draws = race_results.track_runs(every, track, cpus, every_draw=True)
@@ -69,6 +71,20 @@ def race_target_block(results: Path, track: str, task_name: str = "full", cpus: 
             f"at least 10 seeds. Speed probes of these runs: median {med:.1f} s, {lo:.2f}-{hi:.2f}x of it.\n\n"
             + md(t, "") + "\n\n" + rerun_note + over_note
             + (f"{line}\n\n" if (line := race_results.sitting(draws)) else "") + source(results, name) + "\n")
+
+
+def _configurations(df: pd.DataFrame) -> dict[str, str]:
+    """contestant -> the tuning search's configuration(s) its runs used (``tuning.config_name``), e.g. "3: prioritized
+    replay (alpha 0.6, beta 0.4)"."""
+    from pal_bench.studies.race.tuning import SEARCH, config_name
+
+    def named(name: str, c: float) -> str:
+        known = name not in SEARCH or (c.is_integer() and 0 <= c < len(SEARCH[name]))
+        return f"{c:g}: " + (config_name(name, int(c)) if known else "not in the tuning search")
+
+    configs = pd.to_numeric(df.config, errors="coerce")
+    return {name: "; ".join(named(name, float(c)) for c in sorted(configs[g.index].dropna().unique()))
+            for name, g in df.groupby("contestant")}
 
 
 def race_speed_block(results: Path, track: str = "matched", task_name: str = "full", cpus: int | None = None) -> str:

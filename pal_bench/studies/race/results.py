@@ -23,9 +23,9 @@ from pal_bench.studies.race.task import TASKS
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
 MIN_SEEDS_FOR_BOOTSTRAP = 10
 
-RUN_COLUMNS = ["track", "cpus", "contestant", "seed", "run_id", "reached", "steps_to_target", "wall_to_target_s",
-               "wall_with_eval_to_target_s", "train_to_target_s", "wall_s", "train_s", "eval_s", "setup_s",
-               "env_steps", "env_steps_per_s", "rate_after_start", "updates_per_env_step", "own_cores",
+RUN_COLUMNS = ["track", "cpus", "contestant", "config", "seed", "run_id", "reached", "steps_to_target",
+               "wall_to_target_s", "wall_with_eval_to_target_s", "train_to_target_s", "wall_s", "train_s", "eval_s",
+               "setup_s", "env_steps", "env_steps_per_s", "rate_after_start", "updates_per_env_step", "own_cores",
                "over_budget", "n_params", "torch_threads", "probe_s", "best_return", "noisy", "superseded_by",
                "rerun_of", "rerun_reason", "commit", "settings_hash", "started", "finished", "load_before"]
 
@@ -42,7 +42,8 @@ def run_row(run: dict) -> dict:
         steps, train, evals = run["env_steps"], run["train_s"], run["eval_s"]
     own = run.get("own_cores")          # (runs stored before the core budgets: their detector counted some twice)
     rate = run_rate(run)
-    return {"track": run["track"], "cpus": run.get("cpus"), "contestant": run["contestant"], "seed": run["seed"],
+    return {"track": run["track"], "cpus": run.get("cpus"), "contestant": run["contestant"],
+            "config": int(run.get("config", 0)), "seed": run["seed"],
             "run_id": run.get("run_id"), "reached": hit is not None,
             "steps_to_target": int(steps), "wall_to_target_s": round(run["setup_s"] + train, 2),
             "wall_with_eval_to_target_s": round(run["setup_s"] + train + evals, 2),
@@ -136,10 +137,9 @@ def tuning_frame(runs: list[dict]) -> pd.DataFrame:
     from pal_bench.studies.race.tuning import best_configs, config_name, search_left
 
     gone = superseded([r for r in runs if r.get("run_id")])
-    df = pd.DataFrame([{"config": int(r.get("config", 0)),
-                        "config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r),
+    df = pd.DataFrame([{"config_name": config_name(r["contestant"], int(r.get("config", 0))), **run_row(r),
                         "superseded_by": gone.get(run_key(r))}
-                       for r in runs], columns=["config", "config_name", *RUN_COLUMNS])
+                       for r in runs], columns=["config", "config_name", *(c for c in RUN_COLUMNS if c != "config")])
     best = {n: c for n, c in best_configs(df).items() if not search_left(df, [n])}
     df.insert(2, "best", [best.get(n) == c for n, c in zip(df.contestant, df.config)])
     return df
