@@ -485,6 +485,9 @@ def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best
     assert dict(zip(rows.contestant, rows.config)) == {"pal-processes": 1, "rllib": 2, "tianshou": 3}
     block = race_target_block(tmp_path, "tuned", "smoke", cpus=2)
     assert all(f"| {c}: {config_name(n, c)}" in block for n, c in [("pal-processes", 1), ("rllib", 2), ("tianshou", 3)])
+    # a number the search does not have (from a stored file) is named so, never indexed from the end
+    assert config_name("tianshou", 99) == config_name("tianshou", -1) == config_name("tianshou", 1.5) == \
+        "not in the tuning search"
 
 
 # ---------------------------------------------------------------------------------------------- hostile run files

@@ -76,14 +76,10 @@ def race_target_block(results: Path, track: str, task_name: str = "full", cpus: 
 def _configurations(df: pd.DataFrame) -> dict[str, str]:
     """contestant -> the tuning search's configuration(s) its runs used (``tuning.config_name``), e.g. "3: prioritized
     replay (alpha 0.6, beta 0.4)"."""
-    from pal_bench.studies.race.tuning import SEARCH, config_name
-
-    def named(name: str, c: float) -> str:
-        known = name not in SEARCH or (c.is_integer() and 0 <= c < len(SEARCH[name]))
-        return f"{c:g}: " + (config_name(name, int(c)) if known else "not in the tuning search")
+    from pal_bench.studies.race.tuning import config_name
 
     configs = pd.to_numeric(df.config, errors="coerce")
-    return {name: "; ".join(named(name, float(c)) for c in sorted(configs[g.index].dropna().unique()))
+    return {name: "; ".join(f"{c:g}: {config_name(name, c)}" for c in sorted(configs[g.index].dropna().unique()))
             for name, g in df.groupby("contestant")}
 
 

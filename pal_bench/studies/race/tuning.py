@@ -57,8 +57,13 @@ def overrides(name: str, config: int) -> dict:
     return dict(SEARCH[name][config][1])
 
 
-def config_name(name: str, config: int) -> str:
-    return SEARCH[name][config][0] if name in SEARCH else "its settings"
+def config_name(name: str, config: float) -> str:
+    """The name of configuration ``config`` of ``name``'s search; "not in the tuning search" for a number the search
+    does not have (read from a stored file: never an index from the end, never an error)."""
+    if name not in SEARCH:
+        return "its settings"
+    known = float(config).is_integer() and 0 <= config < len(SEARCH[name])
+    return SEARCH[name][int(config)][0] if known else "not in the tuning search"
 
 
 def search_left(rows, names) -> int:
