@@ -490,6 +490,83 @@ def test_the_tuning_search_runs_every_configuration_and_the_tuned_track_its_best
         "not in the tuning search"
 
 
+def test_a_piece_stopped_by_max_minutes_leaves_the_tables_current(tmp_path, monkeypatch):
+    """``pal-bench race --max-minutes 0`` starts one run and stops; the tables are rebuilt from what is stored (they
+    were left stale before), and a tuning piece stored before any race run writes the tuning table alone."""
+    import argparse
+    import functools
+
+    from pal_bench.studies import race
+
+    monkeypatch.setattr(orchestrate, "settle", lambda *a, **k: None)
+
+    def launch(name, track, task_name, seed, log, mode="race", cpus=2, config=0):
+        return fake_run(name, seed, track=track) | {"config": config, "cpus": cpus}
+
+    for f in ("run_race", "run_tuning"):
+        monkeypatch.setattr(orchestrate, f, functools.partial(getattr(orchestrate, f), launch_run=launch))
+    args = argparse.Namespace(tune=True, speed=False, track="tuned", seeds=None, max_minutes=0.0, out=tmp_path,
+                              rerun_noisy=False, rerun_slow=False)
+    names = ["pal-processes", "tianshou"]
+    assert race._run(args, "smoke", names, 2) == 0
+    tuning = pd.read_csv(tmp_path / "race_smoke_tuning.csv")
+    assert len(tuning) == 1 and not (tmp_path / "race_smoke.csv").exists()
+    args.tune, args.track = False, "matched"
+    assert race._run(args, "smoke", names, 2) == 0
+    assert len(pd.read_csv(tmp_path / "race_smoke.csv")) == 1                  # one run started, then stopped
+    assert race._run(args, "smoke", names, 2) == 0
+    assert len(pd.read_csv(tmp_path / "race_smoke.csv")) == 2
+
+
+def matched_smoke_run(seed=0, **counters):
+    """A stored matched run on the smoke task whose facts and run-time counters are the matched ones."""
+    from pal_bench.studies.race.task import env_dims
+
+    m = MATCHED
+    facts = {k: getattr(m, k) for k in ("torch_threads", "n_envs", "batch_size", "n_step", "target_update", "double_q",
+                                        "dueling", "gamma", "lr", "grad_clip", "buffer_capacity", "alpha", "beta")}
+    facts |= {"n_params": m.n_params(*env_dims(TASKS["smoke"].env)), "learning_starts": TASKS["smoke"].learning_starts}
+    counted = {"env_steps": 1000, "optimizer_steps": 125, "target_copies": 0, "first_update_env_step": 500,
+               "batch_size": 128, "batch_sizes": {"128": 125}, "updates_per_env_step": 0.25,
+               "eps_seen": [[0, 1.0], [499, m.epsilon(499, 1000)], [999, m.epsilon(999, 1000)]]} | counters
+    return fake_run("pal", seed, cpus=2) | {"facts": facts, "counters": counted}
+
+
+def test_race_csv_has_each_run_s_counters_and_its_matched_check_and_keeps_unpinned_runs_apart(tmp_path):
+    """Every row of race.csv (runs on a core budget) carries the run-time counters and ``check_matched`` /
+    ``check_counted`` run again on its file: a run whose counters are off says why; counters of the wrong type in
+    a hostile file are left out, never raise. The runs stored before the budgets go to race_unpinned.csv."""
+    from pal_bench.studies.race import rebuild
+
+    row = results.run_row(matched_smoke_run())
+    assert row["matched_check"] == "passed", row["matched_check"]
+    assert (row["optimizer_steps"], row["target_copies"], row["first_update_env_step"], row["batch_size_seen"],
+            row["counted_updates_per_env_step"]) == (125, 0, 500, 128, 0.25)
+    eps = [round(MATCHED.epsilon(t, 1000), 4) for t in (499, 499, 999)]      # smoke: starts at 500, decays over 1000
+    assert [row["eps_learning_start"], row["eps_mid_decay"], row["eps_decay_end"]] == eps
+    assert "target copies" in results.run_row(matched_smoke_run(target_copies=9))["matched_check"]
+    assert "batches" in results.run_row(matched_smoke_run(batch_sizes={"64": 125}))["matched_check"]
+    hostile = results.run_row(matched_smoke_run(optimizer_steps="125", batch_size=True, eps_seen=[["x", 1], 5],
+                                                updates_per_env_step=float("nan")))
+    assert hostile["optimizer_steps"] is None and hostile["batch_size_seen"] is None
+    assert hostile["eps_learning_start"] is None and hostile["matched_check"] != "passed"
+    assert results.run_row(fake_run("pal", 0, cpus=2))["matched_check"] == "no run-time counters stored"
+    assert results.run_row(fake_run("pal", 0, track="tuned", cpus=2))["matched_check"] is None
+
+    pinned = orchestrate.runs_dir(tmp_path, "smoke", "matched", 2)
+    before = orchestrate.runs_dir(tmp_path, "smoke", "matched")
+    pinned.mkdir(parents=True)
+    for seed in range(2):
+        (pinned / f"pal-s{seed}.json").write_text(json.dumps(matched_smoke_run(seed)))
+        (before / f"pal-s{seed}.json").write_text(json.dumps(fake_run("pal", seed, cpus=2) | {"cpus": None}))
+    assert rebuild(tmp_path, "smoke", quiet=True) == 0
+    rows = pd.read_csv(tmp_path / "race_smoke.csv")
+    assert len(rows) == 2 and (rows.cpus == 2).all() and (rows.matched_check == "passed").all()
+    assert rows.optimizer_steps.notna().all()
+    apart = pd.read_csv(tmp_path / "race_smoke_unpinned.csv")
+    assert len(apart) == 2 and apart.cpus.isna().all()
+
+
 # ---------------------------------------------------------------------------------------------- hostile run files
 
 def stored_run(d, stem, **change):
@@ -677,6 +754,27 @@ def test_the_headline_moves_to_the_pinned_track_once_every_contestant_has_ten_se
         tmp_path / "race.csv")
     head = race_headline_block(tmp_path)
     assert "pinned to the same 2 CPUs" in head and "being run" not in head
+
+
+def test_the_tuned_track_s_sentence_names_each_best_configuration_and_waits_for_ten_seeds(tmp_path):
+    from pal_bench.studies.race.publish import HEADLINE_SEEDS, race_tuned_headline_block
+    from pal_bench.studies.race.tuning import config_name
+
+    def rows(seeds, names=("pal-processes", "tianshou", "rllib")):
+        best = {"pal-processes": 0, "tianshou": 3, "rllib": 2}
+        return [results.run_row(fake_run(n, s, track="tuned") | {"cpus": 2, "config": best[n],
+                                                                  "setup_s": 1.0 if n == "pal-processes" else 3.0})
+                for n in names for s in range(seeds)]
+
+    assert race_tuned_headline_block(tmp_path).startswith("_Not measured yet")
+    pd.DataFrame(rows(4), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv", index=False)
+    text = race_tuned_headline_block(tmp_path)
+    assert "Under way" in text and "tianshou 4" in text
+    pd.DataFrame(rows(HEADLINE_SEEDS), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv", index=False)
+    text = race_tuned_headline_block(tmp_path)
+    assert "Under way" not in text and "pinned to the same 2 CPUs" in text
+    assert f"tianshou (its configuration 3: {config_name('tianshou', 3)}) took 1.3x" in text      # 8 s / 6 s
+    assert f"`pal-processes` (its configuration 0: {config_name('pal-processes', 0)}) reached" in text
 
 
 def test_a_block_says_when_its_own_runs_ran_from_their_conditions():

@@ -18,8 +18,10 @@ speed; ``--rebuild`` rebuilds the CSVs, tables and figures from the stored run f
 
 Each run is its own process (``run.py``), probes the machine first (``probe.py``), evaluates with training
 stopped (``clock.py``) and is stored at once (``orchestrate.py``); the same command skips what is stored and current,
-and a run made again is stored beside the one it supersedes. Results: ``results/race.csv`` (one row per run, every
-track and budget, superseded runs included), ``race_curves.csv``, ``race_speed.csv`` and
+and a run made again is stored beside the one it supersedes. Results: ``results/race.csv`` (one row per run on a
+core budget, every track, superseded runs included, with its run-time counters and its matched check),
+``race_unpinned.csv`` (the runs stored before the core budgets), ``race_curves.csv``, ``race_speed.csv``,
+``race_tuning.csv`` and
 ``figures/race_<track>_<N>cpu.png`` (``--quick``: ``race_quick*``); tables in docs/race.md.
 """
 
@@ -43,8 +45,9 @@ SPEED_ROUNDS = 5
 
 
 def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
-    """Rebuild ``race[_quick].csv``, ``_curves.csv``, ``_speed.csv``, ``_tuning.csv`` and the figures from the stored
-    run files (every table computed before any file is written); print the tables."""
+    """Rebuild ``race[_quick].csv`` (the runs on a core budget), ``_unpinned.csv`` (the runs stored before the core
+    budgets), ``_curves.csv``, ``_speed.csv``, ``_tuning.csv`` and the figures from the stored run files (every table
+    computed before any file is written); print the tables."""
     from pal_bench.bench.publishing import store
     from pal_bench.conditions import write_meta
     from pal_bench.studies.race import figure, results
@@ -57,13 +60,19 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
             runs += load_runs(d, cpus=cpus)
             speed += load_runs(d / "speed", "*-r*.json")
             tuning += load_runs(d / "tuning", "*-c*-s*.json", cpus=cpus)
-    if not runs:
+    if not runs and not tuning:
         raise FileNotFoundError(f"no stored race runs under {runs_dir(out, task_name, 'matched').parent}; run "
                                 f"`pal-bench race` first")
     sfx = suffix(task_name)
-    tables = {f"race{sfx}.csv": (results.runs_frame(runs), runs, "%.3f"),
-              f"race{sfx}_curves.csv": (results.curves_frame(runs), None, "%.3f"),
-              f"race{sfx}_speed.csv": (results.speed_frame(speed), speed, "%.2f")}
+    tables = {}
+    if runs:                                         # a tuning search stored before any race run has its table only
+        pinned = [r for r in runs if r.get("cpus") is not None]
+        unpinned = [r for r in runs if r.get("cpus") is None]      # stored before the core budgets: kept apart
+        tables = {f"race{sfx}.csv": (results.runs_frame(pinned), pinned, "%.3f"),
+                  f"race{sfx}_curves.csv": (results.curves_frame(runs), None, "%.3f"),
+                  f"race{sfx}_speed.csv": (results.speed_frame(speed), speed, "%.2f")}
+        if unpinned:
+            tables[f"race{sfx}_unpinned.csv"] = (results.runs_frame(unpinned), unpinned, "%.3f")
     if tuning:
         tables[f"race{sfx}_tuning.csv"] = (results.tuning_frame(tuning), tuning, "%.3f")
     metas = {name: combined_conditions([r.get("conditions") or {} for r in made]) for name, (_, made, _) in
@@ -72,8 +81,8 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
         store(frame, out / name, float_format=fmt)
     for name, meta in metas.items():
         write_meta(out / name, meta)
-    curves = tables[f"race{sfx}_curves.csv"][0]
-    if not curves.empty:
+    curves = tables[f"race{sfx}_curves.csv"][0] if runs else None
+    if curves is not None and not curves.empty:
         for (track, cpus), c in curves.groupby(["track", curves.cpus.fillna(-1)]):
             cpus = None if cpus == -1 else int(cpus)
             path = figure.draw(c, track, TASKS[task_name], out / "figures" / results.figure_name(sfx, track, cpus),
@@ -187,16 +196,14 @@ def _run(args, task_name: str, names: list[str], cpus: int) -> int:
     from pal_bench.studies.race import orchestrate
 
     if args.tune:
-        if not orchestrate.run_tuning(task_name, names, args.out, cpus, args.seeds, args.max_minutes):
-            return 0
+        orchestrate.run_tuning(task_name, names, args.out, cpus, args.seeds, args.max_minutes)
     elif args.speed:
         orchestrate.run_speed(args.track, task_name, names, args.rounds, args.out, cpus=cpus)
     else:
         seeds = args.seeds or (QUICK_SEEDS if task_name == "quick" else DEFAULT_SEEDS[args.track])
-        if not orchestrate.run_race(args.track, task_name, names, seeds, args.out, args.max_minutes,
-                                    args.rerun_noisy, args.rerun_slow, cpus=cpus):
-            return 0
-    return rebuild(args.out, task_name)
+        orchestrate.run_race(args.track, task_name, names, seeds, args.out, args.max_minutes, args.rerun_noisy,
+                             args.rerun_slow, cpus=cpus)
+    return rebuild(args.out, task_name)              # a piece stopped by --max-minutes leaves its tables current too
 
 
 def stop_on_termination() -> None:

@@ -24,16 +24,23 @@ def budget_words(cpus: int | None) -> str:
     return f"every contestant's process tree pinned to the same {cpus} CPU{'s' if cpus > 1 else ''}"
 
 
+def race_rows(results: Path, task_name: str = "full") -> pd.DataFrame | None:
+    """Every stored run's row: ``race[_quick].csv`` (on a core budget) and ``race[_quick]_unpinned.csv`` (stored
+    before the budgets), whichever exist; None when neither does."""
+    paths = [results / f"race{suffix(task_name)}{part}.csv" for part in ("", "_unpinned")]
+    frames = [read_csv(p) for p in paths if p.exists()]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def race_target_block(results: Path, track: str, task_name: str = "full", cpus: int | None = None) -> str:
     """Steps and wall time to target per contestant of one track on one core budget, with the CPU each used, the
     probe spread of the runs compared and how many runs were run again."""
-    name = f"race{suffix(task_name)}.csv"
-    path = results / name
+    name = f"race{suffix(task_name)}{'' if cpus is not None else '_unpinned'}.csv"
     command = (f"pal-bench race --track {track}" + (f" --cpus {cpus}" if cpus else "")
                + (" --quick" if task_name == "quick" else ""))
-    if not path.exists():
+    every = race_rows(results, task_name)
+    if every is None:
         return missing(name, command)
-    every = read_csv(path)
     df = race_results.track_runs(every, track, cpus)
     if df.empty:
         return missing(name, command)
@@ -158,10 +165,9 @@ def race_headline_block(results: Path) -> str:
     of median wall times with its bootstrap and order-statistic 95% intervals; "at least" only where a run that
     stopped before the target could move a median."""
 
-    path = results / "race.csv"
-    if not path.exists():
+    every = race_rows(results)
+    if every is None:
         return missing("race.csv", "pal-bench race")
-    every = read_csv(path)
     pinned = race_results.track_runs(every, "matched", HEADLINE_CPUS)
     seeds = pinned.groupby("contestant").size()
     # every contestant the race runs by default on that track, not only those with a pinned run so far
@@ -178,29 +184,62 @@ def race_headline_block(results: Path) -> str:
                  f" The pinned {HEADLINE_CPUS}-CPU track is being run: {len(pinned)} runs so far, at most "
                  f"{int(seeds.max())} seeds of a contestant ({HEADLINE_SEEDS} of each of "
                  f"{', '.join(DEFAULT_CONTESTANTS['matched'])} make the headline).")
-    mine = df[df.contestant == ref]
-    mine_moved = race_results.censoring_moves_median(mine.wall_to_target_s, mine.reached)
-    parts = []
-    for name, g in df[~df.contestant.isin(race_results.PAL_MATCHED)].groupby("contestant"):
-        r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
-        bound = race_results.bound_word(race_results.censoring_moves_median(g.wall_to_target_s, g.reached),
-                                        mine_moved)
-        ratio = (f"{bound}{r['ratio']:.1f}x" if bound is not None else
-                 f"an unknown multiple (both censored; {r['ratio']:.1f}x at the stops) of")
-        parts.append(f"{esc(name)} took {ratio} PAL's median wall time (95%: {race_results.interval_text(r)}; "
-                     f"{int(g.reached.sum())} of {len(g)} seeds reached, median "
-                     f"{g.steps_to_target.median() / 1000:.0f}k steps, {g.wall_to_target_s.median():.0f} s)")
     where = (f"matched track, {budget_words(cpus)}: every contestant trains the same Double DQN on the same data "
              f"rhythm" if cpus is not None else
              "matched track, stored before the core budgets: every contestant trains the same Double DQN on the same "
              "data rhythm, but the cores were not equal: `pal-processes` runs an actor process beside its learner "
              "while RLlib and tianshou ran in one process each; the pinned tracks replace it")
-    stop = " (runs that did not reach it counted at their stop)" if not mine.reached.all() else ""
-    return (f"**The race** ({where}; LunarLander-v3 to 200): PAL's {code(ref)} reached the target in "
-            f"{int(mine.reached.sum())} of {len(mine)} seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k "
-            f"env steps and {mine.wall_to_target_s.median():.0f} s of set-up and training{stop}; " + "; ".join(parts)
+    return (f"**The race** ({where}; LunarLander-v3 to 200): " + _ratio_sentence(df, ref)
             + ". Ratios of medians; every table, the speed rounds and the tuned track: [docs/race.md](docs/race.md)."
             + under_way + "\n")
+
+
+def _ratio_sentence(df: pd.DataFrame, ref: str, labels: dict[str, str] | None = None) -> str:
+    """PAL's ``ref`` over its seeds, then each peer (every contestant not of PAL's) as a ratio of median wall times
+    to target with its bootstrap and order-statistic 95% intervals; "at least" / "at most" only where a run that
+    stopped before the target could move a median. ``labels``: a text after a contestant's name."""
+    labels = labels or {}
+    mine = df[df.contestant == ref]
+    mine_moved = race_results.censoring_moves_median(mine.wall_to_target_s, mine.reached)
+    parts = []
+    for name, g in df[~df.contestant.str.startswith("pal")].groupby("contestant"):
+        r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
+        bound = race_results.bound_word(race_results.censoring_moves_median(g.wall_to_target_s, g.reached),
+                                        mine_moved)
+        ratio = (f"{bound}{r['ratio']:.1f}x" if bound is not None else
+                 f"an unknown multiple (both censored; {r['ratio']:.1f}x at the stops) of")
+        parts.append(f"{esc(name)}{labels.get(name, '')} took {ratio} PAL's median wall time (95%: "
+                     f"{race_results.interval_text(r)}; {int(g.reached.sum())} of {len(g)} seeds reached, median "
+                     f"{g.steps_to_target.median() / 1000:.0f}k steps, {g.wall_to_target_s.median():.0f} s)")
+    stop = " (runs that did not reach it counted at their stop)" if not mine.reached.all() else ""
+    return (f"PAL's {code(ref)}{labels.get(ref, '')} reached the target in {int(mine.reached.sum())} of {len(mine)} "
+            f"seeds, in a median {mine.steps_to_target.median() / 1000:.0f}k env steps and "
+            f"{mine.wall_to_target_s.median():.0f} s of set-up and training{stop}; " + "; ".join(parts))
+
+
+def race_tuned_headline_block(results: Path) -> str:
+    """The tuned track's sentence: each framework at the best configuration of its equal tuning search, on
+    ``HEADLINE_CPUS`` CPUs, PAL's against each peer as in the README's headline; said to be under way until every
+    default tuned contestant has ``HEADLINE_SEEDS`` seeds."""
+    from pal_bench.studies.race.tuning import CONFIGS_PER_FRAMEWORK, TUNING_SEEDS
+
+    every = race_rows(results)
+    command = f"pal-bench race --track tuned --seeds {HEADLINE_SEEDS}"
+    if every is None:
+        return missing("race.csv", command)
+    df = race_results.track_runs(every, "tuned", HEADLINE_CPUS)
+    ref = race_results.best_pal(df)
+    if ref is None or df[~df.contestant.str.startswith("pal")].empty:
+        return missing("race.csv", command)
+    seeds = df.groupby("contestant").size()
+    short = [c for c in DEFAULT_CONTESTANTS["tuned"] if int(seeds.get(c, 0)) < HEADLINE_SEEDS]
+    labels = {name: f" (its configuration {text})" for name, text in _configurations(df).items()}
+    under_way = (f" Under way: {HEADLINE_SEEDS} seeds of each of {', '.join(DEFAULT_CONTESTANTS['tuned'])} make "
+                 f"the track ({', '.join(f'{esc(c)} {int(seeds.get(c, 0))}' for c in short)} so far)."
+                 if short else "")
+    return (f"**The tuned track** (each framework at the best of its {CONFIGS_PER_FRAMEWORK} configurations, "
+            f"{TUNING_SEEDS} seeds each, of the equal tuning search; {budget_words(HEADLINE_CPUS)}; LunarLander-v3 "
+            f"to 200): " + _ratio_sentence(df, ref, labels) + ". Ratios of medians." + under_way + "\n")
 
 
 def race_tuning_block(results: Path, task_name: str = "full") -> str:
@@ -318,6 +357,7 @@ PUBLICATION = Publication("race", {
     "race-matched-1cpu": lambda results: race_target_block(results, "matched", cpus=1),
     "race-matched-2cpu": lambda results: race_target_block(results, "matched", cpus=2),
     "race-tuned-2cpu": lambda results: race_target_block(results, "tuned", cpus=2),
+    "race-tuned-headline": race_tuned_headline_block,
     "race-speed-1cpu": lambda results: race_speed_block(results, "matched", cpus=1),
     "race-speed-2cpu": lambda results: race_speed_block(results, "matched", cpus=2),
     "race-settings-2cpu": lambda results: race_settings_block(results, "matched", cpus=2),

@@ -18,16 +18,23 @@ import pandas as pd
 from pal_bench.bench.stats import median_order_ci, pairing_range, ratio_ci
 from pal_bench.studies.race.pin import over_budget
 from pal_bench.studies.race.runfiles import run_key, superseded
-from pal_bench.studies.race.task import TASKS
+from pal_bench.studies.race.task import EPS_SEEN_EVERY, TASKS, SettingsMismatch, check_counted, check_matched, env_dims
 
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
 MIN_SEEDS_FOR_BOOTSTRAP = 10
 
+# the run-time counters of a run (``counters.RunCounters``: hooks on the framework's own objects), as race.csv columns:
+# optimizer steps, target-network copies, the env step of the first update, the batch the loss saw, optimizer steps
+# per env step after learning starts, and epsilon as the contestant used it at the task's learning start, half way
+# through its decay and at its end (the last value seen at or before that env step, within ``EPS_SEEN_EVERY``)
+COUNTER_COLUMNS = ["optimizer_steps", "target_copies", "first_update_env_step", "batch_size_seen",
+                   "counted_updates_per_env_step", "eps_learning_start", "eps_mid_decay", "eps_decay_end"]
 RUN_COLUMNS = ["track", "cpus", "contestant", "config", "seed", "run_id", "reached", "steps_to_target",
                "wall_to_target_s", "wall_with_eval_to_target_s", "train_to_target_s", "wall_s", "train_s", "eval_s",
-               "setup_s", "env_steps", "env_steps_per_s", "rate_after_start", "updates_per_env_step", "own_cores",
-               "over_budget", "n_params", "torch_threads", "probe_s", "best_return", "noisy", "superseded_by",
-               "rerun_of", "rerun_reason", "commit", "settings_hash", "started", "finished", "load_before"]
+               "setup_s", "env_steps", "env_steps_per_s", "rate_after_start", "updates_per_env_step",
+               *COUNTER_COLUMNS, "matched_check", "own_cores", "over_budget", "n_params", "torch_threads", "probe_s",
+               "best_return", "noisy", "superseded_by", "rerun_of", "rerun_reason", "commit", "settings_hash",
+               "started", "finished", "load_before"]
 
 
 def run_row(run: dict) -> dict:
@@ -50,13 +57,83 @@ def run_row(run: dict) -> dict:
             "train_to_target_s": round(train, 2), "wall_s": run["wall_s"], "train_s": run["train_s"],
             "eval_s": run["eval_s"], "setup_s": run["setup_s"], "env_steps": run["env_steps"],
             "env_steps_per_s": run["env_steps_per_s"], "rate_after_start": None if rate is None else round(rate, 1),
-            "updates_per_env_step": run["updates_per_env_step"], "own_cores": own,
+            "updates_per_env_step": run["updates_per_env_step"], **counted_columns(run),
+            "matched_check": matched_check(run), "own_cores": own,
             "over_budget": over_budget(own, run.get("cpus")),
             "n_params": run.get("n_params"), "torch_threads": run.get("torch_threads"), "probe_s": run.get("probe_s"),
             "best_return": max(returns) if returns else None, "noisy": bool(run.get("noisy")),
             "superseded_by": run.get("superseded_by"), "rerun_of": run.get("rerun_of"),
             "rerun_reason": run.get("rerun_reason"), "commit": run.get("commit"),
             "settings_hash": run.get("settings_hash"), **_when(run.get("conditions"))}
+
+
+def _counters(run: dict) -> dict | None:
+    """The run's stored run-time counters with every value of its type and range (a run file is data: a count that
+    is not a whole number >= 0, a rate or an epsilon that is not a finite number, an ``eps_seen`` entry that is not
+    an (env step, epsilon) pair is left out); None when the run stored none."""
+    c = run.get("counters")
+    if not isinstance(c, dict):
+        return None
+    out = {k: c[k] for k in ("optimizer_steps", "target_copies", "first_update_env_step", "batch_size", "env_steps")
+           if _count(c.get(k))}
+    if _number(c.get("updates_per_env_step")):
+        out["updates_per_env_step"] = c["updates_per_env_step"]
+    sizes = c.get("batch_sizes")
+    if isinstance(sizes, dict) and all(isinstance(k, str) and _count(v) for k, v in sizes.items()):
+        out["batch_sizes"] = sizes
+    seen = c.get("eps_seen")
+    if isinstance(seen, list):
+        out["eps_seen"] = [(int(e[0]), float(e[1])) for e in seen if isinstance(e, (list, tuple)) and len(e) == 2
+                           and _count(e[0]) and _number(e[1])]
+    return out
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10**12
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def eps_at(seen: list[tuple[int, float]], env_step: int) -> float | None:
+    """Epsilon as last seen at or before ``env_step``, if seen within ``EPS_SEEN_EVERY`` env steps of it."""
+    before = [(t, e) for t, e in seen if env_step - EPS_SEEN_EVERY < t <= env_step]
+    return round(max(before)[1], 4) if before else None
+
+
+def counted_columns(run: dict) -> dict:
+    """``COUNTER_COLUMNS`` of one run (None where the run stored no such count)."""
+    c = _counters(run) or {}
+    task = TASKS[run["task"]]
+    seen = c.get("eps_seen", [])
+    return {"optimizer_steps": c.get("optimizer_steps"), "target_copies": c.get("target_copies"),
+            "first_update_env_step": c.get("first_update_env_step"), "batch_size_seen": c.get("batch_size"),
+            "counted_updates_per_env_step": c.get("updates_per_env_step"),
+            "eps_learning_start": eps_at(seen, task.learning_starts),
+            "eps_mid_decay": eps_at(seen, task.eps_decay_steps // 2),
+            "eps_decay_end": eps_at(seen, task.eps_decay_steps)}
+
+
+def matched_check(run: dict) -> str | None:
+    """A matched run's settings checked again from its file: "passed" when what it built (``facts``, with its
+    measured updates per env step) passes ``check_matched`` and its run-time counters pass ``check_counted``, as
+    they did when it ran; else why not. None on the tuned track (nothing to match)."""
+    if run.get("track") != "matched":
+        return None
+    counted = _counters(run)
+    if counted is None:
+        return "no run-time counters stored"
+    facts = run["facts"] if isinstance(run.get("facts"), dict) else {}
+    task = TASKS[run["task"]]
+    starts = facts.get("learning_starts", task.learning_starts)
+    try:
+        check_matched(run["contestant"], facts | {"updates_per_step": run["updates_per_env_step"]},
+                      *env_dims(task.env), measured=True)
+        check_counted(run["contestant"], counted, task, starts if _count(starts) else task.learning_starts)
+    except SettingsMismatch as e:
+        return str(e)
+    return "passed"
 
 
 def _when(conditions) -> dict:

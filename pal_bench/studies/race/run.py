@@ -20,19 +20,7 @@ from pal_bench.studies.race.contestants import make
 from pal_bench.studies.race.counters import RunCounters
 from pal_bench.studies.race.pin import TreeWatch, cpu_set, pin_self
 from pal_bench.studies.race.probe import speed_probe
-from pal_bench.studies.race.task import MATCHED, TASKS, Task, check_counted, check_matched
-
-
-def env_dims(env_id: str) -> tuple[int, int]:
-    """(observation size, number of actions) of a discrete-action gymnasium environment."""
-    import gymnasium as gym
-    import numpy as np
-
-    env = gym.make(env_id)
-    try:
-        return int(np.prod(env.observation_space.shape)), int(env.action_space.n)
-    finally:
-        env.close()
+from pal_bench.studies.race.task import MATCHED, TASKS, Task, check_counted, check_matched, env_dims
 
 
 def run_one(name: str, track: str, task_name: str, seed: int, mode: str = "race", task: Task | None = None,

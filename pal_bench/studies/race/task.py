@@ -13,6 +13,7 @@ code's is run again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -47,6 +48,19 @@ TASKS = {
                   eval_episodes=2, learning_starts=500, eps_decay_steps=1_000, speed_span=500, probe_env_steps=500,
                   probe_updates=20),
 }
+
+
+@functools.cache
+def env_dims(env_id: str) -> tuple[int, int]:
+    """(observation size, number of actions) of a discrete-action gymnasium environment."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make(env_id)
+    try:
+        return int(np.prod(env.observation_space.shape)), int(env.action_space.n)
+    finally:
+        env.close()
 
 
 @dataclass(frozen=True)
