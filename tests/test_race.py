@@ -532,6 +532,13 @@ def matched_smoke_run(seed=0, **counters):
     return fake_run("pal", seed, cpus=2) | {"facts": facts, "counters": counted}
 
 
+def test_the_stored_env_dims_are_the_environments_own():
+    from pal_bench.studies.race.task import ENV_DIMS, env_dims
+
+    assert {t.env for t in TASKS.values()} <= set(ENV_DIMS)
+    assert all(env_dims(env) == dims for env, dims in ENV_DIMS.items())
+
+
 def test_race_csv_has_each_run_s_counters_and_its_matched_check_and_keeps_unpinned_runs_apart(tmp_path):
     """Every row of race.csv (runs on a core budget) carries the run-time counters and ``check_matched`` /
     ``check_counted`` run again on its file: a run whose counters are off says why; counters of the wrong type in
@@ -551,6 +558,19 @@ def test_race_csv_has_each_run_s_counters_and_its_matched_check_and_keeps_unpinn
     assert hostile["optimizer_steps"] is None and hostile["batch_size_seen"] is None
     assert hostile["eps_learning_start"] is None and hostile["matched_check"] != "passed"
     assert results.run_row(fake_run("pal", 0, cpus=2))["matched_check"] == "no run-time counters stored"
+    # a counter missing or not of its type is a failed check, never one skipped (found by an adversarial pass)
+    big = 10**400                                                         # JSON has integers no float holds
+    for bad in ({"optimizer_steps": None}, {"optimizer_steps": "125"}, {"optimizer_steps": big}, {"env_steps": None},
+                {"updates_per_env_step": big}, {"eps_seen": [[0, 1.0], [499, float("inf")]]},
+                {"eps_seen": [[0, True]]}, {"batch_sizes": ["128"]}, {"env_steps": 900},
+                {"optimizer_steps": 0, "first_update_env_step": None}):
+        assert results.run_row(matched_smoke_run(**bad))["matched_check"] != "passed", bad
+    for facts in ({"learning_starts": 1500}, {"torch_threads": True}, {"batch_size": 128.0}, {"n_params": [0] * 10**5}):
+        run = matched_smoke_run()
+        run["facts"] |= facts
+        text = results.run_row(run)["matched_check"]
+        assert text != "passed" and len(text) <= results.MAX_CHECK_TEXT, facts
+    assert results._when({"load_before": big})["load_before"] is None
     assert results.run_row(fake_run("pal", 0, track="tuned", cpus=2))["matched_check"] is None
 
     pinned = orchestrate.runs_dir(tmp_path, "smoke", "matched", 2)
@@ -565,6 +585,19 @@ def test_race_csv_has_each_run_s_counters_and_its_matched_check_and_keeps_unpinn
     assert rows.optimizer_steps.notna().all()
     apart = pd.read_csv(tmp_path / "race_smoke_unpinned.csv")
     assert len(apart) == 2 and apart.cpus.isna().all()
+    # an evaluation's own keys never stand for its run's (a track there once named a figure outside results/)
+    hostile = matched_smoke_run(0)
+    hostile["curve"] = [e | {"track": "x/../../outside/pwn", "cpus": "abc", "seed": [1, 2]} for e in hostile["curve"]]
+    (pinned / "pal-s0.json").write_text(json.dumps(hostile))
+    (before / "pal-s1.json").write_text(json.dumps(fake_run("pal", 1) | {"cpus": None, "setup_s": 10**400}))
+    assert rebuild(tmp_path, "smoke", quiet=True) == 0
+    curves = pd.read_csv(tmp_path / "race_smoke_curves.csv")
+    assert set(curves.track) == {"matched"} and not (tmp_path.parent / "outside").exists()
+    assert len(pd.read_csv(tmp_path / "race_smoke_unpinned.csv")) == 1          # the overflowing one skipped
+    for f in before.glob("*.json"):
+        f.unlink()
+    assert rebuild(tmp_path, "smoke", quiet=True) == 0
+    assert not (tmp_path / "race_smoke_unpinned.csv").exists()                  # none left: its stale table goes
 
 
 # ---------------------------------------------------------------------------------------------- hostile run files
@@ -743,17 +776,23 @@ def test_the_headline_moves_to_the_pinned_track_once_every_contestant_has_ten_se
                 for name in names for s in range(seeds)]
 
     legacy = rows(None, 10)
-    pd.DataFrame(legacy + rows(2, 3, scale=2.0), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
+    pd.DataFrame(legacy, columns=results.RUN_COLUMNS).to_csv(tmp_path / "race_unpinned.csv")
+    pd.DataFrame(rows(2, 3, scale=2.0), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
     head = race_headline_block(tmp_path)
     assert "stored before the core budgets" in head and "being run: 12 runs so far" in head
     # a default contestant with no pinned run at all holds the headline back
-    pd.DataFrame(legacy + rows(2, HEADLINE_SEEDS, scale=2.0, names=("pal-processes", "tianshou")),
+    pd.DataFrame(rows(2, HEADLINE_SEEDS, scale=2.0, names=("pal-processes", "tianshou")),
                  columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
     assert "being run: 20 runs so far" in race_headline_block(tmp_path)
-    pd.DataFrame(legacy + rows(2, HEADLINE_SEEDS, scale=2.0), columns=results.RUN_COLUMNS).to_csv(
-        tmp_path / "race.csv")
+    pd.DataFrame(rows(2, HEADLINE_SEEDS, scale=2.0), columns=results.RUN_COLUMNS).to_csv(tmp_path / "race.csv")
     head = race_headline_block(tmp_path)
     assert "pinned to the same 2 CPUs" in head and "being run" not in head
+    # rows with a budget in the file of the runs from before the budgets never join the pinned track's ...
+    pd.DataFrame(rows(2, 30, scale=0.01, names=("tianshou",)), columns=results.RUN_COLUMNS).to_csv(
+        tmp_path / "race_unpinned.csv")
+    assert race_headline_block(tmp_path) == head
+    (tmp_path / "race_unpinned.csv").write_bytes(b"\xff\xfe not a table")      # ... nor can a broken one stop it
+    assert race_headline_block(tmp_path) == head
 
 
 def test_the_tuned_track_s_sentence_names_each_best_configuration_and_waits_for_ten_seeds(tmp_path):

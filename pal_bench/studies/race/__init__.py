@@ -81,6 +81,9 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
         store(frame, out / name, float_format=fmt)
     for name, meta in metas.items():
         write_meta(out / name, meta)
+    if runs and not any(r.get("cpus") is None for r in runs):    # no run from before the budgets left: nor its table
+        for stale in (out / f"race{sfx}_unpinned.csv", out / f"race{sfx}_unpinned.csv.meta.json"):
+            stale.unlink(missing_ok=True)
     curves = tables[f"race{sfx}_curves.csv"][0] if runs else None
     if curves is not None and not curves.empty:
         for (track, cpus), c in curves.groupby(["track", curves.cpus.fillna(-1)]):

@@ -24,12 +24,16 @@ def budget_words(cpus: int | None) -> str:
     return f"every contestant's process tree pinned to the same {cpus} CPU{'s' if cpus > 1 else ''}"
 
 
-def race_rows(results: Path, task_name: str = "full") -> pd.DataFrame | None:
-    """Every stored run's row: ``race[_quick].csv`` (on a core budget) and ``race[_quick]_unpinned.csv`` (stored
-    before the budgets), whichever exist; None when neither does."""
-    paths = [results / f"race{suffix(task_name)}{part}.csv" for part in ("", "_unpinned")]
-    frames = [read_csv(p) for p in paths if p.exists()]
-    return pd.concat(frames, ignore_index=True) if frames else None
+def race_rows(results: Path, task_name: str = "full", pinned: bool = True) -> pd.DataFrame | None:
+    """The stored runs' rows on a core budget (``race[_quick].csv``, its rows with ``cpus``) or, ``pinned`` False,
+    from before the budgets (``race[_quick]_unpinned.csv``, its rows without); None when the file does not exist.
+    A row in the wrong file never counts as one of the other's."""
+    path = results / f"race{suffix(task_name)}{'' if pinned else '_unpinned'}.csv"
+    if not path.exists():
+        return None
+    df = read_csv(path)
+    c = pd.to_numeric(df.cpus, errors="coerce") if "cpus" in df else pd.Series(float("nan"), index=df.index)
+    return df[c.notna() if pinned else c.isna()]
 
 
 def race_target_block(results: Path, track: str, task_name: str = "full", cpus: int | None = None) -> str:
@@ -38,7 +42,7 @@ def race_target_block(results: Path, track: str, task_name: str = "full", cpus: 
     name = f"race{suffix(task_name)}{'' if cpus is not None else '_unpinned'}.csv"
     command = (f"pal-bench race --track {track}" + (f" --cpus {cpus}" if cpus else "")
                + (" --quick" if task_name == "quick" else ""))
-    every = race_rows(results, task_name)
+    every = race_rows(results, task_name, pinned=cpus is not None)
     if every is None:
         return missing(name, command)
     df = race_results.track_runs(every, track, cpus)
@@ -159,6 +163,13 @@ HEADLINE_CPUS = 2          # README's headline quotes the matched track on this 
 HEADLINE_SEEDS = 10        # ... at least this many seeds of every contestant
 
 
+def _complete(every: pd.DataFrame) -> bool:
+    """Whether the matched track on ``HEADLINE_CPUS`` CPUs has ``HEADLINE_SEEDS`` seeds of every contestant the race
+    runs by default on it (not only of those with a pinned run so far)."""
+    seeds = race_results.track_runs(every, "matched", HEADLINE_CPUS).groupby("contestant").size()
+    return all(int(seeds.get(c, 0)) >= HEADLINE_SEEDS for c in DEFAULT_CONTESTANTS["matched"])
+
+
 def race_headline_block(results: Path) -> str:
     """README's one sentence on the race: the matched track's best PAL contestant against each peer, on
     ``HEADLINE_CPUS`` CPUs (until that track has run: the runs stored before the core budgets, said so), each ratio
@@ -166,12 +177,13 @@ def race_headline_block(results: Path) -> str:
     stopped before the target could move a median."""
 
     every = race_rows(results)
-    if every is None:
+    before = None if every is not None and _complete(every) else race_rows(results, pinned=False)
+    if every is None and before is None:
         return missing("race.csv", "pal-bench race")
+    every = pd.concat([f for f in (every, before) if f is not None], ignore_index=True)
     pinned = race_results.track_runs(every, "matched", HEADLINE_CPUS)
     seeds = pinned.groupby("contestant").size()
-    # every contestant the race runs by default on that track, not only those with a pinned run so far
-    complete = all(int(seeds.get(c, 0)) >= HEADLINE_SEEDS for c in DEFAULT_CONTESTANTS["matched"])
+    complete = _complete(every)
     # the pinned track once complete; else the runs from before the budgets; else the pinned track as far as it is
     for cpus in ((HEADLINE_CPUS,) if complete else ()) + (None,) + (() if complete else (HEADLINE_CPUS,)):
         df = race_results.track_runs(every, "matched", cpus)

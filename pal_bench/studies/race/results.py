@@ -18,7 +18,7 @@ import pandas as pd
 from pal_bench.bench.stats import median_order_ci, pairing_range, ratio_ci
 from pal_bench.studies.race.pin import over_budget
 from pal_bench.studies.race.runfiles import run_key, superseded
-from pal_bench.studies.race.task import EPS_SEEN_EVERY, TASKS, SettingsMismatch, check_counted, check_matched, env_dims
+from pal_bench.studies.race.task import ENV_DIMS, EPS_SEEN_EVERY, TASKS, SettingsMismatch, check_counted, check_matched
 
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
 MIN_SEEDS_FOR_BOOTSTRAP = 10
@@ -67,24 +67,34 @@ def run_row(run: dict) -> dict:
             "settings_hash": run.get("settings_hash"), **_when(run.get("conditions"))}
 
 
+COUNTER_FIELDS = ("env_steps", "optimizer_steps", "target_copies", "first_update_env_step", "batch_size")
+
+
 def _counters(run: dict) -> dict | None:
     """The run's stored run-time counters with every value of its type and range (a run file is data: a count that
     is not a whole number >= 0, a rate or an epsilon that is not a finite number, an ``eps_seen`` entry that is not
-    an (env step, epsilon) pair is left out); None when the run stored none."""
+    an (env step, epsilon) pair is left out, and named in ``"invalid"``); None when the run stored none."""
     c = run.get("counters")
     if not isinstance(c, dict):
         return None
-    out = {k: c[k] for k in ("optimizer_steps", "target_copies", "first_update_env_step", "batch_size", "env_steps")
-           if _count(c.get(k))}
-    if _number(c.get("updates_per_env_step")):
+    out = {k: c[k] for k in COUNTER_FIELDS if _count(c.get(k))}
+    invalid = [k for k in COUNTER_FIELDS if k not in out and not (k == "first_update_env_step" and c.get(k) is None)]
+    if _number(c.get("updates_per_env_step")) and c["updates_per_env_step"] >= 0:
         out["updates_per_env_step"] = c["updates_per_env_step"]
+    else:
+        invalid.append("updates_per_env_step")
     sizes = c.get("batch_sizes")
     if isinstance(sizes, dict) and all(isinstance(k, str) and _count(v) for k, v in sizes.items()):
         out["batch_sizes"] = sizes
+    else:
+        invalid.append("batch_sizes")
     seen = c.get("eps_seen")
     if isinstance(seen, list):
         out["eps_seen"] = [(int(e[0]), float(e[1])) for e in seen if isinstance(e, (list, tuple)) and len(e) == 2
                            and _count(e[0]) and _number(e[1])]
+    if not isinstance(seen, list) or len(out["eps_seen"]) != len(seen):
+        invalid.append("eps_seen")
+    out["invalid"] = invalid
     return out
 
 
@@ -93,7 +103,18 @@ def _count(v) -> bool:
 
 
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number, and not a bool (an integer too large for a float is not one)."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def learning_starts(run: dict) -> int:
+    """The env step the run's learner started at: its ``facts``' own where that is a whole number, else its task's."""
+    facts = run.get("facts") if isinstance(run.get("facts"), dict) else {}
+    starts = facts.get("learning_starts")
+    return starts if _count(starts) else TASKS[run["task"]].learning_starts
 
 
 def eps_at(seen: list[tuple[int, float]], env_step: int) -> float | None:
@@ -115,6 +136,9 @@ def counted_columns(run: dict) -> dict:
             "eps_decay_end": eps_at(seen, task.eps_decay_steps)}
 
 
+MAX_CHECK_TEXT = 300        # characters of a matched check's reason kept in race.csv (the facts' values are data)
+
+
 def matched_check(run: dict) -> str | None:
     """A matched run's settings checked again from its file: "passed" when what it built (``facts``, with its
     measured updates per env step) passes ``check_matched`` and its run-time counters pass ``check_counted``, as
@@ -124,15 +148,25 @@ def matched_check(run: dict) -> str | None:
     counted = _counters(run)
     if counted is None:
         return "no run-time counters stored"
-    facts = run["facts"] if isinstance(run.get("facts"), dict) else {}
+    if counted["invalid"]:
+        return f"run-time counters missing or not of their type: {', '.join(counted['invalid'])}"
     task = TASKS[run["task"]]
-    starts = facts.get("learning_starts", task.learning_starts)
+    starts = learning_starts(run)
+    if starts != task.learning_starts:
+        return f"learning starts at env step {starts} (matched: {task.learning_starts})"
+    if counted["env_steps"] != run["env_steps"]:
+        return f"counted {counted['env_steps']} env steps, the run says {run['env_steps']}"
+    if abs(counted["optimizer_steps"] / max(1, counted["env_steps"] - starts) - counted["updates_per_env_step"]) > 1e-4:
+        return (f"counted {counted['optimizer_steps']} optimizer steps in {counted['env_steps'] - starts} env steps "
+                f"after learning starts, but {counted['updates_per_env_step']} updates per env step")
+    facts = run["facts"] if isinstance(run.get("facts"), dict) else {}
     try:
         check_matched(run["contestant"], facts | {"updates_per_step": run["updates_per_env_step"]},
-                      *env_dims(task.env), measured=True)
-        check_counted(run["contestant"], counted, task, starts if _count(starts) else task.learning_starts)
+                      *ENV_DIMS[task.env], measured=True, exact_types=True)
+        check_counted(run["contestant"], counted, task, starts)
     except SettingsMismatch as e:
-        return str(e)
+        text = str(e)
+        return text if len(text) <= MAX_CHECK_TEXT else text[:MAX_CHECK_TEXT - 1] + "\u2026"
     return "passed"
 
 
@@ -142,7 +176,7 @@ def _when(conditions) -> dict:
     load = c.get("load_before")
     return {"started": c.get("started") if isinstance(c.get("started"), str) else None,
             "finished": c.get("finished") if isinstance(c.get("finished"), str) else None,
-            "load_before": load if isinstance(load, (int, float)) and not isinstance(load, bool) else None}
+            "load_before": load if _number(load) and 0 <= load <= 1e6 else None}
 
 
 def sitting(df: pd.DataFrame) -> str:
@@ -165,7 +199,7 @@ def sitting(df: pd.DataFrame) -> str:
 def run_rate(run: dict) -> float | None:
     """The run's own env steps per training second after learning starts: from its first evaluation at or past
     learning start to its last one (None with fewer than two such evaluations)."""
-    starts = (run.get("facts") or {}).get("learning_starts", TASKS[run["task"]].learning_starts)
+    starts = learning_starts(run)
     pts = [e for e in run.get("curve", []) if e["env_steps"] >= starts]
     if len(pts) < 2 or pts[-1]["train_s"] <= pts[0]["train_s"]:
         return None
@@ -193,12 +227,18 @@ def track_runs(df: pd.DataFrame, track: str, cpus: int | None, every_draw: bool 
     return out
 
 
+CURVE_KEYS = ("env_steps", "train_s", "eval_s", "setup_s", "mean_return")     # an evaluation (runfiles checks them)
+
+
 def curves_frame(runs: list[dict]) -> pd.DataFrame:
-    """Every evaluation of every current run (a run another superseded is left out), with its track and CPUs."""
+    """Every evaluation of every current run (a run another superseded is left out), with its track and CPUs; only
+    an evaluation's own checked fields (``CURVE_KEYS``) are read from it, so none can stand for the run's."""
     gone = superseded([r for r in runs if r.get("run_id")])
-    return pd.DataFrame([{"track": r["track"], "cpus": r.get("cpus"), "contestant": r["contestant"], "seed": r["seed"],
-                          **e} for r in runs if run_key(r) not in gone
-                         and not over_budget(r.get("own_cores"), r.get("cpus")) for e in r["curve"]])
+    return pd.DataFrame([{k: e[k] for k in CURVE_KEYS} | {"track": r["track"], "cpus": r.get("cpus"),
+                                                         "contestant": r["contestant"], "seed": r["seed"]}
+                         for r in runs if run_key(r) not in gone
+                         and not over_budget(r.get("own_cores"), r.get("cpus")) for e in r["curve"]],
+                        columns=["track", "cpus", "contestant", "seed", *CURVE_KEYS])
 
 
 def figure_name(task_sfx: str, track: str, cpus) -> str:

@@ -25,7 +25,11 @@ BUDGET_DIR = re.compile(r"cpus([1-9][0-9]{0,3})")
 
 
 def _finite(v, lo: float = 0.0, hi: float = 1e12) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+    """A number in [lo, hi], not a bool (nor an integer too large for a float, which JSON allows)."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+    except OverflowError:
+        return False
 
 
 def _count(v, hi: int = MAX_STEPS) -> bool:

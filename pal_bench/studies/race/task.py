@@ -50,6 +50,11 @@ TASKS = {
 }
 
 
+# (observation size, number of actions) of each task's environment, for checks of stored runs without gymnasium
+# (a test holds them to ``env_dims``)
+ENV_DIMS = {"LunarLander-v3": (8, 4), "CartPole-v1": (4, 2)}
+
+
 @functools.cache
 def env_dims(env_id: str) -> tuple[int, int]:
     """(observation size, number of actions) of a discrete-action gymnasium environment."""
@@ -109,17 +114,25 @@ class SettingsMismatch(ValueError):
     """A matched contestant does not do the matched work (the message names what differs)."""
 
 
-def check_matched(name: str, facts: dict, obs_dim: int, n_actions: int, measured: bool = False) -> None:
+def check_matched(name: str, facts: dict, obs_dim: int, n_actions: int, measured: bool = False,
+                  exact_types: bool = False) -> None:
     """Refuse a matched contestant whose ``facts`` (read back from what it built, or after the run, ``measured``:
     from its logs) differ from ``MATCHED``: parameter count, torch threads, environments, batch, n-step, target
     period, double Q, dueling, and (configured before, measured after) updates per env step within
-    ``UPDATES_TOLERANCE``."""
+    ``UPDATES_TOLERANCE``. ``exact_types`` (facts read back from a stored file): a value must also be of the matched
+    value's type (``True`` is not 1, ``128.0`` is not 128; an int stands for a float)."""
     m = MATCHED
     want = {"n_params": m.n_params(obs_dim, n_actions), "torch_threads": m.torch_threads, "n_envs": m.n_envs,
             "batch_size": m.batch_size, "n_step": m.n_step, "target_update": m.target_update,
             "double_q": m.double_q, "dueling": m.dueling, "gamma": m.gamma, "lr": m.lr, "grad_clip": m.grad_clip,
             "buffer_capacity": m.buffer_capacity, "alpha": m.alpha, "beta": m.beta}
-    bad = [f"{k} = {facts.get(k)!r} (matched: {v!r})" for k, v in want.items() if facts.get(k) != v]
+    def same(got, v) -> bool:
+        if not exact_types:
+            return got == v
+        kind = (float, int) if type(v) is float else (type(v),)
+        return type(got) in kind and got == v
+
+    bad = [f"{k} = {facts.get(k)!r} (matched: {v!r})" for k, v in want.items() if not same(facts.get(k), v)]
     ups = facts.get("updates_per_step")
     if ups is None or abs(ups - m.updates_per_step) > UPDATES_TOLERANCE * m.updates_per_step:
         bad.append(f"updates_per_step = {ups!r} (matched: {m.updates_per_step}, within "
