@@ -64,10 +64,10 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
         raise FileNotFoundError(f"no stored race runs under {runs_dir(out, task_name, 'matched').parent}; run "
                                 f"`pal-bench race` first")
     sfx = suffix(task_name)
+    pinned = [r for r in runs if r.get("cpus") is not None]
+    unpinned = [r for r in runs if r.get("cpus") is None]          # stored before the core budgets: kept apart
     tables = {}
     if runs:                                         # a tuning search stored before any race run has its table only
-        pinned = [r for r in runs if r.get("cpus") is not None]
-        unpinned = [r for r in runs if r.get("cpus") is None]      # stored before the core budgets: kept apart
         tables = {f"race{sfx}.csv": (results.runs_frame(pinned), pinned, "%.3f"),
                   f"race{sfx}_curves.csv": (results.curves_frame(runs), None, "%.3f"),
                   f"race{sfx}_speed.csv": (results.speed_frame(speed), speed, "%.2f")}
@@ -81,7 +81,7 @@ def rebuild(out: Path, task_name: str, quiet: bool = False) -> int:
         store(frame, out / name, float_format=fmt)
     for name, meta in metas.items():
         write_meta(out / name, meta)
-    if runs and not any(r.get("cpus") is None for r in runs):    # no run from before the budgets left: nor its table
+    if runs and not unpinned:                        # no run from before the budgets left: nor its table
         for stale in (out / f"race{sfx}_unpinned.csv", out / f"race{sfx}_unpinned.csv.meta.json"):
             stale.unlink(missing_ok=True)
     curves = tables[f"race{sfx}_curves.csv"][0] if runs else None

@@ -188,7 +188,7 @@ def race_headline_block(results: Path) -> str:
     for cpus in ((HEADLINE_CPUS,) if complete else ()) + (None,) + (() if complete else (HEADLINE_CPUS,)):
         df = race_results.track_runs(every, "matched", cpus)
         ref = race_results.best_pal(df)
-        if ref is not None and not df[~df.contestant.isin(race_results.PAL_MATCHED)].empty:
+        if ref is not None and not race_results.peers(df).empty:
             break
     else:
         return missing("race.csv", f"pal-bench race --cpus {HEADLINE_CPUS}")
@@ -214,7 +214,7 @@ def _ratio_sentence(df: pd.DataFrame, ref: str, labels: dict[str, str] | None = 
     mine = df[df.contestant == ref]
     mine_moved = race_results.censoring_moves_median(mine.wall_to_target_s, mine.reached)
     parts = []
-    for name, g in df[~df.contestant.str.startswith("pal")].groupby("contestant"):
+    for name, g in race_results.peers(df).groupby("contestant"):
         r = race_results.ratio_intervals(g.wall_to_target_s, mine.wall_to_target_s)
         bound = race_results.bound_word(race_results.censoring_moves_median(g.wall_to_target_s, g.reached),
                                         mine_moved)
@@ -241,7 +241,7 @@ def race_tuned_headline_block(results: Path) -> str:
         return missing("race.csv", command)
     df = race_results.track_runs(every, "tuned", HEADLINE_CPUS)
     ref = race_results.best_pal(df)
-    if ref is None or df[~df.contestant.str.startswith("pal")].empty:
+    if ref is None or race_results.peers(df).empty:
         return missing("race.csv", command)
     seeds = df.groupby("contestant").size()
     short = [c for c in DEFAULT_CONTESTANTS["tuned"] if int(seeds.get(c, 0)) < HEADLINE_SEEDS]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from pal_bench.bench.stats import median_order_ci, pairing_range, ratio_ci
 from pal_bench.studies.race.pin import over_budget
-from pal_bench.studies.race.runfiles import run_key, superseded
+from pal_bench.studies.race.runfiles import finite_number, run_key, superseded, whole_count
 from pal_bench.studies.race.task import ENV_DIMS, EPS_SEEN_EVERY, TASKS, SettingsMismatch, check_counted, check_matched
 
 PAL_MATCHED = ("pal", "pal-processes")      # PAL's matched contestants; the best of them is compared with the peers
@@ -77,44 +77,32 @@ def _counters(run: dict) -> dict | None:
     c = run.get("counters")
     if not isinstance(c, dict):
         return None
-    out = {k: c[k] for k in COUNTER_FIELDS if _count(c.get(k))}
+    out = {k: c[k] for k in COUNTER_FIELDS if whole_count(c.get(k))}
     invalid = [k for k in COUNTER_FIELDS if k not in out and not (k == "first_update_env_step" and c.get(k) is None)]
-    if _number(c.get("updates_per_env_step")) and c["updates_per_env_step"] >= 0:
+    if finite_number(c.get("updates_per_env_step"), 0.0, math.inf):
         out["updates_per_env_step"] = c["updates_per_env_step"]
     else:
         invalid.append("updates_per_env_step")
     sizes = c.get("batch_sizes")
-    if isinstance(sizes, dict) and all(isinstance(k, str) and _count(v) for k, v in sizes.items()):
+    if isinstance(sizes, dict) and all(isinstance(k, str) and whole_count(v) for k, v in sizes.items()):
         out["batch_sizes"] = sizes
     else:
         invalid.append("batch_sizes")
     seen = c.get("eps_seen")
     if isinstance(seen, list):
         out["eps_seen"] = [(int(e[0]), float(e[1])) for e in seen if isinstance(e, (list, tuple)) and len(e) == 2
-                           and _count(e[0]) and _number(e[1])]
+                           and whole_count(e[0]) and finite_number(e[1], -math.inf, math.inf)]
     if not isinstance(seen, list) or len(out["eps_seen"]) != len(seen):
         invalid.append("eps_seen")
     out["invalid"] = invalid
     return out
 
 
-def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10**12
-
-
-def _number(v) -> bool:
-    """A finite number, and not a bool (an integer too large for a float is not one)."""
-    try:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    except OverflowError:
-        return False
-
-
 def learning_starts(run: dict) -> int:
     """The env step the run's learner started at: its ``facts``' own where that is a whole number, else its task's."""
     facts = run.get("facts") if isinstance(run.get("facts"), dict) else {}
     starts = facts.get("learning_starts")
-    return starts if _count(starts) else TASKS[run["task"]].learning_starts
+    return starts if whole_count(starts) else TASKS[run["task"]].learning_starts
 
 
 def eps_at(seen: list[tuple[int, float]], env_step: int) -> float | None:
@@ -176,7 +164,7 @@ def _when(conditions) -> dict:
     load = c.get("load_before")
     return {"started": c.get("started") if isinstance(c.get("started"), str) else None,
             "finished": c.get("finished") if isinstance(c.get("finished"), str) else None,
-            "load_before": load if _number(load) and 0 <= load <= 1e6 else None}
+            "load_before": load if finite_number(load, 0.0, 1e6) else None}
 
 
 def sitting(df: pd.DataFrame) -> str:
@@ -294,6 +282,11 @@ def median_cell(values: pd.Series, censored: bool, digits: int = 0) -> str:
     mark = ">= " if censored else ""
     note = "" if cover >= 0.95 else f" ({cover:.0%} range of {len(values)})"
     return f"{mark}{_num(med, digits)} [{_num(lo, digits)}, {_num(hi, digits)}]{note}"
+
+
+def peers(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the contestants that are not PAL's (every contestant whose name does not start with "pal")."""
+    return df[~df.contestant.astype(str).str.startswith("pal")]
 
 
 def best_pal(df: pd.DataFrame) -> str | None:

@@ -24,7 +24,7 @@ MAX_STEPS = 10**12
 BUDGET_DIR = re.compile(r"cpus([1-9][0-9]{0,3})")
 
 
-def _finite(v, lo: float = 0.0, hi: float = 1e12) -> bool:
+def finite_number(v, lo: float = 0.0, hi: float = 1e12) -> bool:
     """A number in [lo, hi], not a bool (nor an integer too large for a float, which JSON allows)."""
     try:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
@@ -32,7 +32,7 @@ def _finite(v, lo: float = 0.0, hi: float = 1e12) -> bool:
         return False
 
 
-def _count(v, hi: int = MAX_STEPS) -> bool:
+def whole_count(v, hi: int = MAX_STEPS) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
 
 
@@ -49,25 +49,25 @@ def run_problem(run, stem: str) -> str | None:
         return f"its name does not start with its contestant's ({run['contestant']})"
     if run.get("track") not in TRACKS or run.get("task") not in TASKS:
         return "unknown track or task"
-    if not _count(run.get("seed"), 2**63) or not _count(run.get("config", 0), 10**6):
+    if not whole_count(run.get("seed"), 2**63) or not whole_count(run.get("config", 0), 10**6):
         return "seed or configuration not a whole number >= 0"
     for k in ("env_steps", "updates"):
-        if not _count(run.get(k)):
+        if not whole_count(run.get(k)):
             return f"{k} not a whole number in [0, 1e12]"
     for k in ("setup_s", "train_s", "eval_s", "wall_s", "env_steps_per_s"):
-        if not _finite(run.get(k)):
+        if not finite_number(run.get(k)):
             return f"{k} not a finite number >= 0"
-    if not _finite(run.get("updates_per_env_step"), 0.0, 1e6):
+    if not finite_number(run.get("updates_per_env_step"), 0.0, 1e6):
         return "updates_per_env_step not a finite number >= 0"
     curve = run.get("curve")
     if not isinstance(curve, list) or not all(
-            isinstance(e, dict) and _count(e.get("env_steps")) and all(_finite(e.get(k)) for k in (
-                "train_s", "eval_s", "setup_s")) and _finite(e.get("mean_return"), -1e12) for e in curve):
+            isinstance(e, dict) and whole_count(e.get("env_steps")) and all(finite_number(e.get(k)) for k in (
+                "train_s", "eval_s", "setup_s")) and finite_number(e.get("mean_return"), -1e12) for e in curve):
         return "curve not a list of evaluations (env_steps, train_s, eval_s, setup_s, mean_return)"
     cpus = run.get("cpus")
-    if cpus is not None and not (_count(cpus, MAX_CPUS) and cpus >= 1):
+    if cpus is not None and not (whole_count(cpus, MAX_CPUS) and cpus >= 1):
         return f"cpus {cpus!r} not a whole number in [1, {MAX_CPUS}]"
-    if run.get("own_cores") is not None and not _finite(run["own_cores"], 0.0, MAX_CPUS * 2):
+    if run.get("own_cores") is not None and not finite_number(run["own_cores"], 0.0, MAX_CPUS * 2):
         return "own_cores not a finite number >= 0"
     if not isinstance(run.get("conditions", {}), dict):
         return "conditions not an object"
@@ -85,10 +85,10 @@ def speed_problem(run, stem: str) -> str | None:
         return "not a JSON object"
     if run.get("contestant") not in CONTESTANTS or not stem.startswith(f"{run['contestant']}-"):
         return "unknown contestant, or not the one its name says"
-    if run.get("track") not in TRACKS or not _count(run.get("round"), 10**6):
+    if run.get("track") not in TRACKS or not whole_count(run.get("round"), 10**6):
         return "unknown track, or round not a whole number >= 0"
     for k in ("env_steps_per_s", "updates_per_s", "updates_per_env_step"):
-        if not _finite(run.get(k)):
+        if not finite_number(run.get(k)):
             return f"{k} not a finite number >= 0"
     if not isinstance(run.get("conditions", {}), dict):
         return "conditions not an object"
